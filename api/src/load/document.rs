@@ -1,0 +1,264 @@
+//! Reads one YAML document into a checked object, turning every failure into an error at a
+//! file position: YAML syntax first, then apiVersion and kind, then the kind's typed fields
+//! (with serde_yaml's positions), then the semantic checks of `validate_object` (positions found
+//! by searching the text for the field).
+
+use std::fmt;
+
+use serde::de::{self, DeserializeOwned, Visitor};
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+
+use super::LocatedError;
+use super::locate::locate;
+use super::split::Document;
+use crate::kind::{KIND_LIST, Kind, UnknownKind};
+use crate::meta::ObjectMeta;
+use crate::object::{API_VERSION, Object};
+use crate::serde_util::render_path;
+use crate::specs::{
+    EventSpec, InferenceServiceSpec, ModelSpec, NodeSpec, QueueSpec, ScheduleSpec, Spec,
+    TrainingJobSpec,
+};
+use crate::validate::{api_version_message, validate_object};
+
+/// Errors of one document, positioned in its file.
+pub(crate) struct DocErrors<'a> {
+    pub file: &'a str,
+    pub doc: &'a Document,
+}
+
+impl DocErrors<'_> {
+    /// An error at a position inside the document (1-based, relative to `doc.text`).
+    fn at(&self, (line, column): (usize, usize), path: &str, message: &str) -> LocatedError {
+        LocatedError {
+            file: self.file.to_string(),
+            line: self.doc.first_line + line - 1,
+            column,
+            path: path.to_string(),
+            message: message.to_string(),
+        }
+    }
+
+    /// An error at `path`, placed by searching the text (the document's start if not found).
+    pub(crate) fn at_path(&self, path: &str, message: &str) -> LocatedError {
+        let pos =
+            locate(&self.doc.text, path).unwrap_or((self.doc.start - self.doc.first_line + 1, 1));
+        self.at(pos, path, message)
+    }
+
+    /// A YAML syntax error: libyaml's problem, without its document-relative position.
+    fn syntax(&self, err: &serde_yaml::Error) -> LocatedError {
+        let (pos, message) = split_yaml_message(err);
+        self.at(pos.unwrap_or((1, 1)), "", &message)
+    }
+
+    /// A typed-deserialisation error, with the path of the field and the best position known.
+    fn typed(&self, err: &serde_path_to_error::Error<serde_yaml::Error>) -> LocatedError {
+        let (pos, text) = split_yaml_message(err.inner());
+        let full_path = render_path(err.path(), "");
+        // serde_yaml prefixes its own idea of the path; strip it to get the bare message.
+        let (yaml_path, message) = strip_path_prefix(&text, &full_path);
+        let path = render_path(err.path(), message);
+        let structural = ["unknown field", "missing field", "duplicate field"]
+            .iter()
+            .any(|p| message.starts_with(p));
+        match pos {
+            // serde_yaml knew where it was when the error was raised.
+            Some(pos) if structural || yaml_path == full_path => self.at(pos, &path, message),
+            // The error was raised after the value was read (outside serde_yaml's view), so its
+            // position is that of an enclosing mapping; the text search does better.
+            Some(pos) => match locate(&self.doc.text, &path) {
+                Some(found) => self.at(found, &path, message),
+                None => self.at(pos, &path, message),
+            },
+            None => self.at_path(&path, message),
+        }
+    }
+}
+
+/// serde_yaml's message and position, without the ` at line L column C` it appends.
+fn split_yaml_message(err: &serde_yaml::Error) -> (Option<(usize, usize)>, String) {
+    let text = err.to_string();
+    match err.location() {
+        Some(loc) => {
+            let suffix = format!(" at line {} column {}", loc.line(), loc.column());
+            let message = text.split(&suffix).next().unwrap_or(&text).to_string();
+            (Some((loc.line(), loc.column())), message)
+        }
+        None => (None, text),
+    }
+}
+
+/// Removes a leading `PATH: ` where PATH is `full_path` or one of its ancestors, returning the
+/// path that was removed ("" for none) and the rest.
+fn strip_path_prefix<'t>(text: &'t str, full_path: &str) -> (String, &'t str) {
+    let mut candidate = full_path.to_string();
+    loop {
+        if !candidate.is_empty()
+            && let Some(rest) = text.strip_prefix(&format!("{candidate}: "))
+        {
+            return (candidate, rest);
+        }
+        match candidate.rfind(['.', '[']) {
+            Some(cut) => candidate.truncate(cut),
+            None if candidate.is_empty() => return (String::new(), text),
+            None => candidate.clear(),
+        }
+    }
+}
+
+/// `apiVersion` that must be `tb/v1`; checked while reading so the error points at the value.
+struct ApiVersion;
+
+impl<'de> Deserialize<'de> for ApiVersion {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = ApiVersion;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{API_VERSION:?}")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ApiVersion, E> {
+                if v == API_VERSION {
+                    Ok(ApiVersion)
+                } else {
+                    Err(E::custom(api_version_message(v)))
+                }
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// `kind`, resolved while reading so the error points at the value.
+struct KindField(Kind);
+
+impl<'de> Deserialize<'de> for KindField {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = KindField;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a kind such as TrainingJob")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<KindField, E> {
+                Kind::parse(v)
+                    .map(KindField)
+                    .ok_or_else(|| E::custom(UnknownKind(v.to_string())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// The first look at a document: only what decides how to read the rest.
+#[derive(Deserialize)]
+// serde's `expecting` takes only a literal, so the wording is repeated on TypedDocument.
+#[serde(
+    rename_all = "camelCase",
+    expecting = "a tb object (a mapping with apiVersion, kind, metadata and spec)"
+)]
+struct Probe {
+    api_version: Option<ApiVersion>,
+    kind: Option<KindField>,
+}
+
+/// The whole document, with the kind's typed spec.
+#[derive(Deserialize)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a tb object (a mapping with apiVersion, kind, metadata and spec)"
+)]
+struct TypedDocument<S> {
+    #[allow(dead_code)] // checked by Probe; listed so that it is not an unknown field
+    api_version: String,
+    #[allow(dead_code)]
+    kind: String,
+    metadata: ObjectMeta,
+    #[serde(default = "Option::default")]
+    spec: Option<S>,
+    #[serde(default)]
+    status: Option<Value>,
+}
+
+fn deserialize<T: DeserializeOwned>(
+    text: &str,
+) -> Result<T, serde_path_to_error::Error<serde_yaml::Error>> {
+    serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text))
+}
+
+/// Reads the document as kind `S` and builds the generic object (not yet checked).
+fn read_typed<S: Spec>(errors: &DocErrors<'_>) -> Result<Object, LocatedError> {
+    let doc: TypedDocument<S> = deserialize(&errors.doc.text).map_err(|e| errors.typed(&e))?;
+    let spec = match doc.spec {
+        // A spec of strings, numbers and string-keyed maps always serialises.
+        Some(spec) => {
+            serde_json::to_value(spec).map_err(|e| errors.at_path("spec", &e.to_string()))?
+        }
+        None => Value::Null,
+    };
+    Ok(Object {
+        api_version: API_VERSION.to_string(),
+        kind: S::KIND.as_str().to_string(),
+        metadata: doc.metadata,
+        spec,
+        status: doc.status.unwrap_or(Value::Null),
+    })
+}
+
+/// Reads and checks one document.
+pub(crate) fn load_document(errors: &DocErrors<'_>) -> Result<Object, LocatedError> {
+    let text = &errors.doc.text;
+    serde_yaml::from_str::<serde_yaml::Value>(text).map_err(|e| errors.syntax(&e))?;
+    let probe: Probe = deserialize(text).map_err(|e| errors.typed(&e))?;
+    if probe.api_version.is_none() {
+        return Err(errors.at_path(
+            "apiVersion",
+            &format!("missing; expected apiVersion: {API_VERSION}"),
+        ));
+    }
+    let Some(KindField(kind)) = probe.kind else {
+        return Err(errors.at_path("kind", &format!("missing; expected one of {KIND_LIST}")));
+    };
+    let object = match kind {
+        Kind::Model => read_typed::<ModelSpec>(errors),
+        Kind::InferenceService => read_typed::<InferenceServiceSpec>(errors),
+        Kind::TrainingJob => read_typed::<TrainingJobSpec>(errors),
+        Kind::Schedule => read_typed::<ScheduleSpec>(errors),
+        Kind::Queue => read_typed::<QueueSpec>(errors),
+        Kind::Node => read_typed::<NodeSpec>(errors),
+        Kind::Event => read_typed::<EventSpec>(errors),
+    }?;
+    validate_object(&object).map_err(|e| errors.at_path(&e.path, &e.message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_only_path_prefixes() {
+        assert_eq!(
+            strip_path_prefix("spec: unknown field", "spec.rnaks"),
+            ("spec".to_string(), "unknown field")
+        );
+        assert_eq!(
+            strip_path_prefix("spec.ranks: invalid", "spec.ranks"),
+            ("spec.ranks".to_string(), "invalid")
+        );
+        assert_eq!(
+            strip_path_prefix("spec.command[2]: x", "spec.command[2]"),
+            ("spec.command[2]".to_string(), "x")
+        );
+        assert_eq!(
+            strip_path_prefix("unknown field", "spce"),
+            (String::new(), "unknown field")
+        );
+        assert_eq!(
+            strip_path_prefix("expected: x", ""),
+            (String::new(), "expected: x")
+        );
+    }
+}

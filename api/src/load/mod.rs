@@ -1,0 +1,263 @@
+//! Loading objects from YAML (or JSON) files, directories and stdin, with errors that name the
+//! file, line, column and field: `job.yaml:7:10: spec.ranks: invalid type: string "two",
+//! expected u32`.
+//!
+//! A load is all or nothing: if any document is bad the caller gets every error and no objects,
+//! so nothing is applied from a half-good file.
+
+mod document;
+mod locate;
+mod split;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Read;
+use std::path::Path;
+
+use crate::object::{Object, ObjectKey};
+use crate::serde_util::{json_message, render_path};
+use crate::validate::{ValidationError, validate_object};
+
+use document::{DocErrors, load_document};
+use split::split_documents;
+
+/// What `load_path` reads from a directory.
+const EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
+
+/// The name stdin goes by in errors.
+pub const STDIN_NAME: &str = "<stdin>";
+
+/// A checked, normalised object and where it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedObject {
+    pub object: Object,
+    /// The file it was read from (as given), or `<stdin>`.
+    pub source: String,
+    /// The line its document starts on (1-based).
+    pub line: usize,
+}
+
+/// One problem, at a place in a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocatedError {
+    pub file: String,
+    /// 1-based; 0 when the problem is the file as a whole (unreadable, empty).
+    pub line: usize,
+    /// 1-based; meaningful when `line` is not 0.
+    pub column: usize,
+    /// The field, e.g. `spec.ranks`; empty when the problem is not in one field (bad YAML).
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for LocatedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.file)?;
+        if self.line > 0 {
+            write!(f, ":{}:{}", self.line, self.column)?;
+        }
+        f.write_str(": ")?;
+        if !self.path.is_empty() {
+            write!(f, "{}: ", self.path)?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+/// Why a load failed: every problem found, in file order, one per line when displayed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct LoadError {
+    pub errors: Vec<LocatedError>,
+}
+
+impl LoadError {
+    fn single(file: &str, message: impl Into<String>) -> LoadError {
+        LoadError {
+            errors: vec![LocatedError {
+                file: file.to_string(),
+                line: 0,
+                column: 0,
+                path: String::new(),
+                message: message.into(),
+            }],
+        }
+    }
+
+    /// The first problem (a `LoadError` always has at least one).
+    pub fn first(&self) -> Option<&LocatedError> {
+        self.errors.first()
+    }
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.errors.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Collects objects and errors across the files of one load.
+#[derive(Default)]
+struct Loader {
+    objects: Vec<LoadedObject>,
+    errors: Vec<LocatedError>,
+    /// Where each object was first defined, to catch the same object twice in one load.
+    seen: BTreeMap<ObjectKey, (String, usize)>,
+}
+
+impl Loader {
+    /// Loads every document of `text`; returns how many documents it had.
+    fn add_text(&mut self, file: &str, text: &str) -> usize {
+        let docs = split_documents(text);
+        for doc in &docs {
+            let errors = DocErrors { file, doc };
+            match load_document(&errors) {
+                Ok(object) => self.add_object(&errors, object),
+                Err(e) => self.errors.push(e),
+            }
+        }
+        docs.len()
+    }
+
+    fn add_object(&mut self, errors: &DocErrors<'_>, object: Object) {
+        let key = object.key();
+        if let Some((file, line)) = self.seen.get(&key) {
+            let message = format!("{key} is defined twice in this load (first at {file}:{line})");
+            self.errors.push(errors.at_path("metadata.name", &message));
+            return;
+        }
+        self.seen
+            .insert(key, (errors.file.to_string(), errors.doc.start));
+        self.objects.push(LoadedObject {
+            object,
+            source: errors.file.to_string(),
+            line: errors.doc.start,
+        });
+    }
+
+    fn finish(self) -> Result<Vec<LoadedObject>, LoadError> {
+        if self.errors.is_empty() {
+            Ok(self.objects)
+        } else {
+            Err(LoadError {
+                errors: self.errors,
+            })
+        }
+    }
+}
+
+fn no_objects(file: &str) -> LoadError {
+    LoadError::single(
+        file,
+        "no objects found; expected YAML documents with apiVersion, kind, metadata and spec",
+    )
+}
+
+/// Loads the documents of `text`, naming `source_name` in errors.
+pub fn load_str(source_name: &str, text: &str) -> Result<Vec<LoadedObject>, LoadError> {
+    let mut loader = Loader::default();
+    if loader.add_text(source_name, text) == 0 {
+        return Err(no_objects(source_name));
+    }
+    loader.finish()
+}
+
+/// Reads everything from `reader` (stdin, a socket) and loads it.
+pub fn load_reader(
+    source_name: &str,
+    mut reader: impl Read,
+) -> Result<Vec<LoadedObject>, LoadError> {
+    let mut bytes = Vec::new();
+    reader
+        .read_to_end(&mut bytes)
+        .map_err(|e| LoadError::single(source_name, format!("cannot read: {e}")))?;
+    let text = utf8(source_name, bytes)?;
+    load_str(source_name, &text)
+}
+
+/// Loads a file, every `*.yaml`, `*.yml` and `*.json` file of a directory (sorted by name, not
+/// recursive; empty files are skipped), or stdin for `-`.
+pub fn load_path(path: &Path) -> Result<Vec<LoadedObject>, LoadError> {
+    let name = path.display().to_string();
+    if path == Path::new("-") {
+        return load_reader(STDIN_NAME, std::io::stdin().lock());
+    }
+    let meta = std::fs::metadata(path)
+        .map_err(|e| LoadError::single(&name, format!("cannot read: {e}")))?;
+    if !meta.is_dir() {
+        let text = read_file(path)?;
+        return load_str(&name, &text);
+    }
+    let mut files: Vec<_> = std::fs::read_dir(path)
+        .map_err(|e| LoadError::single(&name, format!("cannot read directory: {e}")))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| EXTENSIONS.contains(&e))
+                && p.is_file()
+        })
+        .collect();
+    files.sort();
+    let mut loader = Loader::default();
+    let mut documents = 0;
+    for file in &files {
+        match read_file(file) {
+            Ok(text) => documents += loader.add_text(&file.display().to_string(), &text),
+            Err(e) => loader.errors.extend(e.errors),
+        }
+    }
+    if documents == 0 && loader.errors.is_empty() {
+        return Err(LoadError::single(
+            &name,
+            "no objects found in the directory's *.yaml, *.yml and *.json files",
+        ));
+    }
+    loader.finish()
+}
+
+fn read_file(path: &Path) -> Result<String, LoadError> {
+    let name = path.display().to_string();
+    let bytes =
+        std::fs::read(path).map_err(|e| LoadError::single(&name, format!("cannot read: {e}")))?;
+    utf8(&name, bytes)
+}
+
+fn utf8(name: &str, bytes: Vec<u8>) -> Result<String, LoadError> {
+    String::from_utf8(bytes).map_err(|e| {
+        LoadError::single(
+            name,
+            format!(
+                "not UTF-8 text (invalid byte at offset {})",
+                e.utf8_error().valid_up_to()
+            ),
+        )
+    })
+}
+
+/// An object as YAML, as `tbctl get -o yaml` prints it.
+pub fn to_yaml(obj: &Object) -> String {
+    // Objects are string-keyed trees, which YAML always represents; JSON (also YAML) is the
+    // fallback should that ever change.
+    serde_yaml::to_string(obj).unwrap_or_else(|_| obj.to_json())
+}
+
+/// The server's reading of a submitted object: JSON text → object → `validate_object`.
+pub fn parse_object_json(text: &str) -> Result<Object, ValidationError> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let obj: Object = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let message = json_message(e.inner());
+        ValidationError::new(render_path(e.path(), &message), message)
+    })?;
+    de.end()
+        .map_err(|e| ValidationError::new("", json_message(&e)))?;
+    validate_object(&obj)
+}
+
+#[cfg(test)]
+mod tests;

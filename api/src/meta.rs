@@ -1,0 +1,86 @@
+//! Object metadata and status conditions, shared by every kind.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// Metadata every object carries. `name`, `namespace`, `labels` and `annotations` come from the
+/// user; the rest is set by the server and ignored (or checked, for `resourceVersion`) on input.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObjectMeta {
+    pub name: String,
+    /// Empty for cluster-scoped kinds (Node, Queue); defaults to `default` for the others.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uid: String,
+    /// The log index of the write that last changed this object. On input, a non-zero value asks
+    /// for optimistic concurrency: the write fails if the stored object has moved on.
+    #[serde(
+        default,
+        skip_serializing_if = "is_zero",
+        deserialize_with = "u64_from_number_or_string"
+    )]
+    pub resource_version: u64,
+    /// Bumped when the spec changes, never for status or metadata.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u64,
+    /// RFC 3339, set by the server at creation.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub creation_timestamp: String,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// `resourceVersion` is a string in Kubernetes manifests; accept either form. A visitor (rather
+/// than an untagged enum) keeps the YAML position of a bad value in the error.
+fn u64_from_number_or_string<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    struct ResourceVersion;
+    impl serde::de::Visitor<'_> for ResourceVersion {
+        type Value = u64;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a resourceVersion (a non-negative integer)")
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<u64, E> {
+            Ok(v)
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<u64, E> {
+            u64::try_from(v).map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+        }
+        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<u64, E> {
+            if s.is_empty() {
+                return Ok(0);
+            }
+            s.parse().map_err(|_| {
+                E::custom(format!(
+                    "expected a resourceVersion (a non-negative integer), got {s:?}"
+                ))
+            })
+        }
+    }
+    d.deserialize_any(ResourceVersion)
+}
+
+/// One observation about an object, in the Kubernetes style.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// e.g. Ready, Scheduled, Complete, Failed.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// "True" | "False" | "Unknown".
+    pub status: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_transition_time: String,
+}

@@ -1,0 +1,95 @@
+//! Event: something that happened to an object (scheduled, started, failed, re-placed), written
+//! by tb's components and shown by `tbctl events` and `tbctl describe`.
+
+use serde::{Deserialize, Serialize};
+
+use super::common::Result;
+use crate::kind::Kind;
+use crate::validate::ValidationError;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum EventType {
+    #[default]
+    Normal,
+    Warning,
+}
+
+/// Which object an event, or anything else, is about.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObjectRef {
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    pub name: String,
+    /// Tells apart two objects that had the same name at different times.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uid: String,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EventSpec {
+    #[serde(rename = "type", default)]
+    pub type_: EventType,
+    /// A short CamelCase cause, e.g. `Scheduled`, `BackOff`, `NodeLost`.
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+    pub involved_object: ObjectRef,
+    /// How many times the same event happened (repeats are folded together).
+    #[serde(default = "one")]
+    pub count: u32,
+    /// RFC 3339.
+    #[serde(default)]
+    pub first_timestamp: String,
+    #[serde(default)]
+    pub last_timestamp: String,
+    /// The component that saw it, e.g. `scheduler` or `nodelet/mac-studio-1`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+}
+
+impl Default for EventSpec {
+    fn default() -> Self {
+        EventSpec {
+            type_: EventType::Normal,
+            reason: String::new(),
+            message: String::new(),
+            involved_object: ObjectRef::default(),
+            count: 1,
+            first_timestamp: String::new(),
+            last_timestamp: String::new(),
+            source: String::new(),
+        }
+    }
+}
+
+impl EventSpec {
+    pub(crate) fn check(&self) -> Result {
+        if self.reason.trim().is_empty() {
+            return Err(ValidationError::new("reason", "must not be empty"));
+        }
+        let obj = &self.involved_object;
+        if Kind::parse(&obj.kind).is_none() {
+            return Err(ValidationError::new(
+                "involvedObject.kind",
+                crate::kind::UnknownKind(obj.kind.clone()).to_string(),
+            ));
+        }
+        if obj.name.is_empty() {
+            return Err(ValidationError::new(
+                "involvedObject.name",
+                "must not be empty",
+            ));
+        }
+        if self.count == 0 {
+            return Err(ValidationError::new("count", "must be at least 1"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,154 @@
+//! InferenceService: serve a Model on one or more Macs, with an OpenAI-compatible endpoint.
+//! Long-running: tb re-places it when a Mac fails.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::common::{self, Executor, Result};
+use crate::quantity::Quantity;
+use crate::validate::ValidationError;
+
+/// How the model is split across Macs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Parallelism {
+    /// Consecutive layers on consecutive Macs; activations flow along the chain.
+    Pipeline,
+    /// Every layer split across all Macs; needs fast (RDMA) links.
+    Tensor,
+    /// Let placement choose from the links and the model.
+    #[default]
+    Auto,
+}
+
+/// What placement optimises when it has a choice of Macs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Objective {
+    #[default]
+    Latency,
+    Throughput,
+}
+
+/// How many Macs the service may span.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeRange {
+    #[serde(default = "common::one")]
+    pub min: u32,
+    /// No upper bound when absent: placement uses as many as help.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<u32>,
+}
+
+impl Default for NodeRange {
+    fn default() -> Self {
+        NodeRange { min: 1, max: None }
+    }
+}
+
+impl NodeRange {
+    pub(crate) fn check(&self) -> Result {
+        if self.min == 0 {
+            return Err(ValidationError::new("min", "must be at least 1"));
+        }
+        match self.max {
+            Some(max) if max < self.min => Err(ValidationError::new(
+                "max",
+                format!("must be at least min ({}), got {max}", self.min),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Where the service listens.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Endpoint {
+    /// TCP port on the first Mac of the placement; tb picks one when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+}
+
+fn builtin() -> Executor {
+    Executor::Builtin
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InferenceServiceSpec {
+    /// Name of a Model in the same namespace.
+    pub model: String,
+    #[serde(default)]
+    pub parallelism: Parallelism,
+    #[serde(default)]
+    pub nodes: NodeRange,
+    /// Tokens of context to reserve KV-cache memory for (the model's full context when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<u32>,
+    /// Concurrent sequences to reserve KV-cache memory for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<u32>,
+    #[serde(default = "builtin")]
+    pub executor: Executor,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Memory each rank needs, for exec services (built-in ones are sized from the Model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Quantity>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<Endpoint>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    #[serde(default)]
+    pub objective: Objective,
+}
+
+impl Default for InferenceServiceSpec {
+    fn default() -> Self {
+        InferenceServiceSpec {
+            model: String::new(),
+            parallelism: Parallelism::default(),
+            nodes: NodeRange::default(),
+            context: None,
+            batch: None,
+            executor: builtin(),
+            command: Vec::new(),
+            env: BTreeMap::new(),
+            memory: None,
+            endpoint: None,
+            node_selector: BTreeMap::new(),
+            queue: None,
+            priority: None,
+            objective: Objective::default(),
+        }
+    }
+}
+
+impl InferenceServiceSpec {
+    pub(crate) fn check(&self) -> Result {
+        common::object_name("model", &self.model)?;
+        self.nodes.check().map_err(|e| e.under("nodes"))?;
+        common::at_least_one("context", self.context)?;
+        common::at_least_one("batch", self.batch)?;
+        common::command("command", self.executor, &self.command)?;
+        common::env("env", &self.env)?;
+        common::non_zero_quantity("memory", self.memory.as_ref())?;
+        if let Some(Endpoint { port: Some(0) }) = self.endpoint {
+            return Err(ValidationError::new(
+                "endpoint.port",
+                "must be between 1 and 65535 (leave it out to let tb choose)",
+            ));
+        }
+        common::node_selector("nodeSelector", &self.node_selector)?;
+        common::optional_object_name("queue", self.queue.as_deref())
+    }
+}

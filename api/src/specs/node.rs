@@ -1,0 +1,44 @@
+//! Node: one per Mac. Its nodelet writes the status (capacity, ports, links); users set the
+//! spec to cordon a Mac or keep work off it.
+
+use serde::{Deserialize, Serialize};
+
+use super::common::{self, Result};
+use crate::validate::ValidationError;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeSpec {
+    /// Cordoned: running work stays, no new work is placed here.
+    #[serde(default)]
+    pub unschedulable: bool,
+    /// Where the nodelet can be reached (`host` or `host:port`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Marks that keep work off this Mac unless the work tolerates them (`key=value:NoSchedule`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<String>,
+}
+
+impl NodeSpec {
+    pub(crate) fn check(&self) -> Result {
+        common::not_blank("address", self.address.as_deref())?;
+        if let Some(addr) = &self.address
+            && addr.chars().any(char::is_whitespace)
+        {
+            return Err(ValidationError::new(
+                "address",
+                format!("{addr:?} is not an address; expected host or host:port"),
+            ));
+        }
+        for (i, taint) in self.taints.iter().enumerate() {
+            if taint.trim().is_empty() || taint.chars().any(char::is_whitespace) {
+                return Err(ValidationError::new(
+                    format!("taints[{i}]"),
+                    format!("{taint:?} is not a taint; expected key=value:Effect without spaces"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

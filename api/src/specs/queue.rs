@@ -1,0 +1,95 @@
+//! Queue: a share of the cluster (memory, Macs) with a priority and a fair-share weight.
+//! Cluster-scoped; `namespaces` says whose work may use it.
+
+use serde::{Deserialize, Serialize};
+
+use super::common::{self, Result};
+use crate::duration::parse_duration;
+use crate::name::validate_namespace;
+use crate::quantity::Quantity;
+use crate::validate::ValidationError;
+
+/// Limits on what a queue's running work may hold at once; absent means unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QueueQuota {
+    /// Unified memory summed over every rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Quantity>,
+    /// Macs used (a Mac counts once however many ranks it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub macs: Option<u32>,
+}
+
+impl QueueQuota {
+    pub fn is_empty(&self) -> bool {
+        self.memory.is_none() && self.macs.is_none()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QueueSpec {
+    #[serde(default, skip_serializing_if = "QueueQuota::is_empty")]
+    pub quota: QueueQuota,
+    /// Higher runs first and may preempt lower.
+    #[serde(default)]
+    pub priority: i32,
+    /// Share of idle capacity relative to other queues.
+    #[serde(default = "common::one")]
+    pub weight: u32,
+    /// Namespaces whose work may use this queue; any namespace when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
+    /// How far beyond its quota the queue may borrow idle capacity; no borrowing when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrowing_limit: Option<QueueQuota>,
+    /// How quickly past usage is forgotten in fair-share ordering (`1h`, `7d`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fair_share_half_life: Option<String>,
+}
+
+impl Default for QueueSpec {
+    fn default() -> Self {
+        QueueSpec {
+            quota: QueueQuota::default(),
+            priority: 0,
+            weight: 1,
+            namespaces: Vec::new(),
+            borrowing_limit: None,
+            fair_share_half_life: None,
+        }
+    }
+}
+
+impl QueueSpec {
+    /// `fairShareHalfLife` in seconds (always valid in a stored object).
+    pub fn fair_share_half_life_seconds(&self) -> Option<u64> {
+        self.fair_share_half_life
+            .as_deref()
+            .and_then(|d| parse_duration(d).ok())
+    }
+
+    pub(crate) fn check(&self) -> Result {
+        if self.weight == 0 {
+            return Err(ValidationError::new("weight", "must be at least 1"));
+        }
+        for (i, ns) in self.namespaces.iter().enumerate() {
+            validate_namespace(ns)
+                .map_err(|m| ValidationError::new(format!("namespaces[{i}]"), m))?;
+        }
+        if let Some(d) = &self.fair_share_half_life {
+            match parse_duration(d) {
+                Ok(0) => {
+                    return Err(ValidationError::new(
+                        "fairShareHalfLife",
+                        "must be longer than zero",
+                    ));
+                }
+                Ok(_) => {}
+                Err(m) => return Err(ValidationError::new("fairShareHalfLife", m)),
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,172 @@
+//! TrainingJob: a gang-scheduled run to completion (fine-tuning, evaluation, any MLX program).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::common::{self, Executor, Result};
+use crate::quantity::Quantity;
+use crate::validate::ValidationError;
+
+/// More ranks than this is a typo, not a job: no lab has that many Macs.
+pub const MAX_RANKS: u32 = 1024;
+
+/// What `backoffLimit` means when it is left out.
+pub const DEFAULT_BACKOFF_LIMIT: u32 = 3;
+
+/// The MLX distributed backend the ranks talk over.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backend {
+    /// TCP ring; works on any network.
+    #[default]
+    Ring,
+    /// RDMA over Thunderbolt, fully connected.
+    Jaccl,
+    /// RDMA over Thunderbolt along a ring of links.
+    JacclRing,
+}
+
+/// How the ranks share the work.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainingParallelism {
+    /// Every rank holds the whole model and all-reduces gradients.
+    #[default]
+    Data,
+    /// Ranks hold consecutive layers.
+    Pipeline,
+    Auto,
+}
+
+/// Where and how often a job saves its progress, so a retry resumes instead of restarting.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Checkpoints {
+    pub dir: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every_steps: Option<u64>,
+}
+
+fn exec() -> Executor {
+    Executor::Exec
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TrainingJobSpec {
+    /// Name of a Model in the same namespace (required by the built-in executor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// A path or URL the program understands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub hyperparameters: BTreeMap<String, Value>,
+    #[serde(default = "exec")]
+    pub executor: Executor,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// Processes started together (all or none), each with TB_RANK and TB_WORLD_SIZE set.
+    #[serde(default = "common::one")]
+    pub ranks: u32,
+    /// Memory each rank needs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Quantity>,
+    #[serde(default)]
+    pub backend: Backend,
+    #[serde(default)]
+    pub parallelism: TrainingParallelism,
+    /// Retries before the job is marked Failed (3 when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff_limit: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_deadline_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds_after_finished: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoints: Option<Checkpoints>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    /// Give each rank a Mac of its own, sharing it with nothing else.
+    #[serde(default)]
+    pub exclusive: bool,
+}
+
+impl Default for TrainingJobSpec {
+    fn default() -> Self {
+        TrainingJobSpec {
+            model: None,
+            dataset: None,
+            hyperparameters: BTreeMap::new(),
+            executor: exec(),
+            command: Vec::new(),
+            env: BTreeMap::new(),
+            working_dir: None,
+            ranks: 1,
+            memory: None,
+            backend: Backend::default(),
+            parallelism: TrainingParallelism::default(),
+            backoff_limit: None,
+            active_deadline_seconds: None,
+            ttl_seconds_after_finished: None,
+            checkpoints: None,
+            node_selector: BTreeMap::new(),
+            queue: None,
+            priority: None,
+            exclusive: false,
+        }
+    }
+}
+
+impl TrainingJobSpec {
+    /// Retries allowed, with the default filled in.
+    pub fn backoff_limit(&self) -> u32 {
+        self.backoff_limit.unwrap_or(DEFAULT_BACKOFF_LIMIT)
+    }
+
+    pub(crate) fn check(&self) -> Result {
+        common::optional_object_name("model", self.model.as_deref())?;
+        if self.executor == Executor::Builtin && self.model.is_none() {
+            return Err(ValidationError::new(
+                "model",
+                "required when executor is builtin: the Model to fine-tune",
+            ));
+        }
+        common::not_blank("dataset", self.dataset.as_deref())?;
+        common::command("command", self.executor, &self.command)?;
+        common::env("env", &self.env)?;
+        common::not_blank("workingDir", self.working_dir.as_deref())?;
+        if self.ranks == 0 {
+            return Err(ValidationError::new("ranks", "must be at least 1"));
+        }
+        if self.ranks > MAX_RANKS {
+            return Err(ValidationError::new(
+                "ranks",
+                format!("must be at most {MAX_RANKS}, got {}", self.ranks),
+            ));
+        }
+        common::non_zero_quantity("memory", self.memory.as_ref())?;
+        common::at_least_one("activeDeadlineSeconds", self.active_deadline_seconds)?;
+        if let Some(checkpoints) = &self.checkpoints {
+            if checkpoints.dir.trim().is_empty() {
+                return Err(ValidationError::new(
+                    "checkpoints.dir",
+                    "must not be empty: the directory to save checkpoints in",
+                ));
+            }
+            common::at_least_one("checkpoints.everySteps", checkpoints.every_steps)?;
+        }
+        common::node_selector("nodeSelector", &self.node_selector)?;
+        common::optional_object_name("queue", self.queue.as_deref())
+    }
+}

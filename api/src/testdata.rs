@@ -1,0 +1,186 @@
+//! Test fixtures: one object of each kind with every spec field set, and a helper that lists the
+//! field paths of a JSON value.
+
+use serde_json::Value;
+
+use crate::kind::Kind;
+use crate::object::Object;
+use crate::validate::validate_object;
+
+/// A fully populated object of `kind`, validated and normalised.
+pub(crate) fn full_object(kind: Kind) -> Object {
+    let yaml = full_yaml(kind);
+    let obj: Object = serde_yaml::from_str(yaml).unwrap_or_else(|e| panic!("{kind}: {e}"));
+    validate_object(&obj).unwrap_or_else(|e| panic!("{kind}: {e}"))
+}
+
+/// Paths of every field in `v`, not descending into maps whose keys are data (labels, env...).
+pub(crate) fn json_paths(prefix: &str, v: &Value, out: &mut Vec<String>) {
+    const DATA_MAPS: [&str; 5] = [
+        "env",
+        "nodeSelector",
+        "hyperparameters",
+        "labels",
+        "annotations",
+    ];
+    if let Value::Object(map) = v {
+        for (k, child) in map {
+            let path = format!("{prefix}.{k}");
+            if !DATA_MAPS.contains(&k.as_str()) {
+                json_paths(&path, child, out);
+            }
+            out.push(path);
+        }
+    }
+}
+
+fn full_yaml(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Model => {
+            r#"
+apiVersion: tb/v1
+kind: Model
+metadata: {name: smollm2, labels: {family: smollm}}
+spec:
+  format: gguf
+  source: {path: /models/smollm2.gguf, nodes: [mac-1, mac-2]}
+  architecture: llama
+  layers: 30
+  bytesPerLayer: 3Mi
+  totalBytes: 98Mi
+  hiddenSize: 576
+  heads: 9
+  kvHeads: 3
+  contextLength: 8192
+  vocabSize: 49152
+"#
+        }
+        Kind::InferenceService => {
+            r#"
+apiVersion: tb/v1
+kind: InferenceService
+metadata: {name: chat, namespace: lab}
+spec:
+  model: smollm2
+  parallelism: pipeline
+  nodes: {min: 2, max: 4}
+  context: 2048
+  batch: 4
+  executor: exec
+  command: [mlx_lm.server]
+  env: {LOG: debug}
+  memory: 8Gi
+  endpoint: {port: 8080}
+  nodeSelector: {chip: m4-pro}
+  queue: serving
+  priority: 10
+  objective: throughput
+"#
+        }
+        Kind::TrainingJob => {
+            r#"
+apiVersion: tb/v1
+kind: TrainingJob
+metadata: {name: finetune}
+spec:
+    model: smollm2
+    dataset: /Users/Shared/data/chat
+    hyperparameters: {learningRate: 0.0001, steps: 600}
+    executor: exec
+    command: ["python3", "-m", "mlx_lm.lora", "--train"]
+    env: {HF_HOME: /Users/Shared/hf}
+    workingDir: /Users/Shared/work
+    ranks: 2
+    memory: 48Gi
+    backend: jaccl-ring
+    parallelism: data
+    backoffLimit: 2
+    activeDeadlineSeconds: 7200
+    ttlSecondsAfterFinished: 86400
+    checkpoints: {dir: /Users/Shared/ckpt, everySteps: 100}
+    nodeSelector: {chip: m3-ultra}
+    queue: research
+    priority: 5
+    exclusive: true
+"#
+        }
+        Kind::Schedule => {
+            r#"
+apiVersion: tb/v1
+kind: Schedule
+metadata: {name: nightly}
+spec:
+  schedule: "0 2 * * *"
+  timeZone: Europe/Paris
+  concurrencyPolicy: Forbid
+  startingDeadlineSeconds: 600
+  suspend: false
+  successfulJobsHistoryLimit: 5
+  failedJobsHistoryLimit: 2
+  jobTemplate:
+    metadata: {labels: {team: ml}, annotations: {owner: ana}}
+    spec:
+      model: smollm2
+      dataset: /Users/Shared/data/chat
+      hyperparameters: {learningRate: 0.0001, steps: 600}
+      executor: exec
+      command: ["python3", "-m", "mlx_lm.lora", "--train"]
+      env: {HF_HOME: /Users/Shared/hf}
+      workingDir: /Users/Shared/work
+      ranks: 2
+      memory: 48Gi
+      backend: jaccl-ring
+      parallelism: data
+      backoffLimit: 2
+      activeDeadlineSeconds: 7200
+      ttlSecondsAfterFinished: 86400
+      checkpoints: {dir: /Users/Shared/ckpt, everySteps: 100}
+      nodeSelector: {chip: m3-ultra}
+      queue: research
+      priority: 5
+      exclusive: true
+"#
+        }
+        Kind::Queue => {
+            r#"
+apiVersion: tb/v1
+kind: Queue
+metadata: {name: research}
+spec:
+  quota: {memory: 1Ti, macs: 8}
+  priority: 10
+  weight: 2
+  namespaces: [research, lab]
+  borrowingLimit: {memory: 256Gi, macs: 2}
+  fairShareHalfLife: 1h
+"#
+        }
+        Kind::Node => {
+            r#"
+apiVersion: tb/v1
+kind: Node
+metadata: {name: mac-studio-1, labels: {chip: m3-ultra}}
+spec:
+  unschedulable: true
+  address: mac-studio-1.local:7443
+  taints: ["gpu=busy:NoSchedule"]
+"#
+        }
+        Kind::Event => {
+            r#"
+apiVersion: tb/v1
+kind: Event
+metadata: {name: finetune.1}
+spec:
+  type: Warning
+  reason: BackOff
+  message: rank 1 exited with status 1
+  involvedObject: {kind: TrainingJob, namespace: default, name: finetune, uid: "1234"}
+  count: 2
+  firstTimestamp: "2026-01-01T02:00:00Z"
+  lastTimestamp: "2026-01-01T02:05:00Z"
+  source: nodelet/mac-studio-1
+"#
+        }
+    }
+}

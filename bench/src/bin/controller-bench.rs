@@ -1,0 +1,182 @@
+//! `controller-bench`: tb's controller against etcd on this machine. Starts a 3-member tb
+//! cluster and then a 3-member etcd cluster (never both at once), writes the same ~1 KiB
+//! objects to each from 16 and then 64 concurrent clients, kills each one's leader a few times,
+//! and prints a markdown table to stdout (progress goes to stderr).
+//!
+//! Run from the workspace: `cargo run --release -p tb-bench --bin controller-bench --
+//! [--writes 10000] [--clients 16,64]`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Parser;
+use tb_bench::bench::{Plan, SystemReport};
+use tb_bench::machine::{Machine, load_average};
+use tb_bench::report;
+use tb_bench::tb::TbOptions;
+
+#[derive(Parser, Debug)]
+#[command(name = "controller-bench", about = "tb's controller against etcd: throughput, latency, failover, memory")]
+struct Args {
+    /// Writes per run (each creates one object).
+    #[arg(long, default_value_t = 10_000)]
+    writes: u64,
+    /// Concurrent clients, one run (on a fresh cluster) per value.
+    #[arg(long, value_delimiter = ',', default_value = "16,64")]
+    clients: Vec<usize>,
+    /// Leader kills on the last cluster of each system.
+    #[arg(long, default_value_t = 3)]
+    failovers: usize,
+    /// Size of each object's JSON in bytes.
+    #[arg(long, default_value_t = 1024)]
+    payload_bytes: usize,
+    /// The tb-controller binary. Default: build it (`cargo build --release -p tb-controller`)
+    /// and use target/release/tb-controller.
+    #[arg(long)]
+    tb_controller: Option<PathBuf>,
+    /// The etcd binary. Default: `etcd` on the PATH.
+    #[arg(long)]
+    etcd: Option<PathBuf>,
+    /// Benchmark only these systems.
+    #[arg(long, value_delimiter = ',', default_value = "tb,etcd", value_parser = ["tb", "etcd"])]
+    systems: Vec<String>,
+    /// Directory under which the temporary data dirs and logs are made (one disk for all).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Keep the data dirs, logs and scraped metrics instead of deleting them.
+    #[arg(long)]
+    keep: bool,
+    /// RUST_LOG for the tb controllers (e.g. `debug`); their default otherwise.
+    #[arg(long)]
+    tb_log: Option<String>,
+}
+
+/// The workspace root: the parent of this crate's directory.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// Build tb-controller in release mode and return its path.
+fn build_tb_controller() -> anyhow::Result<PathBuf> {
+    let root = workspace_root();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("building tb-controller (cargo build --release -p tb-controller) ...");
+    let status = std::process::Command::new(cargo)
+        .args(["build", "--release", "-p", "tb-controller"])
+        .current_dir(&root)
+        .status()
+        .context("running cargo build for tb-controller")?;
+    anyhow::ensure!(status.success(), "cargo build --release -p tb-controller failed ({status})");
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let bin = target.join("release").join("tb-controller");
+    anyhow::ensure!(bin.is_file(), "{} is missing after the build", bin.display());
+    Ok(bin)
+}
+
+fn describe_binary(label: &str, path: &Path) -> String {
+    let modified = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .map(|t| chrono::DateTime::<chrono::Utc>::from(t).format("%Y-%m-%d %H:%M UTC").to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    format!("{label}: `{}` (built {modified})", path.display())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(args.writes > 0, "--writes must be at least 1");
+    anyhow::ensure!(
+        !args.clients.is_empty() && args.clients.iter().all(|&c| c > 0),
+        "--clients: give one or more positive counts"
+    );
+    let want_tb = args.systems.iter().any(|s| s == "tb");
+    let want_etcd = args.systems.iter().any(|s| s == "etcd");
+
+    let tb_binary = match (&args.tb_controller, want_tb) {
+        (_, false) => None,
+        (Some(p), true) => Some(p.clone()),
+        (None, true) => Some(build_tb_controller()?),
+    };
+    let etcd_binary = args.etcd.clone().or_else(tb_bench::etcd::find_binary);
+    let etcd_missing = match (&etcd_binary, want_etcd) {
+        (_, false) => "not run (--systems)".to_string(),
+        (None, true) => "not found (install Debian's etcd-server package, or pass --etcd PATH)".to_string(),
+        (Some(p), true) if !p.is_file() => format!("{} not found", p.display()),
+        _ => String::new(),
+    };
+    let etcd_binary = etcd_binary.filter(|p| want_etcd && p.is_file());
+
+    let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+    let tmp = tempfile::Builder::new()
+        .prefix("tb-controller-bench-")
+        .tempdir_in(&base)
+        .with_context(|| format!("making a temporary dir under {}", base.display()))?;
+    let plan = Plan {
+        writes: args.writes,
+        clients: args.clients.clone(),
+        failovers: args.failovers,
+        root: tmp.path().to_path_buf(),
+    };
+    eprintln!("data dirs and logs under {}", plan.root.display());
+
+    let machine = Machine::describe();
+    let load_before = load_average();
+    let date = chrono::Utc::now().format("%Y-%m-%d %H:%M:%S UTC").to_string();
+
+    let mut tb_report = None;
+    if let Some(bin) = &tb_binary {
+        let mut r = SystemReport::new("tb", "tb-controller".into());
+        let opts = TbOptions {
+            binary: bin.clone(),
+            rust_log: args.tb_log.clone(),
+            payload_bytes: args.payload_bytes,
+        };
+        tb_bench::bench::system(&mut r, &plan, |dir| tb_bench::tb::start(&opts, dir)).await;
+        tb_report = Some(r);
+    }
+
+    let mut etcd_report = None;
+    if let Some(bin) = &etcd_binary {
+        let mut r = SystemReport::new("etcd", tb_bench::etcd::version(bin));
+        tb_bench::bench::system(&mut r, &plan, |dir| tb_bench::etcd::start(bin, dir, args.payload_bytes)).await;
+        etcd_report = Some(r);
+    }
+
+    let mut binaries = Vec::new();
+    if let Some(b) = &tb_binary {
+        binaries.push(describe_binary("tb-controller", b));
+    }
+    if let Some(b) = &etcd_binary {
+        binaries.push(describe_binary("etcd", b));
+    }
+    let ctx = report::Context {
+        date,
+        machine,
+        load_before,
+        load_after: load_average(),
+        workload: format!(
+            "{} writes of {}-byte objects per run, each creating a distinct object; a fresh 3-member cluster \
+             per client count; one HTTP/2 connection per member; writes go to the leader; loopback; data dirs \
+             on one disk under {}; fsync on (etcd default, tb redb Durability::Immediate); defaults otherwise",
+            args.writes,
+            args.payload_bytes,
+            base.display()
+        ),
+        binaries,
+    };
+    let shape = report::Shape {
+        clients: &plan.clients,
+        writes: plan.writes,
+        failovers: plan.failovers,
+    };
+    println!("{}", report::render(&ctx, &shape, tb_report.as_ref(), etcd_report.as_ref(), &etcd_missing));
+
+    if args.keep {
+        let kept = tmp.keep();
+        eprintln!("kept data dirs, logs and metrics in {}", kept.display());
+    }
+    Ok(())
+}

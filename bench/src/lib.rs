@@ -1,0 +1,29 @@
+//! tb's benchmarks. `controller-bench` runs a 3-member tb controller cluster and a 3-member
+//! etcd cluster on this machine, one after the other, drives both with the same client code
+//! (the same writes, the same concurrency, the same leader-seeking failover), and prints a
+//! markdown table: throughput, p50/p99 latency, leader-failover time and memory.
+//!
+//! Layout: `backend` is the two-method seam between the client and a system under test, with
+//! `tb` and `etcd` behind it; `member` runs one server process; `cluster` groups three of them
+//! and waits for health; `client` finds the leader and fails over; `load` and `failover` are
+//! the two experiments; `stats`, `machine` and `report` turn measurements into the table.
+
+pub mod backend;
+pub mod bench;
+pub mod client;
+pub mod cluster;
+pub mod etcd;
+pub mod failover;
+pub mod load;
+pub mod machine;
+pub mod member;
+pub mod payload;
+pub mod ports;
+pub mod report;
+pub mod stats;
+pub mod tb;
+
+/// etcd's v3 gRPC API (the subset in `proto/etcd.proto`), generated at build time.
+pub mod etcdserverpb {
+    tonic::include_proto!("etcdserverpb");
+}

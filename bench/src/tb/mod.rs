@@ -1,0 +1,156 @@
+//! tb as a system under test: starting a 3-member `tb-controller` cluster, and the `Backend`
+//! that writes objects with `Objects.Apply` and finds the leader with `Cluster.Status`.
+
+pub mod metrics;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tb_api::proto::cluster_client::ClusterClient;
+use tb_api::proto::objects_client::ObjectsClient;
+use tb_api::proto::{ApplyRequest, ClusterStatusRequest};
+use tonic::transport::Channel;
+
+use crate::backend::{Backend, Probe, RpcError, Write, channel, with_timeout};
+use crate::cluster::Cluster;
+use crate::member::Member;
+use crate::payload::model_json;
+
+/// How to start tb's members.
+#[derive(Debug, Clone)]
+pub struct TbOptions {
+    pub binary: std::path::PathBuf,
+    /// `RUST_LOG` for the controllers (their default when `None`).
+    pub rust_log: Option<String>,
+    pub payload_bytes: usize,
+}
+
+/// Start controllers 1..=3 on fresh loopback ports with data dirs under `dir`, each also
+/// serving `/metrics`.
+pub fn start(opts: &TbOptions, dir: &Path) -> anyhow::Result<Cluster<TbBackend>> {
+    let ports = crate::ports::free_ports(6)?;
+    let (api, metrics) = ports.split_at(3);
+    let addrs: Vec<String> = api.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let initial = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={a}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut members = Vec::new();
+    let mut metrics_addrs = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let id = i + 1;
+        let metrics_addr = format!("127.0.0.1:{}", metrics[i]);
+        let args = vec![
+            "--id".into(),
+            id.to_string(),
+            "--listen".into(),
+            addr.clone(),
+            "--data-dir".into(),
+            dir.join(format!("tb-{id}")).display().to_string(),
+            "--initial-cluster".into(),
+            initial.clone(),
+            "--metrics-listen".into(),
+            metrics_addr.clone(),
+        ];
+        let mut m = Member::new(format!("tb-{id}"), &opts.binary, args, dir.join(format!("tb-{id}.log")));
+        if let Some(filter) = &opts.rust_log {
+            m = m.env("RUST_LOG", filter);
+        }
+        members.push(m);
+        metrics_addrs.push(metrics_addr);
+    }
+    let backend = TbBackend::new(&addrs, opts.payload_bytes)?;
+    let mut cluster = Cluster::new(members, Arc::new(backend));
+    cluster.metrics = metrics_addrs;
+    cluster.spawn_all()?;
+    Ok(cluster)
+}
+
+/// A tb client holding one channel per controller.
+pub struct TbBackend {
+    objects: Vec<ObjectsClient<Channel>>,
+    cluster: Vec<ClusterClient<Channel>>,
+    payload_bytes: usize,
+}
+
+impl TbBackend {
+    pub fn new(addrs: &[String], payload_bytes: usize) -> anyhow::Result<Self> {
+        let channels = addrs
+            .iter()
+            .map(|a| channel(a).with_context(|| format!("tb endpoint {a}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(TbBackend {
+            objects: channels.iter().cloned().map(ObjectsClient::new).collect(),
+            cluster: channels.into_iter().map(ClusterClient::new).collect(),
+            payload_bytes,
+        })
+    }
+}
+
+/// Controller ids are 1-based endpoint indexes.
+fn id_of(endpoint: usize) -> u64 {
+    endpoint as u64 + 1
+}
+
+impl Backend for TbBackend {
+    fn name(&self) -> &'static str {
+        "tb"
+    }
+
+    fn endpoints(&self) -> usize {
+        self.objects.len()
+    }
+
+    async fn put(&self, endpoint: usize, write: &Write, timeout: Duration) -> Result<(), RpcError> {
+        let mut client = self.objects[endpoint].clone();
+        let mut req = tonic::Request::new(ApplyRequest {
+            objects_json: vec![model_json(&write.name, self.payload_bytes)],
+            dry_run: false,
+            request_id: write.request_id.clone(),
+        });
+        req.set_timeout(timeout);
+        with_timeout("Objects/Apply", timeout, async {
+            let resp = client
+                .apply(req)
+                .await
+                .map_err(|s| RpcError::from_status("Objects/Apply", &s))?
+                .into_inner();
+            // A retry of a write that did commit answers from tb's idempotency record, so any
+            // outcome counts; the stored-object count is checked after the run instead.
+            if resp.results.is_empty() {
+                return Err(RpcError {
+                    retryable: false,
+                    message: format!("Objects/Apply: the answer for {} has no result", write.name),
+                });
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn probe(&self, endpoint: usize, timeout: Duration) -> Result<Probe, RpcError> {
+        let mut client = self.cluster[endpoint].clone();
+        let mut req = tonic::Request::new(ClusterStatusRequest {});
+        req.set_timeout(timeout);
+        with_timeout("Cluster/Status", timeout, async {
+            let s = client
+                .status(req)
+                .await
+                .map_err(|s| RpcError::from_status("Cluster/Status", &s))?
+                .into_inner();
+            let id = id_of(endpoint);
+            let own = s.members.iter().find(|m| m.id == id);
+            Ok(Probe {
+                is_leader: s.has_leader && s.leader_id == id,
+                has_leader: s.has_leader,
+                term: s.term,
+                applied: own.map_or(0, |m| m.applied_index),
+            })
+        })
+        .await
+    }
+}

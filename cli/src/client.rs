@@ -1,0 +1,393 @@
+//! The connection to tb's controllers: one client over a list of addresses that fails over on
+//! connect errors, UNAVAILABLE (no leader, node going down) and deadlines, retries with backoff
+//! until the command's timeout, and remembers the address that last answered.
+//!
+//! Retrying a write is safe because every mutating request carries a request id that the caller
+//! generates once per logical operation: the server applies a given id once, however many
+//! controllers the request reached.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use tb_api::proto::cluster_client::ClusterClient;
+use tb_api::proto::objects_client::ObjectsClient;
+use tb_api::proto::{
+    AddMemberRequest, ApplyRequest, ApplyResponse, ClusterStatusRequest, ClusterStatusResponse, DeleteRequest,
+    DeleteResponse, GetRequest, GetResponse, ListRequest, ListResponse, RemoveMemberRequest, WatchEvent,
+    WatchRequest,
+};
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status, Streaming};
+
+use crate::servers::ServerAddr;
+
+/// Largest gRPC message tbctl sends or accepts.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// How long one address gets to accept a connection before the next is tried.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The least time one attempt gets when the budget is shared among several servers.
+const MIN_ATTEMPT: Duration = Duration::from_secs(2);
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// A failed call: the server's status code and message, or why no server answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RpcError {
+    pub code: Code,
+    pub message: String,
+}
+
+impl RpcError {
+    fn from_status(s: &Status) -> RpcError {
+        let message = if s.message().is_empty() {
+            s.code().description().to_string()
+        } else {
+            s.message().to_string()
+        };
+        RpcError { code: s.code(), message }
+    }
+}
+
+impl fmt::Display for RpcError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The server's messages are written for users (INVALID_ARGUMENT names the field), so
+        // they are shown as they are.
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for RpcError {}
+
+/// Whether another controller (or the same one a moment later) might answer differently.
+pub fn is_failover(s: &Status) -> bool {
+    match s.code() {
+        Code::Unavailable | Code::DeadlineExceeded => true,
+        // Statuses made locally from a broken connection carry their cause; a server's own
+        // Unknown or Internal answer does not, and is final.
+        Code::Unknown | Code::Internal | Code::Cancelled => std::error::Error::source(s).is_some(),
+        _ => false,
+    }
+}
+
+pub struct Client {
+    servers: Vec<ServerAddr>,
+    /// Index of the server to try first: the one that last answered.
+    current: usize,
+    channel: Option<(usize, Channel)>,
+    timeout: Duration,
+}
+
+impl Client {
+    /// `servers` must not be empty; `timeout` bounds each call including its retries.
+    pub fn new(servers: Vec<ServerAddr>, timeout: Duration) -> Client {
+        Client {
+            servers,
+            current: 0,
+            channel: None,
+            timeout,
+        }
+    }
+
+    /// The server the next call goes to first.
+    pub fn current_server(&self) -> Option<&ServerAddr> {
+        self.servers.get(self.current)
+    }
+
+    /// Give up on the current server: the next call starts with the following one.
+    pub fn fail_over(&mut self) {
+        self.channel = None;
+        if !self.servers.is_empty() {
+            self.current = (self.current + 1) % self.servers.len();
+        }
+    }
+
+    async fn connect(&mut self, limit: Duration) -> Result<Channel, String> {
+        if let Some((i, ch)) = &self.channel
+            && *i == self.current
+        {
+            return Ok(ch.clone());
+        }
+        let addr = &self.servers[self.current];
+        let endpoint = Endpoint::from_shared(addr.uri())
+            .map_err(|e| format!("bad address: {e}"))?
+            .connect_timeout(limit)
+            .tcp_nodelay(true)
+            // A controller that stops answering (a frozen machine, a pulled cable) must end a
+            // watch so that it can resume elsewhere.
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .keep_alive_while_idle(true);
+        let ch = match tokio::time::timeout(limit, endpoint.connect()).await {
+            Ok(Ok(ch)) => ch,
+            Ok(Err(e)) => return Err(error_chain(&e)),
+            Err(_) => return Err(format!("no connection within {}", fmt_duration(limit))),
+        };
+        tracing::debug!(server = %addr, "connected");
+        self.channel = Some((self.current, ch.clone()));
+        Ok(ch)
+    }
+
+    /// How long one attempt may take: all that is left with one server, a share of the
+    /// timeout with several, so one unresponsive controller cannot use the whole budget.
+    fn attempt_budget(&self, left: Duration) -> Duration {
+        let n = self.servers.len().max(1) as u32;
+        if n == 1 {
+            left
+        } else {
+            left.min((self.timeout / n).max(MIN_ATTEMPT))
+        }
+    }
+
+    /// Run `call` against the servers in turn until one answers, a non-retryable error comes
+    /// back, or the timeout passes. `call` gets a channel and the time the attempt may take.
+    async fn call<T, F, Fut>(&mut self, rpc: &str, mut call: F) -> Result<T, RpcError>
+    where
+        F: FnMut(Channel, Duration) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        if self.servers.is_empty() {
+            return Err(RpcError {
+                code: Code::InvalidArgument,
+                message: "no server to talk to".into(),
+            });
+        }
+        let deadline = Instant::now() + self.timeout;
+        let mut backoff = FIRST_BACKOFF;
+        // The last failure per server, for the final message.
+        let mut failures: BTreeMap<usize, String> = BTreeMap::new();
+        let mut code = Code::Unavailable;
+        loop {
+            for _ in 0..self.servers.len() {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(self.exhausted(rpc, code, &failures));
+                }
+                let budget = self.attempt_budget(deadline - now);
+                let idx = self.current;
+                let ch = match self.connect(budget.min(CONNECT_TIMEOUT)).await {
+                    Ok(ch) => ch,
+                    Err(e) => {
+                        tracing::debug!(server = %self.servers[idx], error = %e, "connect failed");
+                        failures.insert(idx, e);
+                        self.fail_over();
+                        continue;
+                    }
+                };
+                match tokio::time::timeout(budget, call(ch, budget)).await {
+                    Ok(Ok(resp)) => return Ok(resp.into_inner()),
+                    Ok(Err(s)) if is_failover(&s) => {
+                        tracing::debug!(server = %self.servers[idx], rpc, code = ?s.code(), message = s.message(), "failing over");
+                        code = s.code();
+                        let why = if s.message().is_empty() { s.code().description() } else { s.message() };
+                        failures.insert(idx, why.to_string());
+                        self.fail_over();
+                    }
+                    Ok(Err(s)) => return Err(RpcError::from_status(&s)),
+                    Err(_) => {
+                        tracing::debug!(server = %self.servers[idx], rpc, "attempt timed out");
+                        code = Code::DeadlineExceeded;
+                        failures.insert(idx, format!("no answer within {}", fmt_duration(budget)));
+                        self.fail_over();
+                    }
+                }
+            }
+            // Every server failed once: a leader election or a restart may be under way.
+            let left = deadline.saturating_duration_since(Instant::now());
+            tokio::time::sleep(backoff.min(left)).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    fn exhausted(&self, rpc: &str, code: Code, failures: &BTreeMap<usize, String>) -> RpcError {
+        let detail: Vec<String> = failures
+            .iter()
+            .map(|(i, why)| format!("{}: {why}", self.servers[*i]))
+            .collect();
+        RpcError {
+            code,
+            message: format!(
+                "no tb controller answered {rpc} within {} ({})",
+                fmt_duration(self.timeout),
+                detail.join("; ")
+            ),
+        }
+    }
+
+    pub async fn apply(&mut self, req: ApplyRequest) -> Result<ApplyResponse, RpcError> {
+        self.call("Apply", |ch, t| {
+            let req = timed(req.clone(), t);
+            async move { objects(ch).apply(req).await }
+        })
+        .await
+    }
+
+    pub async fn get(&mut self, req: GetRequest) -> Result<GetResponse, RpcError> {
+        self.call("Get", |ch, t| {
+            let req = timed(req.clone(), t);
+            async move { objects(ch).get(req).await }
+        })
+        .await
+    }
+
+    pub async fn list(&mut self, req: ListRequest) -> Result<ListResponse, RpcError> {
+        self.call("List", |ch, t| {
+            let req = timed(req.clone(), t);
+            async move { objects(ch).list(req).await }
+        })
+        .await
+    }
+
+    pub async fn delete(&mut self, req: DeleteRequest) -> Result<DeleteResponse, RpcError> {
+        self.call("Delete", |ch, t| {
+            let req = timed(req.clone(), t);
+            async move { objects(ch).delete(req).await }
+        })
+        .await
+    }
+
+    /// Open a watch. Only opening it is bounded by the timeout; the stream lasts until the
+    /// server or connection ends it.
+    pub async fn watch(&mut self, req: WatchRequest) -> Result<Streaming<WatchEvent>, RpcError> {
+        self.call("Watch", |ch, _| {
+            let req = req.clone();
+            async move { objects(ch).watch(req).await }
+        })
+        .await
+    }
+
+    pub async fn cluster_status(&mut self) -> Result<ClusterStatusResponse, RpcError> {
+        self.call("Status", |ch, t| {
+            let req = timed(ClusterStatusRequest {}, t);
+            async move { cluster(ch).status(req).await }
+        })
+        .await
+    }
+
+    pub async fn add_member(&mut self, req: AddMemberRequest) -> Result<Option<ClusterStatusResponse>, RpcError> {
+        self.call("AddMember", |ch, t| {
+            let req = timed(req.clone(), t);
+            async move { cluster(ch).add_member(req).await }
+        })
+        .await
+        .map(|r| r.status)
+    }
+
+    pub async fn remove_member(
+        &mut self,
+        req: RemoveMemberRequest,
+    ) -> Result<Option<ClusterStatusResponse>, RpcError> {
+        self.call("RemoveMember", |ch, t| {
+            let req = timed(req, t);
+            async move { cluster(ch).remove_member(req).await }
+        })
+        .await
+        .map(|r| r.status)
+    }
+}
+
+fn objects(ch: Channel) -> ObjectsClient<Channel> {
+    ObjectsClient::new(ch)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+}
+
+fn cluster(ch: Channel) -> ClusterClient<Channel> {
+    ClusterClient::new(ch)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+}
+
+/// A request carrying its deadline, so the server stops working on it when tbctl stops waiting.
+fn timed<T>(msg: T, t: Duration) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(t);
+    r
+}
+
+/// An error and its causes on one line: tonic's transport errors say little at the top level.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut parts: Vec<String> = vec![e.to_string()];
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let s = c.to_string();
+        if !parts.iter().any(|p| p.contains(&s)) {
+            parts.push(s);
+        }
+        cur = c.source();
+    }
+    parts.join(": ")
+}
+
+pub fn fmt_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::servers::parse_server_list;
+
+    #[test]
+    fn server_statuses_are_final_except_unavailable_and_deadline() {
+        assert!(is_failover(&Status::unavailable("no leader")));
+        assert!(is_failover(&Status::deadline_exceeded("slow")));
+        for s in [
+            Status::invalid_argument("spec.nodes: expected"),
+            Status::not_found("x"),
+            Status::aborted("conflict"),
+            Status::out_of_range("too old"),
+            Status::internal("bug"),
+            Status::unknown("?"),
+        ] {
+            assert!(!is_failover(&s), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn rpc_error_shows_the_server_message_as_is() {
+        let e = RpcError::from_status(&Status::invalid_argument("spec.nodes.min: expected at least 1"));
+        assert_eq!(e.to_string(), "spec.nodes.min: expected at least 1");
+        assert_eq!(e.code, Code::InvalidArgument);
+        let e = RpcError::from_status(&Status::new(Code::NotFound, ""));
+        assert!(!e.to_string().is_empty());
+    }
+
+    #[test]
+    fn attempts_share_the_budget_among_servers() {
+        let one = Client::new(parse_server_list("a:1").expect("list"), Duration::from_secs(10));
+        assert_eq!(one.attempt_budget(Duration::from_secs(7)), Duration::from_secs(7));
+        let three = Client::new(parse_server_list("a:1,b:1,c:1").expect("list"), Duration::from_secs(30));
+        assert_eq!(three.attempt_budget(Duration::from_secs(30)), Duration::from_secs(10));
+        assert_eq!(three.attempt_budget(Duration::from_secs(1)), Duration::from_secs(1));
+        let short = Client::new(parse_server_list("a:1,b:1,c:1").expect("list"), Duration::from_secs(3));
+        assert_eq!(short.attempt_budget(Duration::from_secs(3)), MIN_ATTEMPT);
+    }
+
+    #[test]
+    fn fail_over_cycles_through_servers() {
+        let mut c = Client::new(parse_server_list("a:1,b:1").expect("list"), Duration::from_secs(1));
+        assert_eq!(c.current_server().map(AsRef::as_ref), Some("a:1"));
+        c.fail_over();
+        assert_eq!(c.current_server().map(AsRef::as_ref), Some("b:1"));
+        c.fail_over();
+        assert_eq!(c.current_server().map(AsRef::as_ref), Some("a:1"));
+    }
+
+    #[tokio::test]
+    async fn unreachable_servers_are_reported_by_address() {
+        // Port 1 on localhost refuses connections.
+        let servers = parse_server_list("127.0.0.1:1,[::1]:1").expect("list");
+        let mut c = Client::new(servers, Duration::from_millis(400));
+        let e = c.list(ListRequest::default()).await.expect_err("nothing listens");
+        assert_eq!(e.code, Code::Unavailable);
+        assert!(e.message.contains("127.0.0.1:1"), "{}", e.message);
+        assert!(e.message.contains("within 400ms"), "{}", e.message);
+    }
+}

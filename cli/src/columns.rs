@@ -1,0 +1,370 @@
+//! What `get` shows in its table for each kind: `[NAMESPACE] NAME <kind columns> AGE [LABELS]`,
+//! and kubectl-style ages.
+//!
+//! Cells read the object's JSON leniently: a field that is missing or of an unexpected shape
+//! prints as `<none>` rather than failing the whole listing.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use tb_api::{Kind, Object};
+
+use crate::output::Table;
+
+const NONE: &str = "<none>";
+
+/// How a list of one kind is laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct View {
+    pub kind: Kind,
+    /// `-A`: a NAMESPACE column (for namespaced kinds).
+    pub all_namespaces: bool,
+    /// `-o wide`: a LABELS column.
+    pub wide: bool,
+}
+
+impl View {
+    fn namespace_column(&self) -> bool {
+        self.all_namespaces && self.kind.is_namespaced()
+    }
+
+    pub fn headers(&self) -> Vec<String> {
+        let mut h = Vec::new();
+        if self.namespace_column() {
+            h.push("NAMESPACE".to_string());
+        }
+        h.push("NAME".to_string());
+        h.extend(kind_headers(self.kind).iter().map(|s| s.to_string()));
+        h.push("AGE".to_string());
+        if self.wide {
+            h.push("LABELS".to_string());
+        }
+        h
+    }
+
+    pub fn row(&self, o: &Object, now: DateTime<Utc>) -> Vec<String> {
+        let mut r = Vec::new();
+        if self.namespace_column() {
+            r.push(o.metadata.namespace.clone());
+        }
+        r.push(o.metadata.name.clone());
+        r.extend(kind_cells(self.kind, o));
+        r.push(age(&o.metadata.creation_timestamp, now));
+        if self.wide {
+            r.push(labels(o));
+        }
+        r
+    }
+
+    pub fn table(&self, objects: &[Object], now: DateTime<Utc>) -> Table {
+        let mut t = Table::new(self.headers());
+        for o in objects {
+            t.push(self.row(o, now));
+        }
+        t
+    }
+}
+
+fn kind_headers(kind: Kind) -> &'static [&'static str] {
+    match kind {
+        Kind::Model => &["FORMAT", "LAYERS"],
+        Kind::InferenceService => &["MODEL", "PARALLELISM", "NODES", "READY"],
+        Kind::TrainingJob => &["RANKS", "EXECUTOR", "STATUS"],
+        Kind::Schedule => &["SCHEDULE", "SUSPEND", "LAST SCHEDULE"],
+        Kind::Queue => &["PRIORITY", "WEIGHT"],
+        Kind::Node => &["READY", "MEMORY"],
+        Kind::Event => &["TYPE", "REASON", "OBJECT", "COUNT", "MESSAGE"],
+    }
+}
+
+fn kind_cells(kind: Kind, o: &Object) -> Vec<String> {
+    let spec = &o.spec;
+    let status = &o.status;
+    match kind {
+        Kind::Model => vec![cell(at(spec, &["format"])), cell(at(spec, &["layers"]))],
+        Kind::InferenceService => vec![
+            cell(at(spec, &["model"]).map(|m| at(m, &["name"]).unwrap_or(m))),
+            cell(at(spec, &["parallelism"])),
+            isvc_nodes(o),
+            condition(o, "Ready").unwrap_or_else(|| NONE.into()),
+        ],
+        Kind::TrainingJob => vec![
+            cell(at(spec, &["ranks"]).or_else(|| at(spec, &["nodes"]))),
+            cell(at(spec, &["executor"])),
+            job_status(o),
+        ],
+        Kind::Schedule => vec![
+            cell(at(spec, &["schedule"])),
+            at(spec, &["suspend"]).and_then(Value::as_bool).unwrap_or(false).to_string(),
+            at(status, &["lastScheduleTime"])
+                .and_then(Value::as_str)
+                .map(|t| age(t, Utc::now()))
+                .unwrap_or_else(|| NONE.into()),
+        ],
+        Kind::Queue => vec![cell(at(spec, &["priority"])), cell(at(spec, &["weight"]))],
+        Kind::Node => vec![
+            condition(o, "Ready").unwrap_or_else(|| "Unknown".into()),
+            cell(
+                at(status, &["capacity", "memory"])
+                    .or_else(|| at(spec, &["capacity", "memory"]))
+                    .or_else(|| at(status, &["memory"])),
+            ),
+        ],
+        Kind::Event => vec![
+            cell(at(spec, &["type"])),
+            cell(at(spec, &["reason"])),
+            involved_object(spec),
+            cell(at(spec, &["count"])),
+            cell(at(spec, &["message"])),
+        ],
+    }
+}
+
+/// The Macs serving it when placed (status), else the range asked for (spec).
+fn isvc_nodes(o: &Object) -> String {
+    let placed = at(&o.status, &["nodes"])
+        .or_else(|| at(&o.status, &["placement", "nodes"]))
+        .and_then(Value::as_array);
+    match placed {
+        Some(list) if !list.is_empty() => list
+            .iter()
+            .map(|n| n.as_str().map(str::to_string).unwrap_or_else(|| cell(at(n, &["name"]))))
+            .collect::<Vec<_>>()
+            .join(","),
+        _ => cell(at(&o.spec, &["nodes"])),
+    }
+}
+
+fn job_status(o: &Object) -> String {
+    if let Some(p) = at(&o.status, &["phase"]).and_then(Value::as_str).filter(|p| !p.is_empty()) {
+        return p.to_string();
+    }
+    for c in ["Failed", "Complete", "Succeeded", "Running", "Scheduled"] {
+        if condition(o, c).as_deref() == Some("True") {
+            return c.to_string();
+        }
+    }
+    "Pending".into()
+}
+
+/// `Kind/name` of an Event's subject.
+pub fn involved_object(event_spec: &Value) -> String {
+    let kind = at(event_spec, &["involvedObject", "kind"]).and_then(Value::as_str).unwrap_or("");
+    let name = at(event_spec, &["involvedObject", "name"]).and_then(Value::as_str).unwrap_or("");
+    if kind.is_empty() && name.is_empty() {
+        NONE.into()
+    } else {
+        format!("{}/{name}", kind.to_ascii_lowercase())
+    }
+}
+
+/// The status ("True", "False", "Unknown") of a condition.
+pub fn condition(o: &Object, type_: &str) -> Option<String> {
+    at(&o.status, &["conditions"])?
+        .as_array()?
+        .iter()
+        .find(|c| at(c, &["type"]).and_then(Value::as_str) == Some(type_))
+        .and_then(|c| at(c, &["status"]))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
+fn labels(o: &Object) -> String {
+    if o.metadata.labels.is_empty() {
+        return NONE.into();
+    }
+    o.metadata
+        .labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+pub fn at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(v, |cur, key| cur.get(key)).filter(|v| !v.is_null())
+}
+
+/// A JSON value as a table cell.
+pub fn cell(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => NONE.into(),
+        Some(Value::String(s)) if s.is_empty() => NONE.into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Bool(b)) => b.to_string(),
+        Some(Value::Number(n)) => n.to_string(),
+        Some(Value::Array(a)) if a.is_empty() => NONE.into(),
+        Some(Value::Array(a)) => a.iter().map(|x| cell(Some(x))).collect::<Vec<_>>().join(","),
+        Some(Value::Object(m)) => match (m.get("min"), m.get("max")) {
+            // A range such as `nodes: {min: 2, max: 4}`.
+            (Some(lo), Some(hi)) if lo == hi => cell(Some(lo)),
+            (Some(lo), Some(hi)) => format!("{}-{}", cell(Some(lo)), cell(Some(hi))),
+            (Some(lo), None) => format!("{}+", cell(Some(lo))),
+            (None, Some(hi)) => format!("<={}", cell(Some(hi))),
+            _ => serde_json::to_string(m).unwrap_or_default(),
+        },
+    }
+}
+
+/// How long ago an RFC 3339 timestamp was, kubectl style; `<unknown>` if it cannot be read.
+pub fn age(timestamp: &str, now: DateTime<Utc>) -> String {
+    match DateTime::parse_from_rfc3339(timestamp) {
+        Ok(t) => human_duration(now.signed_duration_since(t.with_timezone(&Utc))),
+        Err(_) => "<unknown>".into(),
+    }
+}
+
+/// kubectl's HumanDuration: two significant units while they help, one after.
+pub fn human_duration(d: chrono::TimeDelta) -> String {
+    let secs = d.num_seconds();
+    if secs < -1 {
+        return "<invalid>".into();
+    }
+    let secs = secs.max(0);
+    if secs < 120 {
+        return format!("{secs}s");
+    }
+    let mins = secs / 60;
+    if mins < 10 {
+        return match secs % 60 {
+            0 => format!("{mins}m"),
+            s => format!("{mins}m{s}s"),
+        };
+    }
+    if mins < 180 {
+        return format!("{mins}m");
+    }
+    let hours = mins / 60;
+    if hours < 8 {
+        return match mins % 60 {
+            0 => format!("{hours}h"),
+            m => format!("{hours}h{m}m"),
+        };
+    }
+    if hours < 48 {
+        return format!("{hours}h");
+    }
+    let days = hours / 24;
+    if hours < 24 * 8 {
+        return match hours % 24 {
+            0 => format!("{days}d"),
+            h => format!("{days}d{h}h"),
+        };
+    }
+    if hours < 24 * 365 * 2 {
+        return format!("{days}d");
+    }
+    let years = days / 365;
+    if hours < 24 * 365 * 8 {
+        return match days % 365 {
+            0 => format!("{years}y"),
+            d => format!("{years}y{d}d"),
+        };
+    }
+    format!("{years}y")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeDelta;
+    use serde_json::json;
+
+    fn obj(v: Value) -> Object {
+        serde_json::from_value(v).expect("object")
+    }
+
+    fn now() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2025-06-01T12:00:00Z").expect("time").with_timezone(&Utc)
+    }
+
+    #[test]
+    fn human_durations_match_kubectl() {
+        let cases = [
+            (0, "0s"),
+            (59, "59s"),
+            (119, "119s"),
+            (120, "2m"),
+            (150, "2m30s"),
+            (600, "10m"),
+            (179 * 60, "179m"),
+            (3 * 3600 + 5 * 60, "3h5m"),
+            (8 * 3600, "8h"),
+            (47 * 3600, "47h"),
+            (50 * 3600, "2d2h"),
+            (10 * 86400, "10d"),
+            (800 * 86400, "2y70d"),
+            (3000 * 86400, "8y"),
+        ];
+        for (secs, want) in cases {
+            assert_eq!(human_duration(TimeDelta::seconds(secs)), want, "{secs}s");
+        }
+        assert_eq!(human_duration(TimeDelta::seconds(-5)), "<invalid>");
+    }
+
+    #[test]
+    fn ages_from_timestamps() {
+        assert_eq!(age("2025-06-01T11:55:00Z", now()), "5m");
+        assert_eq!(age("2025-06-01T11:59:59.500+00:00", now()), "0s");
+        assert_eq!(age("", now()), "<unknown>");
+    }
+
+    #[test]
+    fn inference_service_row() {
+        let o = obj(json!({
+            "apiVersion": "tb/v1", "kind": "InferenceService",
+            "metadata": {"name": "chat", "namespace": "team-a", "creationTimestamp": "2025-06-01T11:00:00Z",
+                         "labels": {"app": "chat", "tier": "gold"}},
+            "spec": {"model": "qwen3-235b", "parallelism": "pipeline", "nodes": {"min": 2, "max": 4}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        }));
+        let view = View {
+            kind: Kind::InferenceService,
+            all_namespaces: true,
+            wide: true,
+        };
+        assert_eq!(
+            view.headers(),
+            ["NAMESPACE", "NAME", "MODEL", "PARALLELISM", "NODES", "READY", "AGE", "LABELS"]
+        );
+        assert_eq!(
+            view.row(&o, now()),
+            ["team-a", "chat", "qwen3-235b", "pipeline", "2-4", "True", "60m", "app=chat,tier=gold"]
+        );
+    }
+
+    #[test]
+    fn cluster_scoped_kinds_have_no_namespace_column() {
+        let view = View {
+            kind: Kind::Node,
+            all_namespaces: true,
+            wide: false,
+        };
+        assert_eq!(view.headers(), ["NAME", "READY", "MEMORY", "AGE"]);
+        let o = obj(json!({
+            "apiVersion": "tb/v1", "kind": "Node", "metadata": {"name": "mac1"},
+            "status": {"capacity": {"memory": "512Gi"}}
+        }));
+        assert_eq!(view.row(&o, now()), ["mac1", "Unknown", "512Gi", "<unknown>"]);
+    }
+
+    #[test]
+    fn missing_fields_print_none() {
+        let o = obj(json!({"apiVersion": "tb/v1", "kind": "Queue", "metadata": {"name": "q"}}));
+        let view = View {
+            kind: Kind::Queue,
+            all_namespaces: false,
+            wide: false,
+        };
+        assert_eq!(view.row(&o, now())[1..3], ["<none>", "<none>"]);
+    }
+
+    #[test]
+    fn training_job_status_from_conditions() {
+        let o = obj(json!({
+            "apiVersion": "tb/v1", "kind": "TrainingJob", "metadata": {"name": "ft"},
+            "spec": {"ranks": 4, "executor": "exec"},
+            "status": {"conditions": [{"type": "Running", "status": "False"}, {"type": "Complete", "status": "True"}]}
+        }));
+        assert_eq!(kind_cells(Kind::TrainingJob, &o), ["4", "exec", "Complete"]);
+    }
+}

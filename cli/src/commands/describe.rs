@@ -1,0 +1,290 @@
+//! `tbctl describe`: one object for people: metadata, spec, status, a table of its conditions,
+//! and its recent events.
+
+use std::fmt::Write as _;
+
+use anyhow::Result;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use tb_api::proto::{GetRequest, ListRequest};
+use tb_api::{Kind, Object};
+
+use super::{Ctx, Reported, parse_kind, parse_object, print_error};
+use crate::args::DescribeArgs;
+use crate::columns::{age, at, cell};
+use crate::output::{Table, emit};
+
+/// How many of an object's events describe shows (the most recent).
+const MAX_EVENTS: usize = 20;
+/// Width of the label column, so values line up.
+const LABEL_WIDTH: usize = 18;
+
+pub async fn run(ctx: &mut Ctx, args: &DescribeArgs) -> Result<()> {
+    let kind = parse_kind(&args.kind)?;
+    let mut failed = false;
+    for (i, name) in args.names.iter().enumerate() {
+        let req = GetRequest {
+            kind: kind.as_str().to_string(),
+            namespace: ctx.namespace_for(kind),
+            name: name.clone(),
+            stale: args.stale,
+        };
+        let object = match ctx.client().get(req).await {
+            Ok(r) => parse_object(&r.object_json)?,
+            Err(e) => {
+                print_error(&e.to_string());
+                failed = true;
+                continue;
+            }
+        };
+        let events = events_of(ctx, kind, &object, args.stale).await;
+        let mut text = if i > 0 { "\n\n".to_string() } else { String::new() };
+        text.push_str(&render(&object, &events, Utc::now()));
+        emit(&text)?;
+    }
+    if failed {
+        return Err(Reported(1).into());
+    }
+    Ok(())
+}
+
+/// The object's most recent events, oldest first; an error message if they could not be read
+/// (the object itself is still worth showing).
+async fn events_of(ctx: &mut Ctx, kind: Kind, o: &Object, stale: bool) -> Result<Vec<Object>, String> {
+    let req = ListRequest {
+        kind: Kind::Event.as_str().to_string(),
+        // Events about a cluster-scoped object may be recorded in any namespace.
+        namespace: o.metadata.namespace.clone(),
+        label_selector: String::new(),
+        stale,
+    };
+    let resp = ctx.client().list(req).await.map_err(|e| e.to_string())?;
+    let events = resp
+        .objects_json
+        .iter()
+        .filter_map(|j| parse_object(j).ok())
+        .collect();
+    Ok(select_events(events, kind, o))
+}
+
+pub fn select_events(mut events: Vec<Object>, kind: Kind, o: &Object) -> Vec<Object> {
+    let s = |e: &Object, f: &str| {
+        at(&e.spec, &["involvedObject", f])
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    events.retain(|e| {
+        let uid = s(e, "uid");
+        Kind::parse(&s(e, "kind")) == Some(kind)
+            && s(e, "name") == o.metadata.name
+            && (!kind.is_namespaced() || s(e, "namespace").is_empty() || s(e, "namespace") == o.metadata.namespace)
+            // An earlier object of the same name is another object.
+            && (uid.is_empty() || o.metadata.uid.is_empty() || uid == o.metadata.uid)
+    });
+    events.sort_by_key(|e| last_seen(e).map(|t| t.timestamp_millis()).unwrap_or(i64::MIN));
+    let skip = events.len().saturating_sub(MAX_EVENTS);
+    events.split_off(skip)
+}
+
+fn last_seen(e: &Object) -> Option<DateTime<Utc>> {
+    let t = at(&e.spec, &["lastTimestamp"])
+        .or_else(|| at(&e.spec, &["firstTimestamp"]))
+        .and_then(Value::as_str)
+        .unwrap_or(&e.metadata.creation_timestamp);
+    DateTime::parse_from_rfc3339(t).ok().map(|t| t.with_timezone(&Utc))
+}
+
+pub fn render(o: &Object, events: &Result<Vec<Object>, String>, now: DateTime<Utc>) -> String {
+    let mut out = String::new();
+    field(&mut out, "Name", &o.metadata.name);
+    if !o.metadata.namespace.is_empty() {
+        field(&mut out, "Namespace", &o.metadata.namespace);
+    }
+    field(&mut out, "Kind", &o.kind);
+    map_field(&mut out, "Labels", &o.metadata.labels);
+    map_field(&mut out, "Annotations", &o.metadata.annotations);
+    if !o.metadata.uid.is_empty() {
+        field(&mut out, "UID", &o.metadata.uid);
+    }
+    field(&mut out, "Resource Version", &o.metadata.resource_version.to_string());
+    field(&mut out, "Generation", &o.metadata.generation.to_string());
+    let created = if o.metadata.creation_timestamp.is_empty() {
+        "<unknown>".to_string()
+    } else {
+        format!(
+            "{} ({} ago)",
+            o.metadata.creation_timestamp,
+            age(&o.metadata.creation_timestamp, now)
+        )
+    };
+    field(&mut out, "Created", &created);
+
+    block(&mut out, "Spec", &o.spec);
+    let mut status = o.status.clone();
+    let conditions = status.as_object_mut().and_then(|m| m.remove("conditions"));
+    if status.as_object().is_some_and(|m| !m.is_empty()) || (!status.is_null() && !status.is_object()) {
+        block(&mut out, "Status", &status);
+    }
+
+    match conditions.as_ref().and_then(Value::as_array).filter(|c| !c.is_empty()) {
+        None => field(&mut out, "Conditions", "<none>"),
+        Some(list) => {
+            out.push_str("Conditions:\n");
+            let mut t = Table::new(["TYPE", "STATUS", "REASON", "MESSAGE", "LAST TRANSITION"]);
+            for c in list {
+                let changed = at(c, &["lastTransitionTime"])
+                    .and_then(Value::as_str)
+                    .map(|ts| format!("{} ago", age(ts, now)))
+                    .unwrap_or_else(|| "<unknown>".into());
+                t.push(vec![
+                    cell(at(c, &["type"])),
+                    cell(at(c, &["status"])),
+                    cell(at(c, &["reason"])),
+                    cell(at(c, &["message"])),
+                    changed,
+                ]);
+            }
+            indent(&mut out, &t.render());
+        }
+    }
+
+    match events {
+        Err(e) => field(&mut out, "Events", &format!("<unavailable: {e}>")),
+        Ok(list) if list.is_empty() => field(&mut out, "Events", "<none>"),
+        Ok(list) => {
+            out.push_str("Events:\n");
+            let mut t = Table::new(["TYPE", "REASON", "AGE", "MESSAGE"]);
+            for e in list {
+                t.push(vec![
+                    cell(at(&e.spec, &["type"])),
+                    cell(at(&e.spec, &["reason"])),
+                    event_age(e, now),
+                    cell(at(&e.spec, &["message"])),
+                ]);
+            }
+            indent(&mut out, &t.render());
+        }
+    }
+    out
+}
+
+/// `5m`, or kubectl's `5m (x3 over 20m)` for a repeated event.
+fn event_age(e: &Object, now: DateTime<Utc>) -> String {
+    let last = last_seen(e)
+        .map(|t| crate::columns::human_duration(now.signed_duration_since(t)))
+        .unwrap_or_else(|| "<unknown>".into());
+    let count = at(&e.spec, &["count"]).and_then(Value::as_u64).unwrap_or(1);
+    let first = at(&e.spec, &["firstTimestamp"]).and_then(Value::as_str);
+    match first {
+        Some(first) if count > 1 => format!("{last} (x{count} over {})", age(first, now)),
+        _ => last,
+    }
+}
+
+fn field(out: &mut String, label: &str, value: &str) {
+    let _ = writeln!(out, "{:<LABEL_WIDTH$}{value}", format!("{label}:"));
+}
+
+fn map_field(out: &mut String, label: &str, map: &std::collections::BTreeMap<String, String>) {
+    if map.is_empty() {
+        return field(out, label, "<none>");
+    }
+    for (i, (k, v)) in map.iter().enumerate() {
+        let head = if i == 0 { format!("{label}:") } else { String::new() };
+        let _ = writeln!(out, "{head:<LABEL_WIDTH$}{k}={v}");
+    }
+}
+
+/// A section header and the value as indented YAML.
+fn block(out: &mut String, label: &str, v: &Value) {
+    if v.is_null() {
+        return field(out, label, "<none>");
+    }
+    let yaml = serde_yaml::to_string(v).unwrap_or_else(|_| v.to_string());
+    let _ = writeln!(out, "{label}:");
+    indent(out, &yaml);
+}
+
+fn indent(out: &mut String, text: &str) {
+    for line in text.lines() {
+        let _ = writeln!(out, "  {line}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(v: Value) -> Object {
+        serde_json::from_value(v).expect("object")
+    }
+
+    fn now() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2025-06-01T12:00:00Z").expect("time").with_timezone(&Utc)
+    }
+
+    fn isvc() -> Object {
+        obj(json!({
+            "apiVersion": "tb/v1", "kind": "InferenceService",
+            "metadata": {"name": "chat", "namespace": "d", "uid": "u1", "resourceVersion": 9, "generation": 1,
+                         "creationTimestamp": "2025-06-01T11:00:00Z", "labels": {"a": "1", "b": "2"}},
+            "spec": {"model": "qwen"},
+            "status": {"observedGeneration": 1,
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "Placed",
+                                       "lastTransitionTime": "2025-06-01T11:55:00Z"}]}
+        }))
+    }
+
+    fn event(name: &str, kind: &str, on: &str, uid: &str, last: &str, reason: &str) -> Object {
+        obj(json!({
+            "apiVersion": "tb/v1", "kind": "Event", "metadata": {"name": name, "namespace": "d"},
+            "spec": {"type": "Normal", "reason": reason, "message": "m", "count": 1,
+                     "involvedObject": {"kind": kind, "namespace": "d", "name": on, "uid": uid},
+                     "firstTimestamp": last, "lastTimestamp": last}
+        }))
+    }
+
+    #[test]
+    fn events_are_filtered_and_ordered() {
+        let events = vec![
+            event("e1", "InferenceService", "chat", "u1", "2025-06-01T11:59:00Z", "Late"),
+            event("e2", "InferenceService", "chat", "", "2025-06-01T11:58:00Z", "Early"),
+            event("e3", "InferenceService", "other", "u1", "2025-06-01T11:58:00Z", "OtherName"),
+            event("e4", "TrainingJob", "chat", "u1", "2025-06-01T11:58:00Z", "OtherKind"),
+            event("e5", "InferenceService", "chat", "u0", "2025-06-01T11:58:00Z", "OldObject"),
+        ];
+        let got = select_events(events, Kind::InferenceService, &isvc());
+        let reasons: Vec<String> = got.iter().map(|e| cell(at(&e.spec, &["reason"]))).collect();
+        assert_eq!(reasons, ["Early", "Late"]);
+    }
+
+    #[test]
+    fn keeps_the_last_twenty() {
+        let events = (0..30)
+            .map(|i| event("e", "InferenceService", "chat", "u1", &format!("2025-06-01T11:{i:02}:00Z"), &format!("R{i}")))
+            .collect();
+        let got = select_events(events, Kind::InferenceService, &isvc());
+        assert_eq!(got.len(), MAX_EVENTS);
+        assert_eq!(cell(at(&got[0].spec, &["reason"])), "R10");
+    }
+
+    #[test]
+    fn renders_sections_and_ends_with_events() {
+        let text = render(&isvc(), &Ok(vec![]), now());
+        assert!(text.starts_with("Name:             chat\n"), "{text}");
+        assert!(text.contains("Labels:           a=1\n                  b=2\n"), "{text}");
+        assert!(text.contains("Spec:\n  model: qwen\n"), "{text}");
+        assert!(text.contains("Status:\n  observedGeneration: 1\n"), "{text}");
+        assert!(text.contains("Conditions:\n  TYPE "), "{text}");
+        assert!(text.contains("Placed"), "{text}");
+        assert!(text.ends_with("Events:           <none>\n"), "{text}");
+
+        let ev = event("e1", "InferenceService", "chat", "u1", "2025-06-01T11:59:00Z", "Scheduled");
+        let text = render(&isvc(), &Ok(vec![ev]), now());
+        let tail: Vec<&str> = text.lines().rev().take(3).collect();
+        assert_eq!(tail[2], "Events:");
+        assert!(tail[0].contains("Scheduled") && tail[0].contains("60s"), "{text}");
+    }
+}

@@ -1,0 +1,9 @@
+//! tb-controller: the replicated control plane. The Raft store (`raft`, `store`) holds every
+//! object; `service` serves the gRPC API through one `interceptor`; `server` assembles them.
+
+pub mod interceptor;
+pub mod metrics;
+pub mod raft;
+pub mod server;
+pub mod service;
+pub mod store;

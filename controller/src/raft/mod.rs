@@ -1,0 +1,415 @@
+//! The one place tb meets openraft (pinned to an alpha whose API moves): type configuration,
+//! storage, network, and `RaftNode`, the small surface the rest of the controller uses —
+//! propose a command, wait for a linearizable read, report and change membership.
+
+mod log_store;
+mod network;
+mod service;
+mod state_machine;
+#[cfg(test)]
+mod storage_tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::async_runtime::WatchReceiver;
+use openraft::errors::{ClientWriteError, RaftError};
+use openraft::raft::linearizable_read::{Linearizer, ReadLogId};
+use openraft::{BasicNode, ChangeMembers, ReadPolicy, ServerState, SnapshotPolicy};
+use serde::{Deserialize, Serialize};
+use tb_api::proto::{ClusterStatusResponse, MemberStatus, MemberStatusRequest, RaftPayload, ReadIndexRequest};
+
+pub use network::MAX_MESSAGE;
+pub use service::RaftService;
+pub use state_machine::Shared;
+
+use crate::store::{Command, Response};
+use network::Peers;
+use state_machine::StateMachine;
+
+openraft::declare_raft_types!(
+    /// tb's Raft types: commands in, store responses out, nodes addressed by `host:port`.
+    pub TypeConfig:
+        D = Command,
+        R = Response,
+        Node = BasicNode,
+);
+
+pub type NodeId = u64;
+type Raft = openraft::Raft<TypeConfig, StateMachine>;
+type LogId = openraft::alias::LogIdOf<TypeConfig>;
+type Vote = openraft::alias::VoteOf<TypeConfig>;
+type Entry = openraft::alias::EntryOf<TypeConfig>;
+type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
+type Snapshot = openraft::alias::SnapshotOf<TypeConfig, std::io::Cursor<Vec<u8>>>;
+type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
+
+/// Tunables a controller is started with.
+#[derive(Debug, Clone)]
+pub struct RaftOptions {
+    pub heartbeat_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot after this many log entries.
+    pub snapshot_every: u64,
+    /// Entries kept after a snapshot, for followers slightly behind.
+    pub keep_after_snapshot: u64,
+}
+
+impl Default for RaftOptions {
+    fn default() -> Self {
+        RaftOptions {
+            heartbeat_ms: 100,
+            election_timeout_min_ms: 500,
+            election_timeout_max_ms: 1000,
+            snapshot_every: 10_000,
+            keep_after_snapshot: 1_000,
+        }
+    }
+}
+
+/// Why a command or read could not be served here and now. Retrying later, or on another
+/// controller, may succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum Unavailable {
+    #[error("no leader is elected (is a majority of controllers up?)")]
+    NoLeader,
+    #[error("the leader could not be reached: {0}")]
+    LeaderUnreachable(String),
+    #[error("raft stopped: {0}")]
+    Fatal(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A follower's forwarded command, answered by the leader.
+#[derive(Serialize, Deserialize)]
+enum ProposeReply {
+    Done(Response),
+    /// Not the leader (any more); try there.
+    NotLeader(Option<NodeId>),
+    Failed(String),
+}
+
+/// What the leader tells a follower that wants to serve a linearizable read.
+#[derive(Serialize, Deserialize)]
+struct ReadIndexReply {
+    node_id: NodeId,
+    read_log_id: ReadLogId<TypeConfig>,
+    applied: Option<LogId>,
+}
+
+/// A running Raft member with its store.
+pub struct RaftNode {
+    pub id: NodeId,
+    pub addr: String,
+    raft: Raft,
+    shared: Arc<Shared>,
+    peers: Peers,
+}
+
+impl RaftNode {
+    /// Open (or create) the member's redb database in `data_dir` and start Raft.
+    pub async fn start(id: NodeId, addr: String, data_dir: &Path, opts: &RaftOptions) -> anyhow::Result<Arc<RaftNode>> {
+        use anyhow::Context;
+        std::fs::create_dir_all(data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
+        let path = data_dir.join("tb.redb");
+        let db = redb::Database::create(&path).with_context(|| format!("opening {}", path.display()))?;
+        let db = Arc::new(db);
+        let log = log_store::LogStore::new(db.clone()).context("opening the raft log")?;
+        let sm = StateMachine::open(db).context("loading the latest snapshot")?;
+        let shared = sm.shared();
+        let config = openraft::Config {
+            cluster_name: "tb".into(),
+            heartbeat_interval: opts.heartbeat_ms,
+            election_timeout_min: opts.election_timeout_min_ms,
+            election_timeout_max: opts.election_timeout_max_ms,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(opts.snapshot_every),
+            max_in_snapshot_log_to_keep: opts.keep_after_snapshot,
+            install_snapshot_timeout: 120_000,
+            ..Default::default()
+        }
+        .validate()
+        .context("raft configuration")?;
+        let peers = Peers::default();
+        let raft = Raft::new(id, Arc::new(config), peers.clone(), log, sm)
+            .await
+            .context("starting raft")?;
+        Ok(Arc::new(RaftNode {
+            id,
+            addr,
+            raft,
+            shared,
+            peers,
+        }))
+    }
+
+    /// Form a new cluster from `members` (id → address) if this member has never been part of
+    /// one. Every initial member may call this with the same list.
+    pub async fn bootstrap(&self, members: &BTreeMap<NodeId, String>) -> anyhow::Result<()> {
+        if self.raft.is_initialized().await? {
+            return Ok(());
+        }
+        let nodes: BTreeMap<NodeId, BasicNode> = members
+            .iter()
+            .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+            .collect();
+        match self.raft.initialize(nodes).await {
+            Ok(()) => Ok(()),
+            // Another member's bootstrap reached us first: the same cluster, nothing to do.
+            Err(RaftError::APIError(e)) => {
+                tracing::info!("bootstrap skipped: {e}");
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    fn metrics(&self) -> openraft::RaftMetrics<TypeConfig> {
+        self.raft.metrics().borrow_watched().clone()
+    }
+
+    /// The leader's id and address, as this member knows it.
+    pub fn leader(&self) -> Option<(NodeId, String)> {
+        let m = self.metrics();
+        let id = m.current_leader?;
+        let addr = m.membership_config.membership().get_node(&id)?.addr.clone();
+        Some((id, addr))
+    }
+
+    async fn wait_for_leader(&self, timeout: Duration) -> Option<(NodeId, String)> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(l) = self.leader() {
+                return Some(l);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Commit a command through the leader (this member or another) and return what applying
+    /// it answered. Retries across leader changes; the command's idempotency key makes a retry
+    /// of a write that did commit harmless.
+    pub async fn propose(&self, cmd: Command) -> Result<Response, Unavailable> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut last_err = Unavailable::NoLeader;
+        while tokio::time::Instant::now() < deadline {
+            let Some((leader, addr)) = self.wait_for_leader(Duration::from_secs(3)).await else {
+                return Err(Unavailable::NoLeader);
+            };
+            let result = if leader == self.id {
+                self.propose_local(cmd.clone()).await
+            } else {
+                self.forward(&addr, &cmd).await
+            };
+            match result {
+                Ok(ProposeReply::Done(r)) => return Ok(r),
+                Ok(ProposeReply::Failed(e)) => return Err(Unavailable::Other(e)),
+                Ok(ProposeReply::NotLeader(_)) => {}
+                Err(e) => last_err = e,
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(last_err)
+    }
+
+    async fn propose_local(&self, cmd: Command) -> Result<ProposeReply, Unavailable> {
+        match self.raft.client_write(cmd).await {
+            Ok(resp) => Ok(ProposeReply::Done(resp.data)),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
+            | Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => Ok(ProposeReply::NotLeader(f.leader_id)),
+            Err(RaftError::APIError(e)) => Ok(ProposeReply::Failed(e.to_string())),
+            Err(RaftError::Fatal(e)) => Err(Unavailable::Fatal(e.to_string())),
+        }
+    }
+
+    async fn forward(&self, addr: &str, cmd: &Command) -> Result<ProposeReply, Unavailable> {
+        let unreachable = |e: &dyn std::fmt::Display| Unavailable::LeaderUnreachable(format!("{addr}: {e}"));
+        let data = serde_json::to_vec(cmd).map_err(|e| Unavailable::Other(e.to_string()))?;
+        let mut client = self.peers.client(addr).map_err(|e| unreachable(&e))?;
+        let mut req = tonic::Request::new(RaftPayload { data });
+        req.set_timeout(Duration::from_secs(5));
+        let reply = client.propose(req).await.map_err(|e| unreachable(&e.message()))?;
+        serde_json::from_slice(&reply.into_inner().data).map_err(|e| unreachable(&e))
+    }
+
+    /// Wait until this member's store reflects every write committed before the call (ReadIndex).
+    pub async fn linearize(&self) -> Result<(), Unavailable> {
+        let Some((leader, addr)) = self.wait_for_leader(Duration::from_secs(3)).await else {
+            return Err(Unavailable::NoLeader);
+        };
+        let linearizer = if leader == self.id {
+            self.raft
+                .get_read_linearizer(ReadPolicy::ReadIndex)
+                .await
+                .map_err(|e| Unavailable::Other(format!("read index: {e}")))?
+        } else {
+            let mut client = self
+                .peers
+                .client(&addr)
+                .map_err(|e| Unavailable::LeaderUnreachable(e.to_string()))?;
+            let mut req = tonic::Request::new(ReadIndexRequest {});
+            req.set_timeout(Duration::from_secs(3));
+            let reply = client
+                .read_index(req)
+                .await
+                .map_err(|e| Unavailable::LeaderUnreachable(format!("{addr}: {}", e.message())))?;
+            let r: Result<ReadIndexReply, String> =
+                serde_json::from_slice(&reply.into_inner().data).map_err(|e| Unavailable::Other(e.to_string()))?;
+            let r = r.map_err(Unavailable::Other)?;
+            Linearizer::new(r.node_id, r.read_log_id, r.applied)
+        };
+        tokio::time::timeout(Duration::from_secs(5), linearizer.await_ready(&self.raft))
+            .await
+            .map_err(|_| Unavailable::Other("timed out waiting for this controller to catch up".into()))?
+            .map_err(|e| Unavailable::Fatal(e.to_string()))?;
+        Ok(())
+    }
+
+    /// This member's own view, as `tbctl cluster status` shows it.
+    pub fn member_status(&self) -> MemberStatus {
+        let m = self.metrics();
+        let membership = m.membership_config.membership();
+        let is_voter = membership.voter_ids().any(|v| v == self.id);
+        MemberStatus {
+            id: self.id,
+            address: self.addr.clone(),
+            role: if is_voter { "voter" } else { "learner" }.into(),
+            state: match m.state {
+                ServerState::Leader => "leader",
+                ServerState::Follower => "follower",
+                ServerState::Candidate => "candidate",
+                ServerState::Learner => "learner",
+                ServerState::Shutdown => "shutdown",
+            }
+            .into(),
+            term: m.current_term,
+            commit_index: m.local_committed.map(|l| l.index).unwrap_or(0),
+            applied_index: m.last_applied.map(|l| l.index).unwrap_or(0),
+            last_log_index: m.last_log_index.unwrap_or(0),
+            leader_id: m.current_leader.unwrap_or(0),
+            has_leader: m.current_leader.is_some(),
+            error: String::new(),
+        }
+    }
+
+    /// Every member's own view, asked of each (a member that does not answer is shown so).
+    pub async fn cluster_status(&self) -> ClusterStatusResponse {
+        let m = self.metrics();
+        let membership = m.membership_config.membership().clone();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let mut members = Vec::new();
+        let mut asks = Vec::new();
+        for (id, node) in membership.nodes() {
+            if *id == self.id {
+                members.push(self.member_status());
+                continue;
+            }
+            let (id, addr, peers) = (*id, node.addr.clone(), self.peers.clone());
+            let role = if voters.contains(&id) { "voter" } else { "learner" };
+            asks.push(async move {
+                let mut status = MemberStatus {
+                    id,
+                    address: addr.clone(),
+                    role: role.into(),
+                    state: "unreachable".into(),
+                    ..Default::default()
+                };
+                let answer = async {
+                    let mut client = peers.client(&addr).map_err(|e| e.to_string())?;
+                    let mut req = tonic::Request::new(MemberStatusRequest {});
+                    req.set_timeout(Duration::from_millis(800));
+                    client.member_status(req).await.map_err(|e| e.message().to_string())
+                };
+                match answer.await {
+                    Ok(r) => {
+                        status = r.into_inner();
+                        status.role = role.into();
+                    }
+                    Err(e) => status.error = e,
+                }
+                status
+            });
+        }
+        members.extend(futures::future::join_all(asks).await);
+        members.sort_by_key(|s| s.id);
+        ClusterStatusResponse {
+            leader_id: m.current_leader.unwrap_or(0),
+            has_leader: m.current_leader.is_some(),
+            term: m.current_term,
+            members,
+        }
+    }
+
+    /// Add a controller: first as a learner that catches up (by snapshot if the log was purged),
+    /// then as a voter. Must run on the leader.
+    pub async fn add_member(&self, id: NodeId, addr: String) -> anyhow::Result<()> {
+        self.raft
+            .add_learner(id, BasicNode { addr }, true)
+            .await
+            .map_err(|e| anyhow::anyhow!("adding controller {id} as a learner: {e}"))?;
+        self.raft
+            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+            .await
+            .map_err(|e| anyhow::anyhow!("promoting controller {id} to voter: {e}"))?;
+        Ok(())
+    }
+
+    /// Remove a controller from the cluster. Must run on the leader.
+    pub async fn remove_member(&self, id: NodeId) -> anyhow::Result<()> {
+        let m = self.metrics();
+        let membership = m.membership_config.membership();
+        if membership.get_node(&id).is_none() {
+            anyhow::bail!("controller {id} is not a member");
+        }
+        let is_voter = membership.voter_ids().any(|v| v == id);
+        let change = if is_voter {
+            ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+        } else {
+            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+        };
+        self.raft
+            .change_membership(change, false)
+            .await
+            .map_err(|e| anyhow::anyhow!("removing controller {id}: {e}"))?;
+        Ok(())
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.metrics().current_leader == Some(self.id)
+    }
+
+    /// Figures for `/metrics`.
+    pub fn gauges(&self) -> RaftGauges {
+        let m = self.metrics();
+        RaftGauges {
+            term: m.current_term,
+            commit_index: m.local_committed.map(|l| l.index).unwrap_or(0),
+            applied_index: m.last_applied.map(|l| l.index).unwrap_or(0),
+            last_log_index: m.last_log_index.unwrap_or(0),
+            is_leader: m.current_leader == Some(self.id),
+        }
+    }
+
+    pub async fn shutdown(&self) {
+        let _ = self.raft.shutdown().await;
+    }
+}
+
+/// Raft figures exported as Prometheus gauges.
+pub struct RaftGauges {
+    pub term: u64,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub last_log_index: u64,
+    pub is_leader: bool,
+}

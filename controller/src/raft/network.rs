@@ -1,0 +1,191 @@
+//! Raft messages between controllers, carried by the internal `Raft` gRPC service.
+//!
+//! Each message is the serde encoding of openraft's own request type; the answer is the serde
+//! encoding of `Result<Response, RaftError>`.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io::Cursor;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::errors::{NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory, v2::RaftNetworkV2};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
+};
+use openraft::{BasicNode, OptionalSend};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tb_api::proto::RaftPayload;
+use tb_api::proto::raft_client::RaftClient;
+use tonic::transport::{Channel, Endpoint};
+
+use super::{NodeId, Snapshot, TypeConfig, Vote};
+
+/// The largest message between controllers: a full snapshot travels in one.
+pub const MAX_MESSAGE: usize = 512 * 1024 * 1024;
+
+/// Lazily connected channels to other controllers, shared by Raft replication and forwarding.
+#[derive(Clone, Default)]
+pub struct Peers {
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
+}
+
+impl Peers {
+    pub fn client(&self, addr: &str) -> Result<RaftClient<Channel>, tonic::transport::Error> {
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        let channel = match channels.get(addr) {
+            Some(c) => c.clone(),
+            None => {
+                let c = Endpoint::from_shared(format!("http://{addr}"))?
+                    .connect_timeout(Duration::from_millis(500))
+                    .tcp_nodelay(true)
+                    .http2_keep_alive_interval(Duration::from_secs(5))
+                    .connect_lazy();
+                channels.insert(addr.to_string(), c.clone());
+                c
+            }
+        };
+        Ok(RaftClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE))
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for Peers {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
+        PeerClient {
+            target,
+            addr: node.addr.clone(),
+            peers: self.clone(),
+        }
+    }
+}
+
+pub struct PeerClient {
+    target: NodeId,
+    addr: String,
+    peers: Peers,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("controller {target} at {addr}: {message}")]
+struct PeerError {
+    target: NodeId,
+    addr: String,
+    message: String,
+}
+
+type Call = fn(
+    RaftClient<Channel>,
+    tonic::Request<RaftPayload>,
+) -> std::pin::Pin<Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>>;
+
+impl PeerClient {
+    fn error(&self, message: impl std::fmt::Display) -> PeerError {
+        PeerError {
+            target: self.target,
+            addr: self.addr.clone(),
+            message: message.to_string(),
+        }
+    }
+
+    async fn call<Req, Resp>(&self, call: Call, req: &Req, timeout: Duration) -> Result<Resp, RPCError<TypeConfig>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+    {
+        let data = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&self.error(e))))?;
+        let client = self
+            .peers
+            .client(&self.addr)
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&self.error(e))))?;
+        let mut request = tonic::Request::new(RaftPayload { data });
+        request.set_timeout(timeout);
+        let reply = call(client, request).await.map_err(|status| {
+            let err = self.error(format!("{}: {}", status.code(), status.message()));
+            match status.code() {
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                    RPCError::Unreachable(Unreachable::new(&err))
+                }
+                _ => RPCError::Network(NetworkError::new(&err)),
+            }
+        })?;
+        let result: Result<Resp, RaftError<TypeConfig>> = serde_json::from_slice(&reply.into_inner().data)
+            .map_err(|e| RPCError::Network(NetworkError::new(&self.error(e))))?;
+        result.map_err(|e| RPCError::Unreachable(Unreachable::new(&self.error(e))))
+    }
+}
+
+fn append(
+    mut c: RaftClient<Channel>,
+    r: tonic::Request<RaftPayload>,
+) -> std::pin::Pin<Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>> {
+    Box::pin(async move { c.append(r).await })
+}
+fn vote(
+    mut c: RaftClient<Channel>,
+    r: tonic::Request<RaftPayload>,
+) -> std::pin::Pin<Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>> {
+    Box::pin(async move { c.vote(r).await })
+}
+fn snapshot(
+    mut c: RaftClient<Channel>,
+    r: tonic::Request<RaftPayload>,
+) -> std::pin::Pin<Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>> {
+    Box::pin(async move { c.snapshot(r).await })
+}
+fn transfer_leader(
+    mut c: RaftClient<Channel>,
+    r: tonic::Request<RaftPayload>,
+) -> std::pin::Pin<Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>> {
+    Box::pin(async move { c.transfer_leader(r).await })
+}
+
+impl RaftNetworkV2<TypeConfig> for PeerClient {
+    type SnapshotData = Cursor<Vec<u8>>;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(append, &rpc, option.hard_ttl()).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(vote, &rpc, option.hard_ttl()).await
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote_: Vote,
+        snapshot_: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let req = (vote_, snapshot_.meta, snapshot_.snapshot.into_inner());
+        tokio::pin!(cancel);
+        tokio::select! {
+            closed = &mut cancel => Err(StreamingError::Closed(closed)),
+            // A snapshot can be large; allow it far longer than a heartbeat.
+            res = self.call(snapshot, &req, Duration::from_secs(120)) => Ok(res?),
+        }
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(transfer_leader, &req, option.hard_ttl()).await
+    }
+}

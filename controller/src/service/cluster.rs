@@ -1,0 +1,92 @@
+//! The `Cluster` gRPC service: membership and health of the controller cluster.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tb_api::proto::cluster_client::ClusterClient;
+use tb_api::proto::cluster_server::Cluster;
+use tb_api::proto::{
+    AddMemberRequest, AddMemberResponse, ClusterStatusRequest, ClusterStatusResponse, RemoveMemberRequest,
+    RemoveMemberResponse,
+};
+use tonic::{Request, Response, Status};
+
+use crate::raft::RaftNode;
+
+pub struct ClusterService {
+    node: Arc<RaftNode>,
+}
+
+impl ClusterService {
+    pub fn new(node: Arc<RaftNode>) -> Self {
+        ClusterService { node }
+    }
+
+    /// Membership changes run on the leader; a follower passes the request on.
+    async fn leader_client(&self) -> Result<Option<ClusterClient<tonic::transport::Channel>>, Status> {
+        let (leader, addr) = self
+            .node
+            .leader()
+            .ok_or_else(|| Status::unavailable("no leader is elected (is a majority of controllers up?)"))?;
+        if leader == self.node.id {
+            return Ok(None);
+        }
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| Status::internal(e.to_string()))?
+            .connect_timeout(Duration::from_secs(1))
+            .connect()
+            .await
+            .map_err(|e| Status::unavailable(format!("leader {leader} at {addr}: {e}")))?;
+        Ok(Some(ClusterClient::new(channel)))
+    }
+}
+
+fn check_address(addr: &str) -> Result<(), Status> {
+    let ok = addr
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+    if ok {
+        Ok(())
+    } else {
+        Err(Status::invalid_argument(format!("address: expected HOST:PORT, got {addr:?}")))
+    }
+}
+
+#[tonic::async_trait]
+impl Cluster for ClusterService {
+    async fn status(&self, _req: Request<ClusterStatusRequest>) -> Result<Response<ClusterStatusResponse>, Status> {
+        Ok(Response::new(self.node.cluster_status().await))
+    }
+
+    async fn add_member(&self, req: Request<AddMemberRequest>) -> Result<Response<AddMemberResponse>, Status> {
+        let req = req.into_inner();
+        if req.id == 0 {
+            return Err(Status::invalid_argument("id: controller ids start at 1"));
+        }
+        check_address(&req.address)?;
+        if let Some(mut leader) = self.leader_client().await? {
+            return leader.add_member(req).await;
+        }
+        self.node
+            .add_member(req.id, req.address)
+            .await
+            .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
+        Ok(Response::new(AddMemberResponse {
+            status: Some(self.node.cluster_status().await),
+        }))
+    }
+
+    async fn remove_member(&self, req: Request<RemoveMemberRequest>) -> Result<Response<RemoveMemberResponse>, Status> {
+        let req = req.into_inner();
+        if let Some(mut leader) = self.leader_client().await? {
+            return leader.remove_member(req).await;
+        }
+        self.node
+            .remove_member(req.id)
+            .await
+            .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
+        Ok(Response::new(RemoveMemberResponse {
+            status: Some(self.node.cluster_status().await),
+        }))
+    }
+}

@@ -1,0 +1,395 @@
+//! The `Objects` gRPC service: validates requests, turns writes into commands for the Raft
+//! store, and serves reads and watches from this member's copy of the store.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use serde_json::Value;
+use tb_api::proto::objects_server::Objects;
+use tb_api::proto::{
+    ApplyRequest, ApplyResponse, ApplyResult as PbApplyResult, DeleteRequest, DeleteResponse, GetRequest,
+    GetResponse, ListRequest, ListResponse, RecordEventRequest, RecordEventResponse, UpdateStatusRequest,
+    UpdateStatusResponse, WatchEvent, WatchRequest,
+};
+use tb_api::selector::LabelSelector;
+use tb_api::{Kind, Object, ObjectKey};
+use tokio::sync::broadcast::error::RecvError;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response as TonicResponse, Status};
+
+use crate::raft::{RaftNode, Unavailable};
+use crate::store::{Change, Command, Op, Response, StoreError};
+
+/// Most objects one apply may carry.
+pub const MAX_OBJECTS_PER_APPLY: usize = 1000;
+
+pub struct ObjectsService {
+    node: Arc<RaftNode>,
+}
+
+impl ObjectsService {
+    pub fn new(node: Arc<RaftNode>) -> Self {
+        ObjectsService { node }
+    }
+
+    async fn commit(&self, request_id: String, op: Op) -> Result<Response, Status> {
+        let cmd = Command {
+            request_id,
+            now: now(),
+            op,
+        };
+        match self.node.propose(cmd).await.map_err(unavailable)? {
+            Response::Rejected(e) => Err(store_error(e)),
+            r => Ok(r),
+        }
+    }
+
+    async fn read_barrier(&self, stale: bool) -> Result<(), Status> {
+        if stale {
+            return Ok(());
+        }
+        self.node.linearize().await.map_err(unavailable)
+    }
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn unavailable(e: Unavailable) -> Status {
+    Status::unavailable(e.to_string())
+}
+
+fn store_error(e: StoreError) -> Status {
+    match e {
+        StoreError::NotFound(_) => Status::not_found(e.to_string()),
+        StoreError::Conflict { .. } => Status::aborted(e.to_string()),
+        StoreError::Invalid(_) => Status::invalid_argument(e.to_string()),
+    }
+}
+
+fn unexpected(r: Response) -> Status {
+    Status::internal(format!("unexpected store response {r:?}"))
+}
+
+/// Resolve a kind name or alias; `field` names the request field for the error.
+fn parse_kind(kind: &str, field: &str) -> Result<Kind, Status> {
+    Kind::parse(kind).ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "{field}: unknown kind {kind:?}; expected one of Model, InferenceService, TrainingJob, Schedule, Queue, Node, Event"
+        ))
+    })
+}
+
+/// The key for a request naming one object, with namespaces defaulted and checked per kind.
+fn object_key(kind: &str, namespace: &str, name: &str) -> Result<ObjectKey, Status> {
+    let kind = parse_kind(kind, "kind")?;
+    if name.is_empty() {
+        return Err(Status::invalid_argument("name: required"));
+    }
+    Ok(ObjectKey {
+        kind: kind.as_str().to_string(),
+        namespace: scope_namespace(kind, namespace),
+        name: name.to_string(),
+    })
+}
+
+fn scope_namespace(kind: Kind, namespace: &str) -> String {
+    if !kind.is_namespaced() {
+        String::new()
+    } else if namespace.is_empty() {
+        "default".to_string()
+    } else {
+        namespace.to_string()
+    }
+}
+
+fn parse_selector(s: &str) -> Result<LabelSelector, Status> {
+    LabelSelector::parse(s).map_err(|e| Status::invalid_argument(format!("labelSelector: {e}")))
+}
+
+fn request_id(id: String) -> String {
+    if id.is_empty() { uuid::Uuid::new_v4().to_string() } else { id }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Objects for ObjectsService {
+    async fn apply(&self, req: Request<ApplyRequest>) -> Result<TonicResponse<ApplyResponse>, Status> {
+        let req = req.into_inner();
+        if req.objects_json.is_empty() {
+            return Err(Status::invalid_argument("objects: at least one object is required"));
+        }
+        if req.objects_json.len() > MAX_OBJECTS_PER_APPLY {
+            return Err(Status::invalid_argument(format!(
+                "objects: {} objects in one apply; the limit is {MAX_OBJECTS_PER_APPLY}",
+                req.objects_json.len()
+            )));
+        }
+        // Validate everything before anything is stored: one bad object stores none.
+        let mut objects = Vec::with_capacity(req.objects_json.len());
+        for (i, text) in req.objects_json.iter().enumerate() {
+            let obj = tb_api::load::parse_object_json(text)
+                .map_err(|e| Status::invalid_argument(format!("objects[{i}]: {e}")))?;
+            if obj.kind == Kind::Event.as_str() {
+                return Err(Status::invalid_argument(format!(
+                    "objects[{i}]: kind: Events are recorded by tb, not applied"
+                )));
+            }
+            objects.push(obj);
+        }
+        if req.dry_run {
+            self.read_barrier(false).await?;
+            let state = self.node.store().read();
+            let plan = state.plan_apply(&objects).map_err(store_error)?;
+            let results = plan
+                .into_iter()
+                .map(|p| {
+                    let mut obj = p.object;
+                    if let Some(cur) = &p.current {
+                        obj.metadata.uid = cur.metadata.uid.clone();
+                        obj.metadata.resource_version = cur.metadata.resource_version;
+                        obj.metadata.generation = cur.metadata.generation;
+                        obj.metadata.creation_timestamp = cur.metadata.creation_timestamp.clone();
+                        obj.status = cur.status.clone();
+                    }
+                    pb_result(p.outcome.as_str(), &obj)
+                })
+                .collect();
+            return Ok(TonicResponse::new(ApplyResponse {
+                results,
+                resource_version: state.revision,
+            }));
+        }
+        match self.commit(request_id(req.request_id), Op::Apply { objects }).await? {
+            Response::Applied {
+                results,
+                resource_version,
+            } => Ok(TonicResponse::new(ApplyResponse {
+                results: results.iter().map(|r| pb_result(r.outcome.as_str(), &r.object)).collect(),
+                resource_version,
+            })),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    async fn get(&self, req: Request<GetRequest>) -> Result<TonicResponse<GetResponse>, Status> {
+        let req = req.into_inner();
+        let key = object_key(&req.kind, &req.namespace, &req.name)?;
+        self.read_barrier(req.stale).await?;
+        let state = self.node.store().read();
+        let obj = state
+            .get(&key)
+            .ok_or_else(|| Status::not_found(format!("{key} not found")))?;
+        Ok(TonicResponse::new(GetResponse {
+            object_json: obj.to_json(),
+        }))
+    }
+
+    async fn list(&self, req: Request<ListRequest>) -> Result<TonicResponse<ListResponse>, Status> {
+        let req = req.into_inner();
+        let kind = parse_kind(&req.kind, "kind")?;
+        let selector = parse_selector(&req.label_selector)?;
+        let namespace = if kind.is_namespaced() { req.namespace } else { String::new() };
+        self.read_barrier(req.stale).await?;
+        let state = self.node.store().read();
+        let objects_json = state
+            .list(kind.as_str(), &namespace)
+            .iter()
+            .filter(|o| selector.matches(&o.metadata.labels))
+            .map(|o| o.to_json())
+            .collect();
+        Ok(TonicResponse::new(ListResponse {
+            objects_json,
+            resource_version: state.revision,
+        }))
+    }
+
+    async fn delete(&self, req: Request<DeleteRequest>) -> Result<TonicResponse<DeleteResponse>, Status> {
+        let req = req.into_inner();
+        let key = object_key(&req.kind, &req.namespace, &req.name)?;
+        if key.kind == Kind::Event.as_str() {
+            return Err(Status::invalid_argument("kind: Events expire on their own and cannot be deleted"));
+        }
+        let op = Op::Delete {
+            key,
+            resource_version: req.resource_version,
+        };
+        match self.commit(request_id(req.request_id), op).await? {
+            Response::Deleted {
+                object,
+                resource_version,
+            } => Ok(TonicResponse::new(DeleteResponse {
+                object_json: object.to_json(),
+                resource_version,
+            })),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    async fn update_status(
+        &self,
+        req: Request<UpdateStatusRequest>,
+    ) -> Result<TonicResponse<UpdateStatusResponse>, Status> {
+        let req = req.into_inner();
+        let key = object_key(&req.kind, &req.namespace, &req.name)?;
+        let kind = parse_kind(&req.kind, "kind")?;
+        let status: Value = serde_json::from_str(&req.status_json)
+            .map_err(|e| Status::invalid_argument(format!("status: not valid JSON: {e}")))?;
+        tb_api::validate::validate_status(kind, &status).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let op = Op::UpdateStatus {
+            key,
+            status,
+            resource_version: req.resource_version,
+        };
+        match self.commit(request_id(req.request_id), op).await? {
+            Response::Status { object } => Ok(TonicResponse::new(UpdateStatusResponse {
+                object_json: object.to_json(),
+            })),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    async fn record_event(
+        &self,
+        req: Request<RecordEventRequest>,
+    ) -> Result<TonicResponse<RecordEventResponse>, Status> {
+        let req = req.into_inner();
+        let mut raw: Object = serde_json::from_str(&req.event_json)
+            .map_err(|e| Status::invalid_argument(format!("event: {e}")))?;
+        if raw.metadata.name.is_empty() {
+            // The store names events; validation wants a name meanwhile.
+            raw.metadata.name = "event".into();
+        }
+        let event = tb_api::validate::validate_object(&raw).map_err(|e| Status::invalid_argument(format!("event: {e}")))?;
+        if event.kind != Kind::Event.as_str() {
+            return Err(Status::invalid_argument("event: kind: expected Event"));
+        }
+        match self.commit(request_id(req.request_id), Op::RecordEvent { event }).await? {
+            Response::Event { object } => Ok(TonicResponse::new(RecordEventResponse {
+                event_json: object.to_json(),
+            })),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, req: Request<WatchRequest>) -> Result<TonicResponse<Self::WatchStream>, Status> {
+        let req = req.into_inner();
+        let kind = if req.kind.is_empty() {
+            None
+        } else {
+            Some(parse_kind(&req.kind, "kind")?)
+        };
+        let filter = WatchFilter {
+            kind: kind.map(|k| k.as_str().to_string()),
+            namespace: match kind {
+                Some(k) if !k.is_namespaced() => String::new(),
+                _ => req.namespace,
+            },
+            selector: parse_selector(&req.label_selector)?,
+        };
+        let store = self.node.store().clone();
+        let (initial, mut live, from) = if req.resource_version == 0 {
+            // Start with everything there is, then what changes: list and subscribe under
+            // the state lock, so nothing falls between the two.
+            let state = store.read();
+            let live = store.hub.subscribe();
+            let initial: Vec<WatchEvent> = state
+                .all()
+                .filter(|o| filter.matches(o))
+                .map(|o| WatchEvent {
+                    r#type: "ADDED".into(),
+                    object_json: o.to_json(),
+                    resource_version: o.metadata.resource_version,
+                })
+                .collect();
+            (initial, live, state.revision)
+        } else {
+            let resume = store
+                .hub
+                .resume(req.resource_version)
+                .map_err(|e| Status::out_of_range(e.to_string()))?;
+            let initial = resume
+                .backlog
+                .iter()
+                .filter(|c| filter.matches(&c.object))
+                .map(|c| watch_event(c))
+                .collect();
+            (initial, resume.live, req.resource_version)
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        tokio::spawn(async move {
+            let mut last = from;
+            for ev in initial {
+                last = last.max(ev.resource_version);
+                if tx.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+            }
+            loop {
+                tokio::select! {
+                    change = live.recv() => match change {
+                        Ok(c) => {
+                            // A member that was behind may publish changes the client has seen.
+                            let seen = req.resource_version != 0 && c.resource_version <= from;
+                            if seen || !filter.matches(&c.object) {
+                                continue;
+                            }
+                            last = c.resource_version;
+                            if tx.send(Ok(watch_event(&c))).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(RecvError::Lagged(_)) => {
+                            let _ = tx
+                                .send(Err(Status::out_of_range(format!(
+                                    "watch fell behind after resourceVersion {last}; re-list and watch again"
+                                ))))
+                                .await;
+                            return;
+                        }
+                        Err(RecvError::Closed) => return,
+                    },
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        Ok(TonicResponse::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+struct WatchFilter {
+    kind: Option<String>,
+    namespace: String,
+    selector: LabelSelector,
+}
+
+impl WatchFilter {
+    fn matches(&self, o: &Object) -> bool {
+        self.kind.as_ref().is_none_or(|k| &o.kind == k)
+            && (self.namespace.is_empty() || o.metadata.namespace == self.namespace)
+            && self.selector.matches(&o.metadata.labels)
+    }
+}
+
+fn watch_event(c: &Change) -> WatchEvent {
+    WatchEvent {
+        r#type: c.kind.as_str().into(),
+        object_json: c.object.to_json(),
+        resource_version: c.resource_version,
+    }
+}
+
+fn pb_result(outcome: &str, obj: &Object) -> PbApplyResult {
+    PbApplyResult {
+        kind: obj.kind.clone(),
+        namespace: obj.metadata.namespace.clone(),
+        name: obj.metadata.name.clone(),
+        outcome: outcome.into(),
+        object_json: obj.to_json(),
+    }
+}

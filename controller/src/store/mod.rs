@@ -1,0 +1,10 @@
+//! The object store: the deterministic state every controller replicates, and the watch hub
+//! that turns applied changes into watch streams.
+
+pub mod command;
+pub mod state;
+pub mod watch;
+
+pub use command::{ApplyResult, Command, Op, Outcome, Response, StoreError};
+pub use state::{Change, ChangeKind, State};
+pub use watch::WatchHub;

@@ -1,0 +1,577 @@
+//! The replicated object store: a deterministic function from (state, log index, command) to
+//! (new state, response, changes).
+//!
+//! No I/O, no clocks, no randomness: every controller applies the same log and ends in the same
+//! state. Times come from the command; uids are derived from the log index.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tb_api::{Kind, Object, ObjectKey};
+
+use super::command::{ApplyResult, Command, Op, Outcome, Response, StoreError};
+
+/// How many Event objects the store keeps; older ones are dropped.
+pub const MAX_EVENTS: usize = 1000;
+/// How many idempotency keys (and their answers) the store remembers.
+pub const MAX_DEDUP: usize = 20_000;
+
+/// A change to one object, as a watch reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Change {
+    pub kind: ChangeKind,
+    pub object: Arc<Object>,
+    pub resource_version: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChangeKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl ChangeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeKind::Added => "ADDED",
+            ChangeKind::Modified => "MODIFIED",
+            ChangeKind::Deleted => "DELETED",
+        }
+    }
+}
+
+/// Everything the store holds. Serialised whole into snapshots.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    /// Storage key (`Kind/namespace/name`) → object. Events are kept apart, in `events`.
+    pub objects: BTreeMap<String, Arc<Object>>,
+    /// The most recent Event objects, oldest first.
+    pub events: VecDeque<Arc<Object>>,
+    /// Sequence for Event names.
+    pub event_seq: u64,
+    /// Idempotency key → the answer it got, oldest first in `dedup_order`.
+    pub dedup: HashMap<String, Response>,
+    pub dedup_order: VecDeque<String>,
+    /// The log index of the last applied entry: the store's resourceVersion.
+    pub revision: u64,
+}
+
+impl State {
+    /// Apply one command at log `index`. Returns the answer for the client and the changes.
+    pub fn apply(&mut self, index: u64, cmd: &Command) -> (Response, Vec<Change>) {
+        self.revision = index;
+        if !cmd.request_id.is_empty()
+            && let Some(previous) = self.dedup.get(&cmd.request_id)
+        {
+            return (previous.clone(), Vec::new());
+        }
+        let (response, changes) = match &cmd.op {
+            Op::Apply { objects } => match self.plan_apply(objects) {
+                Ok(plan) => self.commit_apply(index, &cmd.now, plan),
+                Err(e) => (Response::Rejected(e), Vec::new()),
+            },
+            Op::Delete {
+                key,
+                resource_version,
+            } => self.delete(index, key, *resource_version),
+            Op::UpdateStatus {
+                key,
+                status,
+                resource_version,
+            } => self.update_status(index, key, status, *resource_version),
+            Op::RecordEvent { event } => self.record_event(index, &cmd.now, event),
+        };
+        if !cmd.request_id.is_empty() {
+            self.remember(cmd.request_id.clone(), response.clone());
+        }
+        (response, changes)
+    }
+
+    /// Advance the revision for a log entry that carries no command (blank, membership).
+    pub fn skip(&mut self, index: u64) {
+        self.revision = index;
+    }
+
+    pub fn get(&self, key: &ObjectKey) -> Option<&Arc<Object>> {
+        if key.kind == Kind::Event.as_str() {
+            return self
+                .events
+                .iter()
+                .find(|e| e.metadata.namespace == key.namespace && e.metadata.name == key.name);
+        }
+        self.objects.get(&key.storage_key())
+    }
+
+    /// Objects of one kind (and namespace, unless empty), in key order.
+    pub fn list(&self, kind: &str, namespace: &str) -> Vec<Arc<Object>> {
+        if kind == Kind::Event.as_str() {
+            return self
+                .events
+                .iter()
+                .filter(|e| namespace.is_empty() || e.metadata.namespace == namespace)
+                .cloned()
+                .collect();
+        }
+        let prefix = if namespace.is_empty() {
+            format!("{kind}/")
+        } else {
+            format!("{kind}/{namespace}/")
+        };
+        self.objects
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .map(|(_, o)| o.clone())
+            .collect()
+    }
+
+    /// Every object of every kind, for a watch that starts from nothing.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Object>> {
+        self.objects.values().chain(self.events.iter())
+    }
+
+    /// What applying these objects would do, without doing it: the dry run and the first half
+    /// of a real apply share this, so they cannot disagree.
+    pub fn plan_apply(&self, objects: &[Object]) -> Result<Vec<PlannedApply>, StoreError> {
+        let mut seen = std::collections::HashSet::new();
+        let mut plan = Vec::with_capacity(objects.len());
+        for obj in objects {
+            let key = obj.key();
+            if obj.kind == Kind::Event.as_str() {
+                return Err(StoreError::Invalid(format!(
+                    "{key}: Events are recorded by tb, not applied"
+                )));
+            }
+            if !seen.insert(key.storage_key()) {
+                return Err(StoreError::Invalid(format!(
+                    "{key} appears twice in one apply"
+                )));
+            }
+            let current = self.objects.get(&key.storage_key());
+            let expected = obj.metadata.resource_version;
+            let outcome = match current {
+                None if expected != 0 => return Err(StoreError::NotFound(key.to_string())),
+                None => Outcome::Created,
+                Some(cur) => {
+                    if expected != 0 && expected != cur.metadata.resource_version {
+                        return Err(StoreError::Conflict {
+                            key: key.to_string(),
+                            expected,
+                            current: cur.metadata.resource_version,
+                        });
+                    }
+                    if same_desired_state(cur, obj) {
+                        Outcome::Unchanged
+                    } else {
+                        Outcome::Configured
+                    }
+                }
+            };
+            plan.push(PlannedApply {
+                outcome,
+                object: obj.clone(),
+                current: current.cloned(),
+            });
+        }
+        Ok(plan)
+    }
+
+    fn commit_apply(
+        &mut self,
+        index: u64,
+        now: &str,
+        plan: Vec<PlannedApply>,
+    ) -> (Response, Vec<Change>) {
+        let mut results = Vec::with_capacity(plan.len());
+        let mut changes = Vec::new();
+        for (i, step) in plan.into_iter().enumerate() {
+            let stored = match (&step.outcome, step.current) {
+                (Outcome::Unchanged, Some(cur)) => cur,
+                (Outcome::Created, _) => {
+                    let mut obj = step.object;
+                    obj.metadata.uid = derive_uid(index, i);
+                    obj.metadata.resource_version = index;
+                    obj.metadata.generation = 1;
+                    obj.metadata.creation_timestamp = now.to_string();
+                    obj.status = Value::Null;
+                    self.insert(obj, ChangeKind::Added, &mut changes)
+                }
+                (_, Some(cur)) => {
+                    let mut obj = step.object;
+                    obj.metadata.uid = cur.metadata.uid.clone();
+                    obj.metadata.creation_timestamp = cur.metadata.creation_timestamp.clone();
+                    obj.metadata.resource_version = index;
+                    obj.metadata.generation = if obj.spec == cur.spec {
+                        cur.metadata.generation
+                    } else {
+                        cur.metadata.generation + 1
+                    };
+                    // Status is written through its own call; apply never changes it.
+                    obj.status = cur.status.clone();
+                    self.insert(obj, ChangeKind::Modified, &mut changes)
+                }
+                (_, None) => unreachable!("plan_apply pairs Configured/Unchanged with a current object"),
+            };
+            results.push(ApplyResult {
+                outcome: step.outcome,
+                object: (*stored).clone(),
+            });
+        }
+        (
+            Response::Applied {
+                results,
+                resource_version: index,
+            },
+            changes,
+        )
+    }
+
+    fn insert(&mut self, obj: Object, kind: ChangeKind, changes: &mut Vec<Change>) -> Arc<Object> {
+        let rv = obj.metadata.resource_version;
+        let obj = Arc::new(obj);
+        self.objects.insert(obj.key().storage_key(), obj.clone());
+        changes.push(Change {
+            kind,
+            object: obj.clone(),
+            resource_version: rv,
+        });
+        obj
+    }
+
+    fn delete(&mut self, index: u64, key: &ObjectKey, expected: u64) -> (Response, Vec<Change>) {
+        let storage_key = key.storage_key();
+        let Some(cur) = self.objects.get(&storage_key) else {
+            return (Response::Rejected(StoreError::NotFound(key.to_string())), Vec::new());
+        };
+        if expected != 0 && expected != cur.metadata.resource_version {
+            let err = StoreError::Conflict {
+                key: key.to_string(),
+                expected,
+                current: cur.metadata.resource_version,
+            };
+            return (Response::Rejected(err), Vec::new());
+        }
+        let mut gone = (**cur).clone();
+        self.objects.remove(&storage_key);
+        gone.metadata.resource_version = index;
+        let gone = Arc::new(gone);
+        let change = Change {
+            kind: ChangeKind::Deleted,
+            object: gone.clone(),
+            resource_version: index,
+        };
+        (
+            Response::Deleted {
+                object: (*gone).clone(),
+                resource_version: index,
+            },
+            vec![change],
+        )
+    }
+
+    fn update_status(
+        &mut self,
+        index: u64,
+        key: &ObjectKey,
+        status: &Value,
+        expected: u64,
+    ) -> (Response, Vec<Change>) {
+        let Some(cur) = self.objects.get(&key.storage_key()) else {
+            return (Response::Rejected(StoreError::NotFound(key.to_string())), Vec::new());
+        };
+        if expected != 0 && expected != cur.metadata.resource_version {
+            let err = StoreError::Conflict {
+                key: key.to_string(),
+                expected,
+                current: cur.metadata.resource_version,
+            };
+            return (Response::Rejected(err), Vec::new());
+        }
+        if &cur.status == status {
+            return (
+                Response::Status {
+                    object: (**cur).clone(),
+                },
+                Vec::new(),
+            );
+        }
+        let mut obj = (**cur).clone();
+        obj.status = status.clone();
+        obj.metadata.resource_version = index;
+        let mut changes = Vec::new();
+        let stored = self.insert(obj, ChangeKind::Modified, &mut changes);
+        (
+            Response::Status {
+                object: (*stored).clone(),
+            },
+            changes,
+        )
+    }
+
+    fn record_event(&mut self, index: u64, now: &str, event: &Object) -> (Response, Vec<Change>) {
+        // A repeat of a recent identical event (same object, reason, message) bumps its count
+        // instead of growing the list, as Kubernetes aggregates events.
+        let same = |e: &Object| {
+            e.metadata.namespace == event.metadata.namespace
+                && e.spec.get("involvedObject") == event.spec.get("involvedObject")
+                && e.spec.get("reason") == event.spec.get("reason")
+                && e.spec.get("message") == event.spec.get("message")
+                && e.spec.get("type") == event.spec.get("type")
+        };
+        let recent = self.events.iter().rev().take(50).position(|e| same(e));
+        let mut changes = Vec::new();
+        let stored = if let Some(back) = recent {
+            let pos = self.events.len() - 1 - back;
+            let mut obj = (*self.events[pos]).clone();
+            let count = obj.spec.get("count").and_then(Value::as_u64).unwrap_or(1) + 1;
+            if let Value::Object(spec) = &mut obj.spec {
+                spec.insert("count".into(), count.into());
+                spec.insert("lastTimestamp".into(), now.into());
+            }
+            obj.metadata.resource_version = index;
+            let obj = Arc::new(obj);
+            self.events[pos] = obj.clone();
+            changes.push(Change {
+                kind: ChangeKind::Modified,
+                object: obj.clone(),
+                resource_version: index,
+            });
+            obj
+        } else {
+            self.event_seq += 1;
+            let mut obj = event.clone();
+            let involved = event
+                .spec
+                .get("involvedObject")
+                .and_then(|o| o.get("name"))
+                .and_then(Value::as_str)
+                .unwrap_or("cluster");
+            obj.metadata.name = format!("{involved}.{:x}", self.event_seq);
+            obj.metadata.uid = derive_uid(index, 0);
+            obj.metadata.resource_version = index;
+            obj.metadata.generation = 1;
+            obj.metadata.creation_timestamp = now.to_string();
+            if let Value::Object(spec) = &mut obj.spec {
+                spec.insert("count".into(), 1.into());
+                spec.insert("firstTimestamp".into(), now.into());
+                spec.insert("lastTimestamp".into(), now.into());
+            }
+            let obj = Arc::new(obj);
+            self.events.push_back(obj.clone());
+            changes.push(Change {
+                kind: ChangeKind::Added,
+                object: obj.clone(),
+                resource_version: index,
+            });
+            while self.events.len() > MAX_EVENTS {
+                if let Some(old) = self.events.pop_front() {
+                    let mut gone = (*old).clone();
+                    gone.metadata.resource_version = index;
+                    changes.push(Change {
+                        kind: ChangeKind::Deleted,
+                        object: Arc::new(gone),
+                        resource_version: index,
+                    });
+                }
+            }
+            obj
+        };
+        (
+            Response::Event {
+                object: (*stored).clone(),
+            },
+            changes,
+        )
+    }
+
+    fn remember(&mut self, request_id: String, response: Response) {
+        if self.dedup.insert(request_id.clone(), response).is_none() {
+            self.dedup_order.push_back(request_id);
+        }
+        while self.dedup_order.len() > MAX_DEDUP {
+            if let Some(old) = self.dedup_order.pop_front() {
+                self.dedup.remove(&old);
+            }
+        }
+    }
+}
+
+/// One object's part of an apply, computed before anything changes.
+#[derive(Debug, Clone)]
+pub struct PlannedApply {
+    pub outcome: Outcome,
+    pub object: Object,
+    pub current: Option<Arc<Object>>,
+}
+
+/// Apply compares what the user controls: spec, labels and annotations.
+fn same_desired_state(current: &Object, desired: &Object) -> bool {
+    current.spec == desired.spec
+        && current.metadata.labels == desired.metadata.labels
+        && current.metadata.annotations == desired.metadata.annotations
+}
+
+/// A uid unique per object and identical on every member: log index and position in the entry.
+fn derive_uid(index: u64, position: usize) -> String {
+    // Mix so uids of neighbouring writes do not look alike; splitmix64 is enough for that.
+    let mut z = index
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(position as u64);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        (z >> 32) as u32,
+        (z >> 16) as u16,
+        z as u16,
+        position as u16,
+        index & 0xFFFF_FFFF_FFFF
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use tb_api::ObjectMeta;
+
+    fn obj(kind: &str, name: &str, spec: Value) -> Object {
+        Object {
+            api_version: "tb/v1".into(),
+            kind: kind.into(),
+            metadata: ObjectMeta {
+                name: name.into(),
+                namespace: "default".into(),
+                ..Default::default()
+            },
+            spec,
+            status: Value::Null,
+        }
+    }
+
+    fn cmd(id: &str, op: Op) -> Command {
+        Command {
+            request_id: id.into(),
+            now: "2026-01-01T00:00:00Z".into(),
+            op,
+        }
+    }
+
+    fn apply(objects: Vec<Object>) -> Op {
+        Op::Apply { objects }
+    }
+
+    #[test]
+    fn create_configure_unchanged_and_generation() {
+        let mut s = State::default();
+        let (r, ch) = s.apply(5, &cmd("a", apply(vec![obj("Model", "m", json!({"layers": 1}))])));
+        let Response::Applied { results, .. } = r else { panic!("{r:?}") };
+        assert_eq!(results[0].outcome, Outcome::Created);
+        assert_eq!(results[0].object.metadata.generation, 1);
+        assert_eq!(results[0].object.metadata.resource_version, 5);
+        assert_eq!(ch.len(), 1);
+
+        let (r, ch) = s.apply(6, &cmd("b", apply(vec![obj("Model", "m", json!({"layers": 1}))])));
+        let Response::Applied { results, .. } = r else { panic!() };
+        assert_eq!(results[0].outcome, Outcome::Unchanged);
+        assert_eq!(results[0].object.metadata.resource_version, 5);
+        assert!(ch.is_empty());
+
+        let mut labelled = obj("Model", "m", json!({"layers": 1}));
+        labelled.metadata.labels.insert("a".into(), "b".into());
+        let (r, _) = s.apply(7, &cmd("c", apply(vec![labelled])));
+        let Response::Applied { results, .. } = r else { panic!() };
+        assert_eq!(results[0].outcome, Outcome::Configured);
+        assert_eq!(results[0].object.metadata.generation, 1, "labels are not spec");
+
+        let (r, _) = s.apply(8, &cmd("d", apply(vec![obj("Model", "m", json!({"layers": 2}))])));
+        let Response::Applied { results, .. } = r else { panic!() };
+        assert_eq!(results[0].object.metadata.generation, 2);
+        assert_eq!(results[0].object.metadata.resource_version, 8);
+    }
+
+    #[test]
+    fn stale_resource_version_conflicts_and_changes_nothing() {
+        let mut s = State::default();
+        s.apply(3, &cmd("", apply(vec![obj("Model", "m", json!({"layers": 1}))])));
+        let mut stale = obj("Model", "m", json!({"layers": 9}));
+        stale.metadata.resource_version = 2;
+        let before = s.objects.clone();
+        let (r, ch) = s.apply(4, &cmd("", apply(vec![obj("Model", "n", json!({})), stale])));
+        assert!(matches!(r, Response::Rejected(StoreError::Conflict { current: 3, expected: 2, .. })));
+        assert!(ch.is_empty());
+        assert_eq!(s.objects, before, "all or none");
+    }
+
+    #[test]
+    fn duplicate_request_id_applies_once() {
+        let mut s = State::default();
+        let c = cmd("same", apply(vec![obj("Model", "m", json!({"layers": 1}))]));
+        let (first, _) = s.apply(1, &c);
+        let (second, ch) = s.apply(2, &c);
+        assert_eq!(first, second);
+        assert!(ch.is_empty());
+        assert_eq!(s.get(&obj("Model", "m", json!(null)).key()).map(|o| o.metadata.resource_version), Some(1));
+    }
+
+    #[test]
+    fn status_is_separate_from_spec() {
+        let mut s = State::default();
+        s.apply(1, &cmd("", apply(vec![obj("Model", "m", json!({"layers": 1}))])));
+        let key = obj("Model", "m", json!(null)).key();
+        let (r, _) = s.apply(2, &cmd("", Op::UpdateStatus { key: key.clone(), status: json!({"phase": "Ready"}), resource_version: 0 }));
+        let Response::Status { object } = r else { panic!() };
+        assert_eq!(object.metadata.generation, 1);
+        assert_eq!(object.status, json!({"phase": "Ready"}));
+        // A later apply keeps the status.
+        let (r, _) = s.apply(3, &cmd("", apply(vec![obj("Model", "m", json!({"layers": 2}))])));
+        let Response::Applied { results, .. } = r else { panic!() };
+        assert_eq!(results[0].object.status, json!({"phase": "Ready"}));
+    }
+
+    #[test]
+    fn delete_and_not_found() {
+        let mut s = State::default();
+        s.apply(1, &cmd("", apply(vec![obj("Model", "m", json!({}))])));
+        let key = obj("Model", "m", json!(null)).key();
+        let (r, ch) = s.apply(2, &cmd("", Op::Delete { key: key.clone(), resource_version: 0 }));
+        assert!(matches!(r, Response::Deleted { resource_version: 2, .. }));
+        assert_eq!(ch[0].kind, ChangeKind::Deleted);
+        let (r, _) = s.apply(3, &cmd("", Op::Delete { key, resource_version: 0 }));
+        assert!(matches!(r, Response::Rejected(StoreError::NotFound(_))));
+    }
+
+    #[test]
+    fn events_aggregate_and_stay_bounded() {
+        let mut s = State::default();
+        let ev = |msg: &str| {
+            let mut e = obj("Event", "x", json!({"type": "Normal", "reason": "R", "message": msg, "involvedObject": {"kind": "Model", "name": "m"}}));
+            e.metadata.name = String::new();
+            e
+        };
+        s.apply(1, &cmd("", Op::RecordEvent { event: ev("hello") }));
+        let (r, _) = s.apply(2, &cmd("", Op::RecordEvent { event: ev("hello") }));
+        let Response::Event { object } = r else { panic!() };
+        assert_eq!(object.spec["count"], 2);
+        assert_eq!(s.events.len(), 1);
+        for i in 0..(MAX_EVENTS + 10) {
+            s.apply(10 + i as u64, &cmd("", Op::RecordEvent { event: ev(&format!("m{i}")) }));
+        }
+        assert_eq!(s.events.len(), MAX_EVENTS);
+    }
+
+    #[test]
+    fn list_is_scoped_by_kind_and_namespace() {
+        let mut s = State::default();
+        let mut other = obj("Model", "b", json!({}));
+        other.metadata.namespace = "team".into();
+        s.apply(1, &cmd("", apply(vec![obj("Model", "a", json!({})), other, obj("TrainingJob", "a", json!({}))])));
+        assert_eq!(s.list("Model", "").len(), 2);
+        assert_eq!(s.list("Model", "default").len(), 1);
+        assert_eq!(s.list("TrainingJob", "").len(), 1);
+        assert_eq!(s.list("Queue", "").len(), 0);
+    }
+}

@@ -1,0 +1,252 @@
+//! gRPC clients for the controllers, and writes that survive a leader change.
+//!
+//! A [`Client`] knows every member's address and keeps one lazily connected channel per member
+//! (a channel reconnects on its own after its member restarts). Writes go through
+//! [`Client::apply`] and friends, which retry with the *same* `request_id` on the next member
+//! whenever the outcome is unknown (no leader, connection lost, deadline exceeded): the store
+//! deduplicates on that id, so the write takes effect once however often it is sent.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tb_api::proto::cluster_client::ClusterClient;
+use tb_api::proto::objects_client::ObjectsClient;
+use tb_api::proto::{
+    ApplyRequest, ApplyResponse, ClusterStatusRequest, ClusterStatusResponse, DeleteRequest,
+    DeleteResponse, GetRequest, ListRequest, ListResponse,
+};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+/// Per-call deadline: generous, a write may wait for an election on the server.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest message a test client accepts from a server.
+const MAX_MESSAGE: usize = 64 * 1024 * 1024;
+
+/// Whether an error leaves the outcome of a write unknown (or says nothing about the data), so
+/// the same request may be sent again, to this member or another. Answers about the request
+/// itself (invalid, conflict, not found, too large) are final.
+pub fn is_retryable(status: &Status) -> bool {
+    match status.code() {
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => true,
+        // A connection torn down mid-call (the member was killed) surfaces as an h2 error.
+        Code::Internal => {
+            let m = status.message().to_ascii_lowercase();
+            m.contains("h2 protocol error") || m.contains("transport") || m.contains("connection")
+        }
+        _ => false,
+    }
+}
+
+/// Channels to a fixed set of members.
+pub struct Client {
+    addrs: Vec<String>,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl Client {
+    pub fn new(addrs: Vec<String>) -> Client {
+        assert!(!addrs.is_empty(), "a client needs at least one address");
+        Client {
+            addrs,
+            channels: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn addrs(&self) -> &[String] {
+        &self.addrs
+    }
+
+    /// The (cached, lazily connected) channel to `addr`.
+    pub fn channel(&self, addr: &str) -> Channel {
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        channels
+            .entry(addr.to_string())
+            .or_insert_with(|| {
+                Endpoint::from_shared(format!("http://{addr}"))
+                    .unwrap_or_else(|e| panic!("bad address {addr}: {e}"))
+                    .connect_timeout(Duration::from_secs(1))
+                    .tcp_nodelay(true)
+                    .connect_lazy()
+            })
+            .clone()
+    }
+
+    pub fn objects(&self, addr: &str) -> ObjectsClient<Channel> {
+        ObjectsClient::new(self.channel(addr))
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE)
+    }
+
+    pub fn cluster(&self, addr: &str) -> ClusterClient<Channel> {
+        ClusterClient::new(self.channel(addr))
+    }
+
+    /// Apply once, on one member.
+    pub async fn apply_on(&self, addr: &str, req: ApplyRequest) -> Result<ApplyResponse, Status> {
+        let mut c = self.objects(addr);
+        call(async move { c.apply(with_timeout(req)).await }).await
+    }
+
+    /// Apply `objects` with `request_id`, starting at member `first` and moving on to the next
+    /// member on every retryable error until `budget` is spent.
+    pub async fn apply(
+        &self,
+        objects: &[serde_json::Value],
+        request_id: &str,
+        first: usize,
+        budget: Duration,
+    ) -> Result<ApplyResponse, Status> {
+        let req = ApplyRequest {
+            objects_json: objects.iter().map(|o| o.to_string()).collect(),
+            dry_run: false,
+            request_id: request_id.to_string(),
+        };
+        self.retrying(first, budget, |addr| {
+            let mut c = self.objects(addr);
+            let req = req.clone();
+            async move { c.apply(with_timeout(req)).await }
+        })
+        .await
+    }
+
+    /// Delete with retries, as [`Client::apply`].
+    pub async fn delete(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        request_id: &str,
+        first: usize,
+        budget: Duration,
+    ) -> Result<DeleteResponse, Status> {
+        let req = DeleteRequest {
+            kind: kind.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            resource_version: 0,
+            request_id: request_id.into(),
+        };
+        self.retrying(first, budget, |addr| {
+            let mut c = self.objects(addr);
+            let req = req.clone();
+            async move { c.delete(with_timeout(req)).await }
+        })
+        .await
+    }
+
+    /// Get one object's JSON from one member.
+    pub async fn get_on(
+        &self,
+        addr: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        stale: bool,
+    ) -> Result<String, Status> {
+        let mut c = self.objects(addr);
+        let req = GetRequest {
+            kind: kind.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            stale,
+        };
+        call(async move { c.get(with_timeout(req)).await })
+            .await
+            .map(|r| r.object_json)
+    }
+
+    /// List from one member.
+    pub async fn list_on(
+        &self,
+        addr: &str,
+        kind: &str,
+        namespace: &str,
+        stale: bool,
+    ) -> Result<ListResponse, Status> {
+        let mut c = self.objects(addr);
+        let req = ListRequest {
+            kind: kind.into(),
+            namespace: namespace.into(),
+            label_selector: String::new(),
+            stale,
+        };
+        call(async move { c.list(with_timeout(req)).await }).await
+    }
+
+    /// A linearizable list from whichever member answers first (in order from `first`).
+    pub async fn list(
+        &self,
+        kind: &str,
+        namespace: &str,
+        first: usize,
+        budget: Duration,
+    ) -> Result<ListResponse, Status> {
+        self.retrying(first, budget, |addr| {
+            let mut c = self.objects(addr);
+            let req = ListRequest {
+                kind: kind.into(),
+                namespace: namespace.into(),
+                label_selector: String::new(),
+                stale: false,
+            };
+            async move { c.list(with_timeout(req)).await }
+        })
+        .await
+    }
+
+    /// `Cluster.Status` as one member sees it.
+    pub async fn status_on(&self, addr: &str) -> Result<ClusterStatusResponse, Status> {
+        let mut c = self.cluster(addr);
+        call(async move { c.status(with_timeout(ClusterStatusRequest {})).await }).await
+    }
+
+    /// Run `attempt` against members in turn, from `first`, until it succeeds, fails with a
+    /// final error, or `budget` is spent (then the last retryable error is returned).
+    pub async fn retrying<T, F, Fut>(&self, first: usize, budget: Duration, mut attempt: F) -> Result<T, Status>
+    where
+        F: FnMut(&str) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let deadline = tokio::time::Instant::now() + budget;
+        let n = self.addrs.len();
+        // Bounded by the deadline; the count is a second guard against a zero-time error loop.
+        for i in 0..10_000usize {
+            let addr = &self.addrs[(first + i) % n];
+            let result = match tokio::time::timeout_at(deadline, call(attempt(addr))).await {
+                Ok(r) => r,
+                Err(_) => Err(Status::deadline_exceeded(format!("retry budget of {budget:?} spent"))),
+            };
+            match result {
+                Ok(v) => return Ok(v),
+                Err(e) if is_retryable(&e) && tokio::time::Instant::now() < deadline => {
+                    // Back off a little once every member has been tried.
+                    if (i + 1) % n == 0 {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Status::deadline_exceeded("too many attempts"))
+    }
+}
+
+/// Attach the per-call deadline for the server.
+fn with_timeout<T>(msg: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.set_timeout(CALL_TIMEOUT);
+    req
+}
+
+/// Await a call with a client-side deadline too (a stopped server may never answer).
+async fn call<T, Fut>(fut: Fut) -> Result<T, Status>
+where
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+{
+    match tokio::time::timeout(CALL_TIMEOUT + Duration::from_secs(1), fut).await {
+        Ok(r) => r.map(tonic::Response::into_inner),
+        Err(_) => Err(Status::deadline_exceeded("no answer within the client deadline")),
+    }
+}

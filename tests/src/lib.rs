@@ -1,0 +1,48 @@
+//! Harness for tb's end-to-end tests: everything here starts or talks to the real binaries
+//! (`tb-controller`, `tbctl`) over real sockets on 127.0.0.1.
+//!
+//! - [`bins`] finds the binaries in the workspace's target directory, building them once per
+//!   test process so a test never runs a stale build;
+//! - [`ports`] hands out loopback ports that no other test (in this process or another) uses;
+//! - [`workdir`] makes a temporary directory per test, kept (and its path printed) when the test
+//!   fails;
+//! - [`controller`] is one `tb-controller` process: start, SIGKILL, SIGTERM, restart on the same
+//!   data directory, with its log captured to a file whose tail is printed when a test fails;
+//! - [`cluster`] starts 1, 3 (or more) controllers as one Raft cluster and answers questions
+//!   about it (who leads, have all members applied the same log);
+//! - [`client`] holds gRPC connections and retries a write on other members with the same
+//!   `request_id` when its outcome is unknown;
+//! - [`objects`] builds the JSON objects the tests apply and reads fields back;
+//! - [`tbctl`] runs the CLI and captures its exit code and output;
+//! - [`wait`] polls a condition until a deadline, so tests never sleep for a guessed time.
+
+pub mod bins;
+pub mod client;
+pub mod cluster;
+pub mod controller;
+pub mod objects;
+pub mod ports;
+pub mod tbctl;
+pub mod wait;
+pub mod workdir;
+
+pub use client::{Client, is_retryable};
+pub use cluster::{Cluster, ClusterOptions};
+pub use controller::{Controller, ControllerConfig};
+pub use tbctl::{Tbctl, TbctlOutput};
+pub use workdir::TestDir;
+
+/// Print a progress line with the time since the process started; shown only when a test fails
+/// (the test harness captures output), where it tells which phase the test was in.
+#[macro_export]
+macro_rules! step {
+    ($($arg:tt)*) => {
+        eprintln!("[{:>7.2}s] {}", $crate::elapsed_secs(), format_args!($($arg)*))
+    };
+}
+
+/// Seconds since the harness was first used in this process.
+pub fn elapsed_secs() -> f64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
+}
