@@ -2,3 +2,27 @@
 
 pub mod cluster;
 pub mod objects;
+
+use tonic::Status;
+
+use crate::raft::Unavailable;
+use crate::store::StoreError;
+
+/// The time a command is stamped with: RFC 3339, UTC, milliseconds — one format everywhere, so
+/// that the store may compare timestamps as strings.
+pub(crate) fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+pub(crate) fn unavailable(e: Unavailable) -> Status {
+    Status::unavailable(e.to_string())
+}
+
+pub(crate) fn store_error(e: StoreError) -> Status {
+    match e {
+        StoreError::NotFound(_) => Status::not_found(e.to_string()),
+        StoreError::Conflict { .. } => Status::aborted(e.to_string()),
+        StoreError::Invalid(_) => Status::invalid_argument(e.to_string()),
+        StoreError::Unauthenticated(_) => Status::unauthenticated(e.to_string()),
+    }
+}

@@ -18,8 +18,9 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response as TonicResponse, Status};
 
-use crate::raft::{RaftNode, Unavailable};
-use crate::store::{Change, Command, Op, Response, StoreError};
+use super::{now, store_error, unavailable};
+use crate::raft::RaftNode;
+use crate::store::{Change, Command, Op, Response};
 
 /// Most objects one apply may carry.
 pub const MAX_OBJECTS_PER_APPLY: usize = 1000;
@@ -50,22 +51,6 @@ impl ObjectsService {
             return Ok(());
         }
         self.node.linearize().await.map_err(unavailable)
-    }
-}
-
-fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
-fn unavailable(e: Unavailable) -> Status {
-    Status::unavailable(e.to_string())
-}
-
-fn store_error(e: StoreError) -> Status {
-    match e {
-        StoreError::NotFound(_) => Status::not_found(e.to_string()),
-        StoreError::Conflict { .. } => Status::aborted(e.to_string()),
-        StoreError::Invalid(_) => Status::invalid_argument(e.to_string()),
     }
 }
 

@@ -25,6 +25,10 @@ impl std::fmt::Display for Command {
             Op::Delete { key, .. } => write!(f, "delete {key}"),
             Op::UpdateStatus { key, .. } => write!(f, "status {key}"),
             Op::RecordEvent { .. } => write!(f, "event"),
+            Op::CreateToken { .. } => write!(f, "create join token"),
+            Op::Join { node, .. } => write!(f, "join {}", node.metadata.name),
+            Op::Heartbeat { node, .. } => write!(f, "heartbeat {node}"),
+            Op::Plan(p) => write!(f, "plan of {} write(s)", p.writes.len()),
         }
     }
 }
@@ -46,6 +50,52 @@ pub enum Op {
     },
     /// Record an Event (kind Event); repeats of the latest identical event bump its count.
     RecordEvent { event: Object },
+    /// Keep a join token (its hash only) until `expires_at` (RFC 3339, UTC).
+    CreateToken {
+        token_hash: String,
+        expires_at: String,
+        description: String,
+    },
+    /// A nodelet joins with a token: its Node is registered and its credential kept (hashed).
+    Join {
+        token_hash: String,
+        node: Object,
+        credential_hash: String,
+    },
+    /// A nodelet reports its status; the store stamps the heartbeat time.
+    Heartbeat {
+        node: String,
+        credential_hash: String,
+        status: Value,
+    },
+    /// A reconciler's plan: applied whole, and only if every object it read is unchanged
+    /// (as Nomad's plan applier checks a scheduler's plan against the state it was made from).
+    Plan(Plan),
+}
+
+/// What a reconciler computed from one snapshot of the store.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Objects the plan depends on, with the resourceVersion seen (0: must not exist).
+    pub guards: Vec<(ObjectKey, u64)>,
+    pub writes: Vec<PlanWrite>,
+    /// Events to record with the plan.
+    pub events: Vec<Object>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty() && self.events.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum PlanWrite {
+    /// Create, or replace metadata labels/annotations, spec and status of, an object.
+    Put(Object),
+    /// Replace only the status.
+    Status { key: ObjectKey, status: Value },
+    Delete { key: ObjectKey },
 }
 
 /// What applying a command produced, returned to the client that proposed it.
@@ -67,6 +117,10 @@ pub enum Response {
     Event {
         object: Object,
     },
+    Planned {
+        resource_version: u64,
+    },
+    TokenCreated,
     Rejected(StoreError),
 }
 
@@ -107,4 +161,6 @@ pub enum StoreError {
     },
     #[error("{0}")]
     Invalid(String),
+    #[error("{0}")]
+    Unauthenticated(String),
 }

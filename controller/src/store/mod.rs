@@ -5,6 +5,6 @@ pub mod command;
 pub mod state;
 pub mod watch;
 
-pub use command::{ApplyResult, Command, Op, Outcome, Response, StoreError};
+pub use command::{ApplyResult, Command, Op, Outcome, Plan, PlanWrite, Response, StoreError};
 pub use state::{Change, ChangeKind, State};
 pub use watch::WatchHub;

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tb_api::{Kind, Object, ObjectKey};
 
-use super::command::{ApplyResult, Command, Op, Outcome, Response, StoreError};
+use super::command::{ApplyResult, Command, Op, Outcome, Plan, PlanWrite, Response, StoreError};
 
 /// How many Event objects the store keeps; older ones are dropped.
 pub const MAX_EVENTS: usize = 1000;
@@ -57,6 +57,12 @@ pub struct State {
     pub dedup_order: VecDeque<String>,
     /// The log index of the last applied entry: the store's resourceVersion.
     pub revision: u64,
+    /// Join tokens by hash → expiry (RFC 3339, UTC). Never listed, never sent back.
+    #[serde(default)]
+    pub join_tokens: BTreeMap<String, String>,
+    /// Node name → hash of the credential it was given at join.
+    #[serde(default)]
+    pub node_credentials: BTreeMap<String, String>,
 }
 
 impl State {
@@ -83,6 +89,27 @@ impl State {
                 resource_version,
             } => self.update_status(index, key, status, *resource_version),
             Op::RecordEvent { event } => self.record_event(index, &cmd.now, event),
+            Op::Plan(plan) => self.apply_plan(index, &cmd.now, plan),
+            Op::CreateToken {
+                token_hash,
+                expires_at,
+                ..
+            } => {
+                // Timestamps share one format (UTC, "Z"), so string order is time order.
+                self.join_tokens.retain(|_, exp| exp.as_str() > cmd.now.as_str());
+                self.join_tokens.insert(token_hash.clone(), expires_at.clone());
+                (Response::TokenCreated, Vec::new())
+            }
+            Op::Join {
+                token_hash,
+                node,
+                credential_hash,
+            } => self.join(index, &cmd.now, token_hash, node, credential_hash),
+            Op::Heartbeat {
+                node,
+                credential_hash,
+                status,
+            } => self.heartbeat(index, &cmd.now, node, credential_hash, status),
         };
         if !cmd.request_id.is_empty() {
             self.remember(cmd.request_id.clone(), response.clone());
@@ -386,6 +413,161 @@ impl State {
         )
     }
 
+    fn apply_plan(&mut self, index: u64, now: &str, plan: &Plan) -> (Response, Vec<Change>) {
+        for (key, expected) in &plan.guards {
+            let current = self.get(key).map(|o| o.metadata.resource_version).unwrap_or(0);
+            if current != *expected {
+                let err = StoreError::Conflict {
+                    key: key.to_string(),
+                    expected: *expected,
+                    current,
+                };
+                return (Response::Rejected(err), Vec::new());
+            }
+        }
+        let mut changes = Vec::new();
+        for (i, write) in plan.writes.iter().enumerate() {
+            match write {
+                PlanWrite::Put(obj) => {
+                    let mut obj = obj.clone();
+                    let current = self.objects.get(&obj.key().storage_key()).cloned();
+                    obj.metadata.resource_version = index;
+                    let kind = match current {
+                        Some(cur) => {
+                            obj.metadata.uid = cur.metadata.uid.clone();
+                            obj.metadata.creation_timestamp = cur.metadata.creation_timestamp.clone();
+                            obj.metadata.generation = cur.metadata.generation + u64::from(cur.spec != obj.spec);
+                            ChangeKind::Modified
+                        }
+                        None => {
+                            obj.metadata.uid = derive_uid(index, i);
+                            obj.metadata.creation_timestamp = now.to_string();
+                            obj.metadata.generation = 1;
+                            ChangeKind::Added
+                        }
+                    };
+                    self.insert(obj, kind, &mut changes);
+                }
+                PlanWrite::Status { key, status } => {
+                    if let Some(cur) = self.objects.get(&key.storage_key())
+                        && &cur.status != status
+                    {
+                        let mut obj = (**cur).clone();
+                        obj.status = status.clone();
+                        obj.metadata.resource_version = index;
+                        self.insert(obj, ChangeKind::Modified, &mut changes);
+                    }
+                }
+                PlanWrite::Delete { key } => {
+                    if let Some(cur) = self.objects.remove(&key.storage_key()) {
+                        let mut gone = (*cur).clone();
+                        gone.metadata.resource_version = index;
+                        changes.push(Change {
+                            kind: ChangeKind::Deleted,
+                            object: Arc::new(gone),
+                            resource_version: index,
+                        });
+                    }
+                }
+            }
+        }
+        for event in &plan.events {
+            let (_, more) = self.record_event(index, now, event);
+            changes.extend(more);
+        }
+        (
+            Response::Planned {
+                resource_version: index,
+            },
+            changes,
+        )
+    }
+
+    fn join(
+        &mut self,
+        index: u64,
+        now: &str,
+        token_hash: &str,
+        node: &Object,
+        credential_hash: &str,
+    ) -> (Response, Vec<Change>) {
+        let valid = self
+            .join_tokens
+            .get(token_hash)
+            .is_some_and(|exp| exp.as_str() > now);
+        if !valid {
+            let err = StoreError::Unauthenticated("the join token is unknown or expired".into());
+            return (Response::Rejected(err), Vec::new());
+        }
+        let key = node.key();
+        let mut obj = node.clone();
+        let mut changes = Vec::new();
+        obj.metadata.resource_version = index;
+        match self.objects.get(&key.storage_key()) {
+            Some(cur) => {
+                // Rejoining keeps what users set on the Node (cordon) and its identity.
+                obj.metadata.uid = cur.metadata.uid.clone();
+                obj.metadata.creation_timestamp = cur.metadata.creation_timestamp.clone();
+                obj.metadata.generation = cur.metadata.generation;
+                obj.spec = cur.spec.clone();
+            }
+            None => {
+                obj.metadata.uid = derive_uid(index, 0);
+                obj.metadata.creation_timestamp = now.to_string();
+                obj.metadata.generation = 1;
+            }
+        }
+        stamp_heartbeat(&mut obj.status, now);
+        let kind = if self.objects.contains_key(&key.storage_key()) {
+            ChangeKind::Modified
+        } else {
+            ChangeKind::Added
+        };
+        let stored = self.insert(obj, kind, &mut changes);
+        self.node_credentials
+            .insert(key.name.clone(), credential_hash.to_string());
+        (
+            Response::Status {
+                object: (*stored).clone(),
+            },
+            changes,
+        )
+    }
+
+    fn heartbeat(
+        &mut self,
+        index: u64,
+        now: &str,
+        node: &str,
+        credential_hash: &str,
+        status: &Value,
+    ) -> (Response, Vec<Change>) {
+        if self.node_credentials.get(node).map(String::as_str) != Some(credential_hash) {
+            let err = StoreError::Unauthenticated(format!("node {node}: unknown node or wrong credential"));
+            return (Response::Rejected(err), Vec::new());
+        }
+        let key = ObjectKey {
+            kind: Kind::Node.as_str().into(),
+            namespace: String::new(),
+            name: node.to_string(),
+        };
+        let Some(cur) = self.objects.get(&key.storage_key()) else {
+            return (Response::Rejected(StoreError::NotFound(key.to_string())), Vec::new());
+        };
+        let mut obj = (**cur).clone();
+        obj.status = status.clone();
+        stamp_heartbeat(&mut obj.status, now);
+        obj.metadata.resource_version = index;
+        let mut changes = Vec::new();
+        let stored = self.insert(obj, ChangeKind::Modified, &mut changes);
+        (
+            Response::Status {
+                object: (*stored).clone(),
+            },
+            changes,
+        )
+    }
+
     fn remember(&mut self, request_id: String, response: Response) {
         if self.dedup.insert(request_id.clone(), response).is_none() {
             self.dedup_order.push_back(request_id);
@@ -395,6 +577,16 @@ impl State {
                 self.dedup.remove(&old);
             }
         }
+    }
+}
+
+/// The store, not the nodelet, says when a heartbeat arrived: one clock for every node.
+fn stamp_heartbeat(status: &mut Value, now: &str) {
+    if !status.is_object() {
+        *status = Value::Object(Default::default());
+    }
+    if let Value::Object(map) = status {
+        map.insert("lastHeartbeatTime".into(), now.into());
     }
 }
 
@@ -561,6 +753,32 @@ mod tests {
             s.apply(10 + i as u64, &cmd("", Op::RecordEvent { event: ev(&format!("m{i}")) }));
         }
         assert_eq!(s.events.len(), MAX_EVENTS);
+    }
+
+    #[test]
+    fn plan_applies_whole_or_not_at_all() {
+        let mut s = State::default();
+        s.apply(1, &cmd("", apply(vec![obj("TrainingJob", "j", json!({"ranks": 1}))])));
+        let job = obj("TrainingJob", "j", json!(null)).key();
+        let alloc = obj("Allocation", "j-0", json!({"rank": 0}));
+        let plan = Plan {
+            guards: vec![(job.clone(), 1), (alloc.key(), 0)],
+            writes: vec![
+                PlanWrite::Put(alloc.clone()),
+                PlanWrite::Status { key: job.clone(), status: json!({"phase": "Scheduled"}) },
+            ],
+            events: vec![],
+        };
+        let (r, ch) = s.apply(2, &cmd("", Op::Plan(plan.clone())));
+        assert_eq!(r, Response::Planned { resource_version: 2 });
+        assert_eq!(ch.len(), 2);
+        assert_eq!(s.get(&job).map(|o| o.status.clone()), Some(json!({"phase": "Scheduled"})));
+        // The same plan again: its guards no longer hold, nothing changes.
+        let before = s.objects.clone();
+        let (r, ch) = s.apply(3, &cmd("", Op::Plan(plan)));
+        assert!(matches!(r, Response::Rejected(StoreError::Conflict { .. })), "{r:?}");
+        assert!(ch.is_empty());
+        assert_eq!(s.objects, before);
     }
 
     #[test]
