@@ -85,7 +85,7 @@ fn kind_cells(kind: Kind, o: &Object) -> Vec<String> {
             cell(at(spec, &["model"]).map(|m| at(m, &["name"]).unwrap_or(m))),
             cell(at(spec, &["parallelism"])),
             isvc_nodes(o),
-            condition(o, "Ready").unwrap_or_else(|| NONE.into()),
+            condition(o, "Ready").unwrap_or_else(|| "Unknown".into()),
         ],
         Kind::TrainingJob => vec![
             cell(at(spec, &["ranks"]).or_else(|| at(spec, &["nodes"]))),

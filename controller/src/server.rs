@@ -80,7 +80,9 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         tokio::spawn(crate::metrics::serve(l, node.clone()));
     }
 
-    let objects = ObjectsServer::new(ObjectsService::new(node.clone()))
+    // Watches are endless streams; on shutdown they are ended so the server can drain.
+    let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
+    let objects = ObjectsServer::new(ObjectsService::new(node.clone(), stopping))
         .max_decoding_message_size(MAX_REQUEST)
         .max_encoding_message_size(MAX_MESSAGE);
     let cluster = ClusterServer::new(ClusterService::new(node.clone()));
@@ -95,7 +97,16 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         .add_service(objects)
         .add_service(cluster)
         .add_service(raft)
-        .serve_with_incoming_shutdown(incoming, shutdown_signal());
+        .serve_with_incoming_shutdown(incoming, async move {
+            shutdown_signal().await;
+            let _ = stopping_tx.send(true);
+            // A client that never lets go must not keep a stopping controller alive.
+            tokio::spawn(async {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                tracing::warn!("connections still open 5 s after the stop signal; exiting");
+                std::process::exit(0);
+            });
+        });
     let server = tokio::spawn(serve);
 
     if !opts.join {
@@ -109,6 +120,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     tracing::info!(id = opts.id, listen = %opts.listen, advertise = %opts.advertise, "tb-controller serving");
 
     let result = server.await.context("server task")?;
+    tracing::info!("gRPC server drained");
     node.shutdown().await;
     result.context("gRPC server")?;
     Ok(())

@@ -138,8 +138,8 @@ pub async fn run(ctx: &mut Ctx, query: &Query, view: View, format: Option<Output
             match stream.message().await {
                 Ok(Some(ev)) => emit(&handle(&ev, query, &mut shown, &mut printer)?)?,
                 Ok(None) => {
-                    let server = ctx.client().current_server().map(ToString::to_string);
-                    tracing::info!(?server, "the server ended the watch; resuming elsewhere");
+                    let server = ctx.client().current_server().map(ToString::to_string).unwrap_or_default();
+                    tracing::info!(%server, "the server ended the watch; resuming elsewhere");
                     ctx.client().fail_over();
                     tokio::time::sleep(REOPEN_DELAY).await;
                     break;
@@ -150,8 +150,8 @@ pub async fn run(ctx: &mut Ctx, query: &Query, view: View, format: Option<Output
                     break;
                 }
                 Err(s) if is_failover(&s) => {
-                    let server = ctx.client().current_server().map(ToString::to_string);
-                    tracing::info!(?server, code = ?s.code(), message = s.message(), "watch lost; resuming elsewhere");
+                    let server = ctx.client().current_server().map(ToString::to_string).unwrap_or_default();
+                    tracing::info!(%server, code = ?s.code(), message = s.message(), "watch lost; resuming elsewhere");
                     ctx.client().fail_over();
                     tokio::time::sleep(REOPEN_DELAY).await;
                     break;
@@ -195,6 +195,11 @@ fn handle(ev: &WatchEvent, query: &Query, shown: &mut Shown, printer: &mut Print
 /// List again and print what changed since the last thing shown.
 async fn relist(ctx: &mut Ctx, query: &Query, shown: &mut Shown, printer: &mut Printer) -> Result<()> {
     let (objects, version) = list(ctx, query).await?;
+    emit(&catch_up(shown, objects, version, printer)?)
+}
+
+/// Replace what was shown with a fresh list; the events that turn one into the other.
+fn catch_up(shown: &mut Shown, objects: Vec<Object>, version: u64, printer: &mut Printer) -> Result<String> {
     let fresh: BTreeMap<Key, Object> = objects.into_iter().map(|o| (key(&o), o)).collect();
     let mut out = String::new();
     for (k, o) in &fresh {
@@ -213,7 +218,7 @@ async fn relist(ctx: &mut Ctx, query: &Query, shown: &mut Shown, printer: &mut P
     }
     shown.objects = fresh;
     shown.version = version;
-    emit(&out)
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -293,6 +298,37 @@ mod tests {
         handle(&event("DELETED", &obj("new", 6), 7), &query(), &mut shown, &mut p).expect("handle");
         assert!(shown.objects.is_empty());
         assert_eq!(shown.version, 7);
+    }
+
+    #[test]
+    fn relisting_prints_only_differences() {
+        let mut shown = Shown {
+            objects: [obj("same", 2), obj("changed", 3), obj("gone", 4)]
+                .into_iter()
+                .map(|o| (key(&o), o))
+                .collect(),
+            version: 4,
+        };
+        let mut p = Printer::new(Some(OutputFormat::Json), view());
+        let fresh = vec![obj("same", 2), obj("changed", 8), obj("new", 9)];
+        let text = catch_up(&mut shown, fresh, 10, &mut p).expect("catch up");
+        let events: Vec<(String, String)> = text
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("json line");
+                (
+                    v["type"].as_str().unwrap_or_default().to_string(),
+                    v["object"]["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        let want = [("MODIFIED", "changed"), ("ADDED", "new"), ("DELETED", "gone")];
+        assert_eq!(events.len(), want.len(), "{text}");
+        for (t, n) in want {
+            assert!(events.contains(&(t.to_string(), n.to_string())), "{text}");
+        }
+        assert_eq!(shown.version, 10);
+        assert_eq!(shown.objects.len(), 3);
     }
 
     #[test]

@@ -27,11 +27,13 @@ pub const MAX_OBJECTS_PER_APPLY: usize = 1000;
 
 pub struct ObjectsService {
     node: Arc<RaftNode>,
+    /// Becomes true when the controller shuts down: open watches end.
+    stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 impl ObjectsService {
-    pub fn new(node: Arc<RaftNode>) -> Self {
-        ObjectsService { node }
+    pub fn new(node: Arc<RaftNode>, stopping: tokio::sync::watch::Receiver<bool>) -> Self {
+        ObjectsService { node, stopping }
     }
 
     async fn commit(&self, request_id: String, op: Op) -> Result<Response, Status> {
@@ -307,6 +309,7 @@ impl Objects for ObjectsService {
             (initial, resume.live, req.resource_version)
         };
         let (tx, rx) = tokio::sync::mpsc::channel(256);
+        let mut stopping = self.stopping.clone();
         tokio::spawn(async move {
             let mut last = from;
             for ev in initial {
@@ -340,6 +343,11 @@ impl Objects for ObjectsService {
                         Err(RecvError::Closed) => return,
                     },
                     _ = tx.closed() => return,
+                    // The flag only ever turns true.
+                    _ = stopping.changed() => {
+                        let _ = tx.send(Err(Status::unavailable("controller shutting down; resume the watch on another controller"))).await;
+                        return;
+                    }
                 }
             }
         });
