@@ -10,7 +10,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use super::LocatedError;
-use super::locate::locate;
+use super::locate::{duplicate_key, locate};
 use super::split::Document;
 use crate::kind::{KIND_LIST, Kind, UnknownKind};
 use crate::meta::ObjectMeta;
@@ -50,7 +50,12 @@ impl DocErrors<'_> {
     /// A YAML syntax error: libyaml's problem, without its document-relative position.
     fn syntax(&self, err: &serde_yaml::Error) -> LocatedError {
         let (pos, message) = split_yaml_message(err);
-        self.at(pos.unwrap_or((1, 1)), "", &message)
+        let pos = pos.unwrap_or((1, 1));
+        // serde_yaml places a duplicate key at the start of its mapping; point at the duplicate.
+        let pos = duplicated_key_name(&message)
+            .and_then(|key| duplicate_key(&self.doc.text, pos, key))
+            .unwrap_or(pos);
+        self.at(pos, "", &message)
     }
 
     /// A typed-deserialisation error, with the path of the field and the best position known.
@@ -88,6 +93,12 @@ fn split_yaml_message(err: &serde_yaml::Error) -> (Option<(usize, usize)>, Strin
         }
         None => (None, text),
     }
+}
+
+/// `ranks` from serde_yaml's `spec: duplicate entry with key "ranks"`.
+fn duplicated_key_name(message: &str) -> Option<&str> {
+    let (_, rest) = message.split_once("duplicate entry with key \"")?;
+    rest.strip_suffix('"')
 }
 
 /// Removes a leading `PATH: ` where PATH is `full_path` or one of its ancestors, returning the

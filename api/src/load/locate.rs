@@ -77,6 +77,33 @@ pub(crate) fn locate(text: &str, path: &str) -> Option<(usize, usize)> {
     best
 }
 
+/// The second `key:` of the block mapping whose first key is at 1-based (`line`, `column`): the
+/// entry a "duplicate entry" error is about.
+pub(crate) fn duplicate_key(
+    text: &str,
+    (line, column): (usize, usize),
+    key: &str,
+) -> Option<(usize, usize)> {
+    let indent = column.checked_sub(1)?;
+    let mut seen = 0;
+    for (n, l) in text.split('\n').enumerate().skip(line.checked_sub(1)?) {
+        let this_indent = l.len() - l.trim_start().len();
+        if is_content(l) && this_indent < indent {
+            break; // left the mapping
+        }
+        let rest = l.get(indent..).unwrap_or("");
+        let at_key = this_indent == indent
+            && (rest.starts_with(key) || rest.get(1..).is_some_and(|r| r.starts_with(key)));
+        if at_key && find_key_in_line(l, indent, key).is_some() {
+            seen += 1;
+            if seen == 2 {
+                return Some((n + 1, column));
+            }
+        }
+    }
+    None
+}
+
 /// Looks for `key:` inside the block that starts at `parent` (the whole text at the top level).
 fn find_key(lines: &[&str], parent: Option<Cursor>, key: &str) -> Option<Cursor> {
     let (first, mut col) = parent.map_or((0, 0), |p| (p.line, p.col));
@@ -236,6 +263,13 @@ spec:
         // `dir` exists, but not under `metadata`.
         assert_eq!(locate(DOC, "metadata.dir"), Some((3, 1)));
         assert_eq!(locate(DOC, "status"), None);
+    }
+
+    #[test]
+    fn finds_the_duplicate_of_a_key() {
+        let text = "spec:\n  ranks: 1\n  nested:\n    ranks: 5\n  ranks: 2\nother: 1\n";
+        assert_eq!(duplicate_key(text, (2, 3), "ranks"), Some((5, 3)));
+        assert_eq!(duplicate_key(text, (2, 3), "other"), None);
     }
 
     #[test]

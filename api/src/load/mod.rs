@@ -64,6 +64,8 @@ impl fmt::Display for LocatedError {
     }
 }
 
+impl std::error::Error for LocatedError {}
+
 /// Why a load failed: every problem found, in file order, one per line when displayed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct LoadError {

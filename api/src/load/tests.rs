@@ -125,6 +125,15 @@ fn malformed_yaml() {
 }
 
 #[test]
+fn duplicate_keys_are_placed_at_the_duplicate() {
+    let text = format!("{JOB}  ranks: 3\n");
+    assert_eq!(
+        load_error(&text),
+        "job.yaml:8:3: spec: duplicate entry with key \"ranks\""
+    );
+}
+
+#[test]
 fn bad_quantity_is_placed_at_the_value() {
     let text = JOB.replace("ranks: 2", "memory: 12XB");
     assert_eq!(

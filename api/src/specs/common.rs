@@ -23,23 +23,23 @@ pub(crate) fn one() -> u32 {
     1
 }
 
-pub(crate) type Result = std::result::Result<(), ValidationError>;
+pub(crate) type CheckResult = Result<(), ValidationError>;
 
-fn err(path: &str, message: impl Into<String>) -> Result {
+fn err(path: &str, message: impl Into<String>) -> CheckResult {
     Err(ValidationError::new(path, message))
 }
 
 /// A reference to another object by name (a Model, a Queue, a Node).
-pub(crate) fn object_name(path: &str, name: &str) -> Result {
+pub(crate) fn object_name(path: &str, name: &str) -> CheckResult {
     validate_name(name).map_err(|m| ValidationError::new(path, m))
 }
 
-pub(crate) fn optional_object_name(path: &str, name: Option<&str>) -> Result {
+pub(crate) fn optional_object_name(path: &str, name: Option<&str>) -> CheckResult {
     name.map_or(Ok(()), |n| object_name(path, n))
 }
 
 /// A string the user may leave out but not leave blank.
-pub(crate) fn not_blank(path: &str, value: Option<&str>) -> Result {
+pub(crate) fn not_blank(path: &str, value: Option<&str>) -> CheckResult {
     match value {
         Some(v) if v.trim().is_empty() => {
             err(path, "must not be empty (leave the field out instead)")
@@ -49,7 +49,7 @@ pub(crate) fn not_blank(path: &str, value: Option<&str>) -> Result {
 }
 
 /// Counts that are meaningless at zero (layers, tokens, ranks).
-pub(crate) fn at_least_one<T: Into<u64> + Copy>(path: &str, value: Option<T>) -> Result {
+pub(crate) fn at_least_one<T: Into<u64> + Copy>(path: &str, value: Option<T>) -> CheckResult {
     match value {
         Some(v) if v.into() == 0 => err(path, "must be at least 1"),
         _ => Ok(()),
@@ -57,7 +57,7 @@ pub(crate) fn at_least_one<T: Into<u64> + Copy>(path: &str, value: Option<T>) ->
 }
 
 /// Memory sizes that must hold something.
-pub(crate) fn non_zero_quantity(path: &str, value: Option<&Quantity>) -> Result {
+pub(crate) fn non_zero_quantity(path: &str, value: Option<&Quantity>) -> CheckResult {
     match value {
         Some(q) if q.bytes() == 0 => err(path, format!("must be more than 0 bytes, got {q}")),
         _ => Ok(()),
@@ -65,7 +65,7 @@ pub(crate) fn non_zero_quantity(path: &str, value: Option<&Quantity>) -> Result 
 }
 
 /// Environment variable names; `TB_*` is reserved for what tb sets (rank, world size, ...).
-pub(crate) fn env(path: &str, env: &BTreeMap<String, String>) -> Result {
+pub(crate) fn env(path: &str, env: &BTreeMap<String, String>) -> CheckResult {
     for name in env.keys() {
         let at = format!("{path}.{name}");
         let mut chars = name.chars();
@@ -92,7 +92,7 @@ pub(crate) fn env(path: &str, env: &BTreeMap<String, String>) -> Result {
 }
 
 /// `nodeSelector`: label keys and values that a Node's labels must carry.
-pub(crate) fn node_selector(path: &str, selector: &BTreeMap<String, String>) -> Result {
+pub(crate) fn node_selector(path: &str, selector: &BTreeMap<String, String>) -> CheckResult {
     for (key, value) in selector {
         let at = format!("{path}.{key}");
         validate_label_key(key).map_err(|m| ValidationError::new(&at, m))?;
@@ -102,7 +102,7 @@ pub(crate) fn node_selector(path: &str, selector: &BTreeMap<String, String>) -> 
 }
 
 /// An exec workload needs a program to run; a built-in one must not name one.
-pub(crate) fn command(path: &str, executor: Executor, command: &[String]) -> Result {
+pub(crate) fn command(path: &str, executor: Executor, command: &[String]) -> CheckResult {
     match executor {
         Executor::Exec if command.is_empty() => err(
             path,

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::common::Result;
+use super::common::CheckResult;
 use crate::kind::Kind;
 use crate::validate::ValidationError;
 
@@ -70,7 +70,7 @@ impl Default for EventSpec {
 }
 
 impl EventSpec {
-    pub(crate) fn check(&self) -> Result {
+    pub(crate) fn check(&self) -> CheckResult {
         if self.reason.trim().is_empty() {
             return Err(ValidationError::new("reason", "must not be empty"));
         }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::common::{self, Executor, Result};
+use super::common::{self, CheckResult, Executor};
 use crate::quantity::Quantity;
 use crate::validate::ValidationError;
 
@@ -49,7 +49,7 @@ impl Default for NodeRange {
 }
 
 impl NodeRange {
-    pub(crate) fn check(&self) -> Result {
+    pub(crate) fn check(&self) -> CheckResult {
         if self.min == 0 {
             return Err(ValidationError::new("min", "must be at least 1"));
         }
@@ -134,7 +134,7 @@ impl Default for InferenceServiceSpec {
 }
 
 impl InferenceServiceSpec {
-    pub(crate) fn check(&self) -> Result {
+    pub(crate) fn check(&self) -> CheckResult {
         common::object_name("model", &self.model)?;
         self.nodes.check().map_err(|e| e.under("nodes"))?;
         common::at_least_one("context", self.context)?;

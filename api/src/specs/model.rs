@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::common::{self, Result};
+use super::common::{self, CheckResult};
 use crate::quantity::Quantity;
 use crate::validate::ValidationError;
 
@@ -58,7 +58,7 @@ pub struct ModelSpec {
 }
 
 impl ModelSpec {
-    pub(crate) fn check(&self) -> Result {
+    pub(crate) fn check(&self) -> CheckResult {
         let source = &self.source;
         if source.path.is_none() && source.nodes.is_empty() {
             return Err(ValidationError::new(

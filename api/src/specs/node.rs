@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::common::{self, Result};
+use super::common::{self, CheckResult};
 use crate::validate::ValidationError;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,7 +21,7 @@ pub struct NodeSpec {
 }
 
 impl NodeSpec {
-    pub(crate) fn check(&self) -> Result {
+    pub(crate) fn check(&self) -> CheckResult {
         common::not_blank("address", self.address.as_deref())?;
         if let Some(addr) = &self.address
             && addr.chars().any(char::is_whitespace)

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::common::{self, Result};
+use super::common::{self, CheckResult};
 use crate::duration::parse_duration;
 use crate::name::validate_namespace;
 use crate::quantity::Quantity;
@@ -70,7 +70,7 @@ impl QueueSpec {
             .and_then(|d| parse_duration(d).ok())
     }
 
-    pub(crate) fn check(&self) -> Result {
+    pub(crate) fn check(&self) -> CheckResult {
         if self.weight == 0 {
             return Err(ValidationError::new("weight", "must be at least 1"));
         }

@@ -1,10 +1,10 @@
-//! Schedule: start TrainingJobs from a template on a cron schedule (tb's CronJob).
+//! Schedule: start TrainingJobs from a template on a cron schedule.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::common::Result;
+use super::common::CheckResult;
 use super::training::TrainingJobSpec;
 use crate::cron::CronSchedule;
 use crate::validate::{ValidationError, validate_annotations, validate_labels};
@@ -67,7 +67,7 @@ pub struct ScheduleSpec {
 
 impl ScheduleSpec {
     /// The parsed cron expression (always valid in a stored object).
-    pub fn cron(&self) -> std::result::Result<CronSchedule, String> {
+    pub fn cron(&self) -> Result<CronSchedule, String> {
         CronSchedule::parse(&self.schedule)
     }
 
@@ -81,7 +81,7 @@ impl ScheduleSpec {
             .unwrap_or(DEFAULT_FAILED_HISTORY)
     }
 
-    pub(crate) fn check(&self) -> Result {
+    pub(crate) fn check(&self) -> CheckResult {
         self.cron()
             .map_err(|m| ValidationError::new("schedule", m))?;
         if let Some(tz) = &self.time_zone {
@@ -100,7 +100,7 @@ impl ScheduleSpec {
 
 /// The shape of an IANA zone name (`UTC`, `Europe/Paris`, `America/Argentina/Buenos_Aires`,
 /// `Etc/GMT+5`). Whether the zone exists is for the controller's zone database to say.
-pub fn validate_time_zone(tz: &str) -> std::result::Result<(), String> {
+pub fn validate_time_zone(tz: &str) -> Result<(), String> {
     let part_ok = |p: &str| {
         p.starts_with(|c: char| c.is_ascii_alphabetic())
             && p.chars()

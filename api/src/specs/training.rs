@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::common::{self, Executor, Result};
+use super::common::{self, CheckResult, Executor};
 use crate::quantity::Quantity;
 use crate::validate::ValidationError;
 
@@ -134,7 +134,7 @@ impl TrainingJobSpec {
         self.backoff_limit.unwrap_or(DEFAULT_BACKOFF_LIMIT)
     }
 
-    pub(crate) fn check(&self) -> Result {
+    pub(crate) fn check(&self) -> CheckResult {
         common::optional_object_name("model", self.model.as_deref())?;
         if self.executor == Executor::Builtin && self.model.is_none() {
             return Err(ValidationError::new(
