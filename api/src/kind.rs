@@ -13,10 +13,11 @@ pub enum Kind {
     Queue,
     Node,
     Event,
+    Allocation,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Model,
         Kind::InferenceService,
         Kind::TrainingJob,
@@ -24,6 +25,7 @@ impl Kind {
         Kind::Queue,
         Kind::Node,
         Kind::Event,
+        Kind::Allocation,
     ];
 
     /// The canonical name, as written in `kind:`.
@@ -36,6 +38,7 @@ impl Kind {
             Kind::Queue => "Queue",
             Kind::Node => "Node",
             Kind::Event => "Event",
+            Kind::Allocation => "Allocation",
         }
     }
 
@@ -49,6 +52,7 @@ impl Kind {
             Kind::Queue => "queues",
             Kind::Node => "nodes",
             Kind::Event => "events",
+            Kind::Allocation => "allocations",
         }
     }
 
@@ -62,6 +66,7 @@ impl Kind {
             Kind::Queue => &["queue", "queues", "q"],
             Kind::Node => &["node", "nodes", "no"],
             Kind::Event => &["event", "events", "ev"],
+            Kind::Allocation => &["allocation", "allocations", "alloc", "allocs"],
         }
     }
 
@@ -87,7 +92,7 @@ impl fmt::Display for Kind {
 
 /// The kinds, as error messages list them.
 pub const KIND_LIST: &str =
-    "Model, InferenceService (isvc), TrainingJob (tj), Schedule, Queue, Node, Event";
+    "Model, InferenceService (isvc), TrainingJob (tj), Schedule, Queue, Node, Event, Allocation (alloc)";
 
 /// An unknown kind, with the list of known ones for the error message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -166,6 +166,31 @@ spec:
   taints: ["gpu=busy:NoSchedule"]
 "#
         }
+        Kind::Allocation => {
+            r#"
+apiVersion: tb/v1
+kind: Allocation
+metadata: {name: finetune-e1-r0, labels: {tb/job: finetune, tb/node: mac-studio-1}}
+spec:
+  job: {kind: TrainingJob, name: finetune, uid: 0a1b2c3d}
+  node: mac-studio-1
+  desired: run
+  rank: 0
+  worldSize: 2
+  epoch: 1
+  memoryBytes: 1073741824
+  executor: exec
+  command: [python3, train.py]
+  env: {OMP_NUM_THREADS: "4"}
+  workingDir: work
+  stopGraceSeconds: 30
+  mlx:
+    backend: jaccl
+    hosts: ["10.0.0.1:32323", "10.0.0.2:32323"]
+    coordinator: "10.0.0.1:32323"
+    ibvDevices: [[null, rdma_en3], [rdma_en3, null]]
+"#
+        }
         Kind::Event => {
             r#"
 apiVersion: tb/v1

@@ -73,6 +73,7 @@ fn kind_headers(kind: Kind) -> &'static [&'static str] {
         Kind::Queue => &["PRIORITY", "WEIGHT"],
         Kind::Node => &["READY", "MEMORY"],
         Kind::Event => &["TYPE", "REASON", "OBJECT", "COUNT", "MESSAGE"],
+        Kind::Allocation => &["JOB", "RANK", "EPOCH", "NODE", "DESIRED", "PHASE"],
     }
 }
 
@@ -115,6 +116,14 @@ fn kind_cells(kind: Kind, o: &Object) -> Vec<String> {
             involved_object(spec),
             cell(at(spec, &["count"])),
             cell(at(spec, &["message"])),
+        ],
+        Kind::Allocation => vec![
+            cell(at(spec, &["job", "name"])),
+            cell(at(spec, &["rank"])),
+            cell(at(spec, &["epoch"])),
+            cell(at(spec, &["node"])),
+            cell(at(spec, &["desired"])),
+            cell(at(status, &["phase"])),
         ],
     }
 }

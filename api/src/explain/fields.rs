@@ -179,6 +179,35 @@ const EVENT: &[Field] = &[
     f("source", "string", "", "The component that saw it, e.g. scheduler or nodelet/mac-studio-1."),
 ];
 
+const JOB_REF: &[Field] = &[
+    f("kind", "string", "required", "TrainingJob or InferenceService."),
+    f("name", "string", "required", "The job's name (same namespace)."),
+    f("uid", "string", "", "The job's uid, telling apart jobs that reused a name."),
+];
+
+const MLX_ASSIGNMENT: &[Field] = &[
+    f("backend", "string", "required", "ring, jaccl or jaccl-ring."),
+    f("hosts", "[]string", "required", "ip:port each rank listens on, in rank order (= ring order)."),
+    f("coordinator", "string", "", "Rank 0's ip:port for JACCL."),
+    f("ibvDevices", "[][]string", "", "JACCL's device matrix: row i, column j = RDMA device on rank i cabled to rank j."),
+];
+
+const ALLOCATION: &[Field] = &[
+    obj("job", "JobRef", "required", "The job this rank belongs to.", JOB_REF),
+    f("node", "string", "required", "The Node that runs it."),
+    f("rank", "integer", "required", "This rank, from 0."),
+    f("worldSize", "integer", "required", "How many ranks the job has."),
+    f("epoch", "integer", "required", "Which placement of the job this is; bumped on every restart or re-placement."),
+    f("desired", "string", "default run", "run or stop: a nodelet stops processes whose allocation says stop or is gone."),
+    f("memoryBytes", "integer", "", "Memory reserved on the node."),
+    f("executor", "string", "required", "builtin or exec."),
+    f("command", "[]string", "", "The process to run (exec)."),
+    f("env", "map[string]string", "", "Environment beyond the TB_* and MLX_* variables tb sets."),
+    f("workingDir", "string", "", "Working directory, relative to the allocation's directory."),
+    obj("mlx", "MlxAssignment", "", "The MLX distributed setup computed by the scheduler.", MLX_ASSIGNMENT),
+    f("stopGraceSeconds", "integer", "default 10", "Seconds between SIGTERM and SIGKILL."),
+];
+
 /// What each kind is for, and its spec.
 pub(super) fn kind_doc(kind: Kind) -> (&'static str, &'static [Field]) {
     match kind {
@@ -189,6 +218,7 @@ pub(super) fn kind_doc(kind: Kind) -> (&'static str, &'static [Field]) {
         Kind::Queue => ("A share of the cluster with a quota, a priority and a fair-share weight. Cluster-scoped.", QUEUE),
         Kind::Node => ("One Mac, registered by its nodelet, which reports capacity and links in status. Cluster-scoped.", NODE),
         Kind::Event => ("Something that happened to an object, written by tb.", EVENT),
+        Kind::Allocation => ("One rank of a job placed on one Mac; created by the scheduler, run by that Mac's nodelet.", ALLOCATION),
     }
 }
 

@@ -17,7 +17,7 @@ use crate::meta::ObjectMeta;
 use crate::object::{API_VERSION, Object};
 use crate::serde_util::render_path;
 use crate::specs::{
-    EventSpec, InferenceServiceSpec, ModelSpec, NodeSpec, QueueSpec, ScheduleSpec, Spec,
+    AllocationSpec, EventSpec, InferenceServiceSpec, ModelSpec, NodeSpec, QueueSpec, ScheduleSpec, Spec,
     TrainingJobSpec,
 };
 use crate::validate::{api_version_message, validate_object};
@@ -241,6 +241,7 @@ pub(crate) fn load_document(errors: &DocErrors<'_>) -> Result<Object, LocatedErr
         Kind::Queue => read_typed::<QueueSpec>(errors),
         Kind::Node => read_typed::<NodeSpec>(errors),
         Kind::Event => read_typed::<EventSpec>(errors),
+        Kind::Allocation => read_typed::<AllocationSpec>(errors),
     }?;
     validate_object(&object).map_err(|e| errors.at_path(&e.path, &e.message))
 }

@@ -71,7 +71,7 @@ fn unknown_kind_is_placed_at_the_value() {
     assert_eq!(
         load_error(&text),
         "job.yaml:2:7: kind: unknown kind \"Pod\"; expected one of Model, InferenceService (isvc), \
-         TrainingJob (tj), Schedule, Queue, Node, Event"
+         TrainingJob (tj), Schedule, Queue, Node, Event, Allocation (alloc)"
     );
 }
 

@@ -10,12 +10,13 @@ use crate::quantity::Quantity;
 use crate::validate::ValidationError;
 
 /// How a workload runs on each Mac.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Executor {
     /// tb's own engine runs the model shards.
     Builtin,
     /// tb supervises a process the user names in `command` (an MLX program, a training script).
+    #[default]
     Exec,
 }
 

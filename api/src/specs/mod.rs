@@ -1,6 +1,7 @@
 //! Typed specs, one module per kind. The store keeps specs as JSON; these types say what each
 //! kind accepts (unknown fields are errors), fill in defaults, and run the checks serde cannot.
 
+pub mod allocation;
 mod common;
 pub mod event;
 pub mod inference;
@@ -13,6 +14,7 @@ pub mod training;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+pub use allocation::{AllocationPhase, AllocationSpec, AllocationStatus, Desired, JobRef, MlxAssignment};
 pub use common::Executor;
 pub use event::{EventSpec, EventType, ObjectRef};
 pub use inference::{Endpoint, InferenceServiceSpec, NodeRange, Objective, Parallelism};
@@ -51,6 +53,7 @@ impl_spec! {
     QueueSpec => Queue,
     NodeSpec => Node,
     EventSpec => Event,
+    AllocationSpec => Allocation,
 }
 
 /// Reads and checks a stored or submitted spec; error paths start with `spec`. A missing spec
@@ -73,6 +76,7 @@ pub enum TypedSpec {
     Queue(QueueSpec),
     Node(NodeSpec),
     Event(EventSpec),
+    Allocation(AllocationSpec),
 }
 
 impl TypedSpec {
@@ -86,6 +90,7 @@ impl TypedSpec {
             Kind::Queue => TypedSpec::Queue(parse_spec(spec)?),
             Kind::Node => TypedSpec::Node(parse_spec(spec)?),
             Kind::Event => TypedSpec::Event(parse_spec(spec)?),
+            Kind::Allocation => TypedSpec::Allocation(parse_spec(spec)?),
         })
     }
 
@@ -101,6 +106,7 @@ impl TypedSpec {
             TypedSpec::Queue(s) => serde_json::to_value(s),
             TypedSpec::Node(s) => serde_json::to_value(s),
             TypedSpec::Event(s) => serde_json::to_value(s),
+            TypedSpec::Allocation(s) => serde_json::to_value(s),
         };
         result.unwrap_or(Value::Null)
     }
@@ -114,6 +120,7 @@ impl TypedSpec {
             TypedSpec::Queue(_) => Kind::Queue,
             TypedSpec::Node(_) => Kind::Node,
             TypedSpec::Event(_) => Kind::Event,
+            TypedSpec::Allocation(_) => Kind::Allocation,
         }
     }
 }

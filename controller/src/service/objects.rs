@@ -64,7 +64,8 @@ fn unexpected(r: Response) -> Status {
 fn parse_kind(kind: &str, field: &str) -> Result<Kind, Status> {
     Kind::parse(kind).ok_or_else(|| {
         Status::invalid_argument(format!(
-            "{field}: unknown kind {kind:?}; expected one of Model, InferenceService, TrainingJob, Schedule, Queue, Node, Event"
+            "{field}: unknown kind {kind:?}; expected one of {}",
+            tb_api::kind::KIND_LIST
         ))
     })
 }
@@ -120,9 +121,10 @@ impl Objects for ObjectsService {
         for (i, text) in req.objects_json.iter().enumerate() {
             let obj = tb_api::load::parse_object_json(text)
                 .map_err(|e| Status::invalid_argument(format!("objects[{i}]: {e}")))?;
-            if obj.kind == Kind::Event.as_str() {
+            if obj.kind == Kind::Event.as_str() || obj.kind == Kind::Allocation.as_str() {
                 return Err(Status::invalid_argument(format!(
-                    "objects[{i}]: kind: Events are recorded by tb, not applied"
+                    "objects[{i}]: kind: {}s are written by tb itself, not applied",
+                    obj.kind
                 )));
             }
             objects.push(obj);

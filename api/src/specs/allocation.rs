@@ -1,0 +1,208 @@
+//! Allocation: one rank of a job, placed on one Mac. The scheduler creates allocations (all
+//! ranks of a job or none), the nodelet of that Mac runs them and writes their status.
+//!
+//! An allocation never moves: re-placing a job creates new allocations with a higher `epoch`,
+//! and a nodelet stops any process whose allocation is gone or marked `desired: stop` — so a
+//! Mac that was cut off and comes back cannot run stale ranks beside their replacements.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::common::{CheckResult, Executor};
+use super::training::Backend;
+use crate::validate::ValidationError;
+
+/// Labels every allocation carries, so a nodelet can watch its own and a job find its ranks.
+pub const LABEL_JOB: &str = "tb/job";
+pub const LABEL_JOB_KIND: &str = "tb/job-kind";
+pub const LABEL_NODE: &str = "tb/node";
+
+/// What the scheduler wants of the allocation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Desired {
+    #[default]
+    Run,
+    /// Stop the process (SIGTERM, grace, SIGKILL) and report how it ended.
+    Stop,
+}
+
+/// The job an allocation belongs to (same namespace).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JobRef {
+    pub kind: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uid: String,
+}
+
+/// How the ranks find each other through MLX's distributed backends.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MlxAssignment {
+    pub backend: Backend,
+    /// `ip:port` each rank listens on, in rank order (= ring order).
+    pub hosts: Vec<String>,
+    /// Rank 0's `ip:port` for JACCL's all-gather.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator: Option<String>,
+    /// JACCL's device matrix: row i, column j = RDMA device on rank i cabled to rank j.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ibv_devices: Option<Vec<Vec<Option<String>>>>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AllocationSpec {
+    pub job: JobRef,
+    pub node: String,
+    pub rank: u32,
+    pub world_size: u32,
+    /// Bumped each time the job's gang is (re)placed.
+    pub epoch: u64,
+    #[serde(default)]
+    pub desired: Desired,
+    /// Memory reserved on the node, in bytes.
+    #[serde(default)]
+    pub memory_bytes: u64,
+    pub executor: Executor,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlx: Option<MlxAssignment>,
+    /// Seconds between SIGTERM and SIGKILL when stopping.
+    #[serde(default = "default_grace")]
+    pub stop_grace_seconds: u64,
+}
+
+fn default_grace() -> u64 {
+    10
+}
+
+impl AllocationSpec {
+    pub(crate) fn check(&self) -> CheckResult {
+        if self.world_size == 0 {
+            return Err(ValidationError::new("worldSize", "must be at least 1"));
+        }
+        if self.rank >= self.world_size {
+            return Err(ValidationError::new(
+                "rank",
+                format!("{} is not below worldSize {}", self.rank, self.world_size),
+            ));
+        }
+        if self.node.trim().is_empty() {
+            return Err(ValidationError::new("node", "must name a Node"));
+        }
+        if self.executor == Executor::Exec && self.command.is_empty() {
+            return Err(ValidationError::new("command", "the exec executor needs a command"));
+        }
+        Ok(())
+    }
+}
+
+/// Where an allocation's process is in its life. Written by the nodelet, and by the
+/// controller only for `Lost` (the node stopped answering).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AllocationPhase {
+    #[default]
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    /// Stopped on request (`desired: stop`).
+    Stopped,
+    /// Its node stopped answering; the process may still exist, fenced by the epoch.
+    Lost,
+}
+
+impl AllocationPhase {
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, AllocationPhase::Pending | AllocationPhase::Running)
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationStatus {
+    #[serde(default)]
+    pub phase: AllocationPhase,
+    /// CamelCase cause, e.g. `ExecNotFound`, `Error`, `NodeLost`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub started_at: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub finished_at: String,
+}
+
+impl AllocationStatus {
+    /// Reads a stored status; anything unreadable counts as Pending.
+    pub fn from_value(v: &serde_json::Value) -> AllocationStatus {
+        serde_json::from_value(v.clone()).unwrap_or_default()
+    }
+
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
+/// An allocation's name: job, epoch and rank, kept within DNS-1123's 253 characters.
+pub fn allocation_name(job: &str, epoch: u64, rank: u32) -> String {
+    let suffix = format!("-e{epoch}-r{rank}");
+    let keep = 253usize.saturating_sub(suffix.len()).min(job.len());
+    format!("{}{suffix}", &job[..keep])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_fit_and_sort_by_epoch_then_rank() {
+        assert_eq!(allocation_name("train", 3, 1), "train-e3-r1");
+        assert!(allocation_name(&"a".repeat(300), 1, 0).len() <= 253);
+    }
+
+    #[test]
+    fn status_round_trips_and_unknown_reads_as_pending() {
+        let s = AllocationStatus {
+            phase: AllocationPhase::Failed,
+            exit_code: Some(1),
+            reason: "Error".into(),
+            ..Default::default()
+        };
+        assert_eq!(AllocationStatus::from_value(&s.to_value()), s);
+        assert_eq!(AllocationStatus::from_value(&serde_json::json!("junk")).phase, AllocationPhase::Pending);
+        assert!(AllocationPhase::Lost.is_terminal());
+        assert!(!AllocationPhase::Running.is_terminal());
+    }
+
+    #[test]
+    fn rank_must_be_below_world_size() {
+        let spec = AllocationSpec {
+            job: JobRef { kind: "TrainingJob".into(), name: "j".into(), uid: String::new() },
+            node: "mac1".into(),
+            rank: 2,
+            world_size: 2,
+            epoch: 1,
+            executor: Executor::Exec,
+            command: vec!["true".into()],
+            ..Default::default()
+        };
+        assert_eq!(spec.check().unwrap_err().path, "rank");
+    }
+}
