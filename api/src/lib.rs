@@ -16,6 +16,7 @@ pub mod quantity;
 pub mod selector;
 mod serde_util;
 pub mod specs;
+pub mod status;
 pub mod validate;
 
 #[cfg(test)]

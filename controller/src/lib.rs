@@ -4,6 +4,8 @@
 pub mod interceptor;
 pub mod metrics;
 pub mod raft;
+pub mod reconciler;
+pub mod scheduler;
 pub mod server;
 pub mod service;
 pub mod store;

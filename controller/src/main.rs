@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
+use chrono::TimeDelta;
 use tb_controller::raft::RaftOptions;
+use tb_controller::scheduler::SchedulerConfig;
 use tb_controller::server::{ServerOptions, parse_initial_cluster, run};
 
 #[derive(Parser, Debug)]
@@ -45,6 +47,15 @@ struct Args {
     /// Raft heartbeat interval in milliseconds (elections time out after 5–10 heartbeats).
     #[arg(long, default_value_t = 100)]
     heartbeat_ms: u64,
+    /// A Node without heartbeats this long (ms) is NotReady and its allocations Lost.
+    #[arg(long, default_value_t = 10_000)]
+    node_grace_ms: u64,
+    /// First delay (ms) before a failed gang is restarted; doubles per restart.
+    #[arg(long, default_value_t = 10_000)]
+    backoff_base_ms: u64,
+    /// Longest delay (ms) between gang restarts.
+    #[arg(long, default_value_t = 300_000)]
+    backoff_cap_ms: u64,
 }
 
 fn init_logging(format: &str) {
@@ -80,6 +91,12 @@ async fn main() -> anyhow::Result<()> {
             election_timeout_max_ms: args.heartbeat_ms * 10,
             snapshot_every: args.snapshot_every,
             keep_after_snapshot: args.keep_after_snapshot,
+        },
+        scheduler: SchedulerConfig {
+            node_grace: TimeDelta::milliseconds(args.node_grace_ms as i64),
+            backoff_base: TimeDelta::milliseconds(args.backoff_base_ms as i64),
+            backoff_cap: TimeDelta::milliseconds(args.backoff_cap_ms as i64),
+            ..SchedulerConfig::default()
         },
     };
     run(opts).await.context("tb-controller")

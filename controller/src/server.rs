@@ -8,12 +8,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tb_api::proto::cluster_server::ClusterServer;
+use tb_api::proto::nodes_server::NodesServer;
 use tb_api::proto::objects_server::ObjectsServer;
 use tb_api::proto::raft_server::RaftServer;
 
 use crate::interceptor::RpcLayer;
 use crate::raft::{MAX_MESSAGE, NodeId, RaftNode, RaftOptions, RaftService};
 use crate::service::cluster::ClusterService;
+use crate::service::nodes::NodesService;
 use crate::service::objects::ObjectsService;
 
 /// The largest request a client may send.
@@ -32,6 +34,7 @@ pub struct ServerOptions {
     pub join: bool,
     pub metrics_listen: Option<SocketAddr>,
     pub raft: RaftOptions,
+    pub scheduler: crate::scheduler::SchedulerConfig,
 }
 
 /// Parse `1=HOST:PORT,2=HOST:PORT`.
@@ -86,6 +89,10 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         .max_decoding_message_size(MAX_REQUEST)
         .max_encoding_message_size(MAX_MESSAGE);
     let cluster = ClusterServer::new(ClusterService::new(node.clone()));
+    // Nodelets heartbeat five times per grace period.
+    let heartbeat_ms = (opts.scheduler.node_grace.num_milliseconds() / 5).max(200) as u64;
+    let nodes = NodesServer::new(NodesService::new(node.clone(), heartbeat_ms))
+        .max_decoding_message_size(MAX_REQUEST);
     let raft = RaftServer::new(RaftService::new(node.clone()))
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
@@ -96,6 +103,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         .layer(RpcLayer)
         .add_service(objects)
         .add_service(cluster)
+        .add_service(nodes)
         .add_service(raft)
         .serve_with_incoming_shutdown(incoming, async move {
             shutdown_signal().await;
@@ -117,6 +125,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         };
         node.bootstrap(&members).await.context("forming the cluster")?;
     }
+    tokio::spawn(crate::reconciler::run(node.clone(), opts.scheduler.clone()));
     tracing::info!(id = opts.id, listen = %opts.listen, advertise = %opts.advertise, "tb-controller serving");
 
     let result = server.await.context("server task")?;

@@ -1,6 +1,7 @@
 //! The gRPC services a controller serves to users, nodelets and other controllers.
 
 pub mod cluster;
+pub mod nodes;
 pub mod objects;
 
 use tonic::Status;

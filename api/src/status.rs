@@ -1,0 +1,230 @@
+//! Typed status of jobs and nodes: what the scheduler writes on TrainingJobs and
+//! InferenceServices, and what a nodelet reports on its Node. Shared by the controller (which
+//! writes and reads them), the nodelet and tbctl (which show them).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::meta::Condition;
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum JobPhase {
+    /// Waiting to be placed (no capacity, or backing off before a restart).
+    #[default]
+    Pending,
+    /// Placed: allocations exist, not every rank runs yet.
+    Scheduled,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl JobPhase {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobPhase::Succeeded | JobPhase::Failed)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobPhase::Pending => "Pending",
+            JobPhase::Scheduled => "Scheduled",
+            JobPhase::Running => "Running",
+            JobPhase::Succeeded => "Succeeded",
+            JobPhase::Failed => "Failed",
+        }
+    }
+}
+
+/// One rank's place.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RankPlacement {
+    pub rank: u32,
+    pub node: String,
+    pub allocation: String,
+}
+
+/// Status of a TrainingJob or InferenceService, written by the scheduler.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobStatus {
+    #[serde(default)]
+    pub phase: JobPhase,
+    #[serde(default)]
+    pub observed_generation: u64,
+    /// The current placement's epoch (0: never placed).
+    #[serde(default)]
+    pub epoch: u64,
+    /// Gang restarts after a failure.
+    #[serde(default)]
+    pub restarts: u32,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub start_time: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub completion_time: String,
+    /// Not before this time will a failed gang be placed again.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub next_retry_time: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placement: Vec<RankPlacement>,
+    /// The Macs it runs on, in rank order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+impl JobStatus {
+    /// Reads a stored status; an empty or unreadable one is a fresh Pending status.
+    pub fn from_value(v: &Value) -> JobStatus {
+        serde_json::from_value(v.clone()).unwrap_or_default()
+    }
+
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    /// Set a condition, keeping its transition time when its status does not change.
+    pub fn set_condition(&mut self, type_: &str, status: bool, reason: &str, message: &str, now: &str) {
+        set_condition(&mut self.conditions, type_, status, reason, message, now);
+    }
+}
+
+/// Set a condition in a list, keeping `lastTransitionTime` when the status stays the same.
+pub fn set_condition(conditions: &mut Vec<Condition>, type_: &str, status: bool, reason: &str, message: &str, now: &str) {
+    let status = if status { "True" } else { "False" };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) => {
+            if c.status != status {
+                c.last_transition_time = now.to_string();
+            }
+            c.status = status.to_string();
+            c.reason = reason.to_string();
+            c.message = message.to_string();
+        }
+        None => conditions.push(Condition {
+            type_: type_.to_string(),
+            status: status.to_string(),
+            reason: reason.to_string(),
+            message: message.to_string(),
+            last_transition_time: now.to_string(),
+        }),
+    }
+}
+
+/// What a Mac has, as its nodelet measured it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCapacity {
+    /// Total memory, as a quantity (e.g. `64Gi`), for people.
+    #[serde(default)]
+    pub memory: String,
+    #[serde(default)]
+    pub memory_bytes: u64,
+    /// What tb may hand out: total less a reserve for macOS and everything else.
+    #[serde(default)]
+    pub allocatable_bytes: u64,
+    #[serde(default)]
+    pub chip: String,
+    #[serde(default)]
+    pub cpu_cores: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_cores: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bandwidth_gbps: Option<f64>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub hardware_model: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub os: String,
+}
+
+/// Ports a nodelet hands to ranks (MLX ring listeners, coordinators).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortRange {
+    pub start: u16,
+    /// Inclusive.
+    pub end: u16,
+}
+
+/// Status of a Node, written by its nodelet (the controller stamps `lastHeartbeatTime`, and
+/// marks Ready False when heartbeats stop).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    /// Where the nodelet serves (logs), `host:port`.
+    #[serde(default)]
+    pub address: String,
+    #[serde(default)]
+    pub capacity: NodeCapacity,
+    /// Memory free right now, as the OS reports it.
+    #[serde(default)]
+    pub free_bytes: u64,
+    /// Memory reserved by the allocations the nodelet runs.
+    #[serde(default)]
+    pub allocated_bytes: u64,
+    #[serde(default)]
+    pub port_range: PortRange,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub nodelet_version: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_heartbeat_time: String,
+    /// Allocations running here, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allocations: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+impl NodeStatus {
+    pub fn from_value(v: &Value) -> NodeStatus {
+        serde_json::from_value(v.clone()).unwrap_or_default()
+    }
+
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+    }
+
+    /// The host part of the nodelet's address: where this Mac's ranks listen.
+    pub fn host(&self) -> &str {
+        self.address.rsplit_once(':').map(|(h, _)| h).unwrap_or(&self.address)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conditions_keep_transition_time_while_unchanged() {
+        let mut s = JobStatus::default();
+        s.set_condition("Complete", false, "Running", "", "t1");
+        s.set_condition("Complete", false, "Running", "still", "t2");
+        assert_eq!(s.condition("Complete").map(|c| c.last_transition_time.as_str()), Some("t1"));
+        s.set_condition("Complete", true, "Succeeded", "", "t3");
+        assert_eq!(s.condition("Complete").map(|c| c.last_transition_time.as_str()), Some("t3"));
+    }
+
+    #[test]
+    fn statuses_read_leniently() {
+        assert_eq!(JobStatus::from_value(&Value::Null).phase, JobPhase::Pending);
+        let n = NodeStatus {
+            address: "10.0.0.2:7601".into(),
+            ..Default::default()
+        };
+        assert_eq!(NodeStatus::from_value(&n.to_value()).host(), "10.0.0.2");
+        assert!(!n.is_ready());
+    }
+}

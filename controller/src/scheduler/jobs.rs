@@ -1,0 +1,465 @@
+//! Job lifecycle for TrainingJobs and InferenceServices run by the exec executor:
+//! Pending → Scheduled → Running → Succeeded | Failed.
+//!
+//! A job's ranks are a gang: placed all together (one allocation each, sharing an epoch), and
+//! when one fails the whole gang is stopped and placed again under a new epoch, after an
+//! exponential backoff, until `backoffLimit`. InferenceServices restart forever. A job whose
+//! Mac is lost is placed again at once.
+
+use std::collections::BTreeMap;
+
+use tb_api::specs::{
+    AllocationPhase, AllocationSpec, Backend, Desired, Executor, InferenceServiceSpec, JobRef, MlxAssignment,
+    TrainingJobSpec, allocation, parse_spec,
+};
+use tb_api::status::{JobPhase, JobStatus, RankPlacement};
+use tb_api::{Kind, Object, ObjectKey, ObjectMeta};
+
+use super::placement::{GangRequest, RankSlot, place};
+use super::view::{Alloc, ClusterView};
+use super::{Clock, SchedulerConfig, event, parse_time};
+use crate::store::{Plan, PlanWrite};
+
+/// What the scheduler needs from either kind of job.
+struct JobShape {
+    kind: Kind,
+    executor: Executor,
+    ranks: u32,
+    memory_bytes: u64,
+    command: Vec<String>,
+    env: BTreeMap<String, String>,
+    working_dir: Option<String>,
+    backend: Backend,
+    node_selector: BTreeMap<String, String>,
+    exclusive: bool,
+    /// None: restart forever (services).
+    backoff_limit: Option<u32>,
+    active_deadline_seconds: Option<u64>,
+    ttl_seconds_after_finished: Option<u64>,
+}
+
+fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
+    match job.kind()? {
+        Kind::TrainingJob => {
+            let s: TrainingJobSpec = parse_spec(&job.spec).ok()?;
+            Some(JobShape {
+                kind: Kind::TrainingJob,
+                executor: s.executor,
+                ranks: s.ranks,
+                memory_bytes: s.memory.as_ref().map_or(cfg.default_memory_bytes, |q| q.bytes()),
+                backoff_limit: Some(s.backoff_limit()),
+                command: s.command,
+                env: s.env,
+                working_dir: s.working_dir,
+                backend: s.backend,
+                node_selector: s.node_selector,
+                exclusive: s.exclusive,
+                active_deadline_seconds: s.active_deadline_seconds,
+                ttl_seconds_after_finished: s.ttl_seconds_after_finished,
+            })
+        }
+        Kind::InferenceService => {
+            let s: InferenceServiceSpec = parse_spec(&job.spec).ok()?;
+            Some(JobShape {
+                kind: Kind::InferenceService,
+                executor: s.executor,
+                ranks: s.nodes.min,
+                memory_bytes: s.memory.as_ref().map_or(cfg.default_memory_bytes, |q| q.bytes()),
+                command: s.command,
+                env: s.env,
+                working_dir: None,
+                backend: Backend::Ring,
+                node_selector: s.node_selector,
+                exclusive: false,
+                backoff_limit: None,
+                active_deadline_seconds: None,
+                ttl_seconds_after_finished: None,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Reasons a rank can end with that no retry will fix.
+const PERMANENT: &[&str] = &["ExecNotFound", "ExecPermissionDenied", "InvalidSpec"];
+
+/// Reconcile one job against the cluster; placements it makes are taken out of `view` so the
+/// next job in the same pass sees them.
+pub fn reconcile_job(job: &Object, view: &mut ClusterView, clock: &Clock, cfg: &SchedulerConfig) -> Option<Plan> {
+    let shape = shape(job, cfg)?;
+    let mut status = JobStatus::from_value(&job.status);
+    let before = status.clone();
+    let mut plan = Plan::default();
+    plan.guards.push((job.key(), job.metadata.resource_version));
+    let kind = shape.kind.as_str();
+    let ns = job.metadata.namespace.as_str();
+    let name = job.metadata.name.as_str();
+
+    let (current, stale): (Vec<Alloc>, Vec<Alloc>) = view
+        .allocations_of(ns, kind, name)
+        .cloned()
+        .partition(|a| a.spec.epoch == status.epoch && status.epoch > 0 && a.spec.job.uid == job.metadata.uid);
+    for a in &stale {
+        retire(a, &mut plan);
+    }
+
+    if shape.executor == Executor::Builtin {
+        status.phase = JobPhase::Pending;
+        status.reason = "ExecutorUnavailable".into();
+        status.message = "the built-in executor is not part of this release; use executor: exec".into();
+        return finish(job, status, &before, plan);
+    }
+
+    if status.phase.is_terminal() {
+        for a in &current {
+            stop(a, &mut plan);
+        }
+        if let (Some(ttl), Some(done)) = (shape.ttl_seconds_after_finished, parse_time(&status.completion_time))
+            && clock.now >= done + chrono::TimeDelta::seconds(ttl as i64)
+        {
+            for a in view.allocations_of(ns, kind, name) {
+                plan.guards.push((a.object.key(), a.object.metadata.resource_version));
+                plan.writes.push(PlanWrite::Delete { key: a.object.key() });
+            }
+            plan.writes.push(PlanWrite::Delete { key: job.key() });
+            plan.events.push(event(job, false, "Deleted", &format!("finished {ttl}s ago (ttlSecondsAfterFinished)")));
+            return Some(plan);
+        }
+        return finish(job, status, &before, plan);
+    }
+
+    if let (Some(deadline), Some(start)) = (shape.active_deadline_seconds, parse_time(&status.start_time))
+        && clock.now >= start + chrono::TimeDelta::seconds(deadline as i64)
+    {
+        for a in &current {
+            stop(a, &mut plan);
+        }
+        let message = format!("ran longer than activeDeadlineSeconds ({deadline}s)");
+        fail(&mut status, "DeadlineExceeded", &message, clock);
+        plan.events.push(event(job, true, "DeadlineExceeded", &message));
+        return finish(job, status, &before, plan);
+    }
+
+    let spec_changed = status.epoch > 0 && status.observed_generation != job.metadata.generation;
+    let live: Vec<&Alloc> = current.iter().filter(|a| a.spec.desired == Desired::Run).collect();
+    if spec_changed && !live.is_empty() {
+        for a in &current {
+            stop(a, &mut plan);
+        }
+        status.phase = JobPhase::Pending;
+        status.reason = "SpecChanged".into();
+        status.message = format!("generation {} replaces the running ranks", job.metadata.generation);
+        status.next_retry_time.clear();
+        plan.events.push(event(job, false, "SpecChanged", &status.message));
+    } else if !live.is_empty() {
+        gang_progress(job, &shape, &current, &mut status, &mut plan, clock, cfg);
+        if status.phase.is_terminal() {
+            return finish(job, status, &before, plan);
+        }
+    }
+
+    // Place when nothing of the current epoch is meant to run and any backoff has passed.
+    let running_wanted = current.iter().any(|a| a.spec.desired == Desired::Run) && !plan_stops_all(&plan, &current);
+    let backoff_over = parse_time(&status.next_retry_time).is_none_or(|t| clock.now >= t);
+    if !running_wanted && backoff_over && status.phase == JobPhase::Pending {
+        let req = GangRequest {
+            ranks: shape.ranks,
+            memory_bytes: shape.memory_bytes,
+            node_selector: shape.node_selector.clone(),
+            exclusive: shape.exclusive,
+        };
+        match place(&req, &view.nodes) {
+            Ok(slots) => {
+                let epoch = status.epoch + 1;
+                create_gang(job, &shape, &slots, epoch, view, &mut plan);
+                status.epoch = epoch;
+                status.phase = JobPhase::Scheduled;
+                status.reason = "Scheduled".into();
+                status.message = String::new();
+                status.next_retry_time.clear();
+                status.observed_generation = job.metadata.generation;
+                if status.start_time.is_empty() {
+                    status.start_time = clock.stamp.clone();
+                }
+                status.placement = slots
+                    .iter()
+                    .enumerate()
+                    .map(|(rank, s)| RankPlacement {
+                        rank: rank as u32,
+                        node: s.node.clone(),
+                        allocation: allocation::allocation_name(name, epoch, rank as u32),
+                    })
+                    .collect();
+                status.nodes = slots.iter().map(|s| s.node.clone()).collect();
+                status.set_condition("Scheduled", true, "Scheduled", "", &clock.stamp);
+                let message = format!("epoch {epoch}: {} rank(s) on {}", slots.len(), status.nodes.join(","));
+                plan.events.push(event(job, false, "Scheduled", &message));
+            }
+            Err(why) => {
+                status.reason = "Unschedulable".into();
+                if status.message != why.message {
+                    plan.events.push(event(job, true, "FailedScheduling", &why.message));
+                }
+                status.message = why.message;
+                status.set_condition("Scheduled", false, "Unschedulable", &status.message.clone(), &clock.stamp);
+            }
+        }
+    }
+    finish(job, status, &before, plan)
+}
+
+/// Follow the current gang: all running, all done, or one failed.
+fn gang_progress(
+    job: &Object,
+    shape: &JobShape,
+    current: &[Alloc],
+    status: &mut JobStatus,
+    plan: &mut Plan,
+    clock: &Clock,
+    cfg: &SchedulerConfig,
+) {
+    let world = shape.ranks as usize;
+    let phase_count = |p: AllocationPhase| current.iter().filter(|a| a.status.phase == p).count();
+    let failed = current
+        .iter()
+        .filter(|a| matches!(a.status.phase, AllocationPhase::Failed | AllocationPhase::Lost | AllocationPhase::Stopped))
+        .min_by_key(|a| a.spec.rank);
+    let succeeded_service = shape.kind == Kind::InferenceService && phase_count(AllocationPhase::Succeeded) > 0;
+
+    if let Some(a) = failed.or_else(|| {
+        // A service that exits, even cleanly, is down: treat as a failure to restart.
+        if succeeded_service {
+            current.iter().find(|a| a.status.phase == AllocationPhase::Succeeded)
+        } else {
+            None
+        }
+    }) {
+        for c in current {
+            stop(c, plan);
+        }
+        let lost = a.status.phase == AllocationPhase::Lost;
+        let what = describe_end(a);
+        if PERMANENT.contains(&a.status.reason.as_str()) {
+            let message = format!("rank {} on {}: {}", a.spec.rank, a.spec.node, what);
+            fail(status, &a.status.reason, &message, clock);
+            plan.events.push(event(job, true, &a.status.reason, &message));
+            return;
+        }
+        if lost {
+            // Losing a Mac is not the job's fault: place again now, without using a retry.
+            status.phase = JobPhase::Pending;
+            status.reason = "NodeLost".into();
+            status.message = format!("rank {} lost with node {}; placing the gang again", a.spec.rank, a.spec.node);
+            status.next_retry_time.clear();
+            plan.events.push(event(job, true, "NodeLost", &status.message.clone()));
+            return;
+        }
+        status.restarts += 1;
+        if let Some(limit) = shape.backoff_limit
+            && status.restarts > limit
+        {
+            let message = format!(
+                "rank {} on {}: {}; backoffLimit {limit} reached",
+                a.spec.rank, a.spec.node, what
+            );
+            fail(status, "BackoffLimitExceeded", &message, clock);
+            plan.events.push(event(job, true, "BackoffLimitExceeded", &message));
+            return;
+        }
+        let delay = backoff(status.restarts, cfg);
+        status.phase = JobPhase::Pending;
+        status.reason = "BackOff".into();
+        status.message = format!(
+            "rank {} on {}: {}; restarting the gang in {}s (restart {})",
+            a.spec.rank,
+            a.spec.node,
+            what,
+            delay.num_milliseconds() as f64 / 1000.0,
+            status.restarts
+        );
+        status.next_retry_time = super::stamp(clock.now + delay);
+        plan.events.push(event(job, true, "BackOff", &status.message.clone()));
+        return;
+    }
+
+    if shape.kind == Kind::TrainingJob && phase_count(AllocationPhase::Succeeded) == world && current.len() == world {
+        status.phase = JobPhase::Succeeded;
+        status.reason = "Succeeded".into();
+        status.message = format!("all {world} rank(s) exited 0");
+        status.completion_time = clock.stamp.clone();
+        status.set_condition("Complete", true, "Succeeded", &status.message.clone(), &clock.stamp);
+        plan.events.push(event(job, false, "Completed", &status.message.clone()));
+        return;
+    }
+    let running = phase_count(AllocationPhase::Running) + phase_count(AllocationPhase::Succeeded);
+    if running == world && status.phase != JobPhase::Running {
+        status.phase = JobPhase::Running;
+        status.reason = "Running".into();
+        status.message = format!("all {world} rank(s) running");
+        if shape.kind == Kind::InferenceService {
+            status.set_condition("Ready", true, "Running", "", &clock.stamp);
+        }
+        plan.events.push(event(job, false, "Started", &status.message.clone()));
+    }
+}
+
+fn describe_end(a: &Alloc) -> String {
+    let s = &a.status;
+    let how = match (s.exit_code, s.signal) {
+        (_, Some(sig)) => format!("killed by signal {sig}"),
+        (Some(code), None) => format!("exited with code {code}"),
+        (None, None) => s.phase_str().to_string(),
+    };
+    if s.message.is_empty() {
+        how
+    } else {
+        format!("{how} ({})", s.message)
+    }
+}
+
+trait PhaseStr {
+    fn phase_str(&self) -> &'static str;
+}
+
+impl PhaseStr for tb_api::specs::AllocationStatus {
+    fn phase_str(&self) -> &'static str {
+        match self.phase {
+            AllocationPhase::Pending => "pending",
+            AllocationPhase::Running => "running",
+            AllocationPhase::Succeeded => "succeeded",
+            AllocationPhase::Failed => "failed",
+            AllocationPhase::Stopped => "stopped",
+            AllocationPhase::Lost => "lost",
+        }
+    }
+}
+
+fn fail(status: &mut JobStatus, reason: &str, message: &str, clock: &Clock) {
+    status.phase = JobPhase::Failed;
+    status.reason = reason.to_string();
+    status.message = message.to_string();
+    status.completion_time = clock.stamp.clone();
+    status.next_retry_time.clear();
+    status.set_condition("Failed", true, reason, message, &clock.stamp);
+}
+
+/// 10 s, doubling, capped (the base and cap are configurable for tests).
+fn backoff(restarts: u32, cfg: &SchedulerConfig) -> chrono::TimeDelta {
+    let factor = 1i32.checked_shl(restarts.saturating_sub(1).min(20)).unwrap_or(i32::MAX);
+    (cfg.backoff_base * factor).min(cfg.backoff_cap)
+}
+
+/// Ask the nodelet to stop a rank (kept until it reports how the process ended).
+fn stop(a: &Alloc, plan: &mut Plan) {
+    if a.spec.desired == Desired::Stop || a.status.phase.is_terminal() || plan_touches(plan, &a.object.key()) {
+        return;
+    }
+    let mut obj = (*a.object).clone();
+    let mut spec = a.spec.clone();
+    spec.desired = Desired::Stop;
+    obj.spec = serde_json::to_value(&spec).unwrap_or_default();
+    plan.guards.push((a.object.key(), a.object.metadata.resource_version));
+    plan.writes.push(PlanWrite::Put(obj));
+}
+
+/// An allocation of an older epoch: stopped, then deleted once it has ended.
+fn retire(a: &Alloc, plan: &mut Plan) {
+    if a.status.phase.is_terminal() {
+        plan.guards.push((a.object.key(), a.object.metadata.resource_version));
+        plan.writes.push(PlanWrite::Delete { key: a.object.key() });
+    } else {
+        stop(a, plan);
+    }
+}
+
+fn plan_touches(plan: &Plan, key: &ObjectKey) -> bool {
+    plan.guards.iter().any(|(k, _)| k == key)
+}
+
+fn plan_stops_all(plan: &Plan, current: &[Alloc]) -> bool {
+    current
+        .iter()
+        .filter(|a| a.spec.desired == Desired::Run && !a.status.phase.is_terminal())
+        .all(|a| plan_touches(plan, &a.object.key()))
+}
+
+fn create_gang(job: &Object, shape: &JobShape, slots: &[RankSlot], epoch: u64, view: &mut ClusterView, plan: &mut Plan) {
+    let host = |node: &str| {
+        view.nodes
+            .get(node)
+            .map(|n| n.status.host().to_string())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "127.0.0.1".into())
+    };
+    let hosts: Vec<String> = slots.iter().map(|s| format!("{}:{}", host(&s.node), s.port)).collect();
+    let mlx = MlxAssignment {
+        backend: shape.backend,
+        coordinator: match shape.backend {
+            Backend::Ring => None,
+            _ => hosts.first().cloned(),
+        },
+        hosts,
+        ibv_devices: None,
+    };
+    let name = job.metadata.name.as_str();
+    for (rank, slot) in slots.iter().enumerate() {
+        let rank = rank as u32;
+        let spec = AllocationSpec {
+            job: JobRef {
+                kind: shape.kind.as_str().into(),
+                name: name.into(),
+                uid: job.metadata.uid.clone(),
+            },
+            node: slot.node.clone(),
+            rank,
+            world_size: shape.ranks,
+            epoch,
+            desired: Desired::Run,
+            memory_bytes: shape.memory_bytes,
+            executor: shape.executor,
+            command: shape.command.clone(),
+            env: shape.env.clone(),
+            working_dir: shape.working_dir.clone(),
+            mlx: Some(mlx.clone()),
+            stop_grace_seconds: 10,
+        };
+        let labels = BTreeMap::from([
+            (allocation::LABEL_JOB.to_string(), name.to_string()),
+            (allocation::LABEL_JOB_KIND.to_string(), shape.kind.as_str().to_ascii_lowercase()),
+            (allocation::LABEL_NODE.to_string(), slot.node.clone()),
+        ]);
+        let obj = Object {
+            api_version: tb_api::API_VERSION.into(),
+            kind: Kind::Allocation.as_str().into(),
+            metadata: ObjectMeta {
+                name: allocation::allocation_name(name, epoch, rank),
+                namespace: job.metadata.namespace.clone(),
+                labels,
+                ..Default::default()
+            },
+            spec: serde_json::to_value(&spec).unwrap_or_default(),
+            status: serde_json::Value::Null,
+        };
+        plan.guards.push((obj.key(), 0));
+        plan.writes.push(PlanWrite::Put(obj));
+        if let Some(n) = view.nodes.get_mut(&slot.node) {
+            n.free_bytes = n.free_bytes.saturating_sub(shape.memory_bytes);
+            n.used_ports.insert(slot.port);
+        }
+    }
+}
+
+/// Write the status if it changed; a plan with nothing to do is no plan.
+fn finish(job: &Object, status: JobStatus, before: &JobStatus, mut plan: Plan) -> Option<Plan> {
+    if &status != before {
+        plan.writes.push(PlanWrite::Status {
+            key: job.key(),
+            status: status.to_value(),
+        });
+    }
+    if plan.writes.is_empty() && plan.events.is_empty() {
+        None
+    } else {
+        Some(plan)
+    }
+}

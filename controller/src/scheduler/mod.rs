@@ -1,0 +1,156 @@
+//! The scheduler: pure functions from a snapshot of the store and the time to plans — which
+//! Node is NotReady, which allocations are Lost, where each job's gang goes and how its status
+//! moves. The reconciler loop commits the plans through Raft; nodelets act on them.
+
+pub mod jobs;
+pub mod nodes;
+pub mod placement;
+pub mod view;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use serde_json::json;
+use tb_api::specs::Desired;
+use tb_api::{Kind, Object, ObjectMeta};
+
+use crate::store::{Plan, PlanWrite, State};
+use view::ClusterView;
+
+/// Scheduler settings (shortened in tests).
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// A Node without heartbeats this long is NotReady, and its allocations Lost.
+    pub node_grace: TimeDelta,
+    /// First gang-restart delay; doubles per restart up to `backoff_cap`.
+    pub backoff_base: TimeDelta,
+    pub backoff_cap: TimeDelta,
+    /// Memory reserved per rank when a job does not say.
+    pub default_memory_bytes: u64,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            node_grace: TimeDelta::seconds(10),
+            backoff_base: TimeDelta::seconds(10),
+            backoff_cap: TimeDelta::seconds(300),
+            default_memory_bytes: 512 << 20,
+        }
+    }
+}
+
+/// The time of a reconcile pass.
+#[derive(Debug, Clone)]
+pub struct Clock {
+    pub now: DateTime<Utc>,
+    /// `now` as stored in statuses.
+    pub stamp: String,
+    /// When this controller became leader.
+    pub leader_since: DateTime<Utc>,
+}
+
+impl Clock {
+    pub fn new(now: DateTime<Utc>, leader_since: DateTime<Utc>) -> Clock {
+        Clock {
+            now,
+            stamp: stamp(now),
+            leader_since,
+        }
+    }
+}
+
+/// RFC 3339, UTC, milliseconds: the one time format in the store.
+pub fn stamp(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+pub fn parse_time(s: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(s).ok().map(|t| t.with_timezone(&Utc))
+}
+
+/// Everything the scheduler wants done, as independent plans (one per node, one per job), so
+/// that a conflict on one does not hold back the others.
+pub fn reconcile(state: &State, clock: &Clock, cfg: &SchedulerConfig) -> Vec<Plan> {
+    let mut view = ClusterView::build(state);
+    let mut plans = nodes::reconcile_nodes(&view, clock, cfg);
+    plans.extend(orphans(state, &view));
+    // Jobs in creation order, so that earlier jobs get capacity first.
+    let mut jobs: Vec<_> = state
+        .list(Kind::TrainingJob.as_str(), "")
+        .into_iter()
+        .chain(state.list(Kind::InferenceService.as_str(), ""))
+        .collect();
+    jobs.sort_by(|a, b| {
+        a.metadata
+            .creation_timestamp
+            .cmp(&b.metadata.creation_timestamp)
+            .then_with(|| a.key().cmp(&b.key()))
+    });
+    for job in jobs {
+        if let Some(plan) = jobs::reconcile_job(&job, &mut view, clock, cfg) {
+            plans.push(plan);
+        }
+    }
+    plans
+}
+
+/// Allocations whose job is gone (deleted, or replaced by one with the same name): stopped,
+/// then deleted once ended.
+fn orphans(state: &State, view: &ClusterView) -> Vec<Plan> {
+    let mut plans = Vec::new();
+    for a in &view.allocations {
+        let key = tb_api::ObjectKey {
+            kind: a.spec.job.kind.clone(),
+            namespace: a.object.metadata.namespace.clone(),
+            name: a.spec.job.name.clone(),
+        };
+        let alive = state.get(&key).is_some_and(|j| j.metadata.uid == a.spec.job.uid);
+        if alive {
+            continue;
+        }
+        let mut plan = Plan::default();
+        plan.guards.push((a.object.key(), a.object.metadata.resource_version));
+        if a.status.phase.is_terminal() {
+            plan.writes.push(PlanWrite::Delete { key: a.object.key() });
+        } else if a.spec.desired == Desired::Run {
+            let mut obj = (*a.object).clone();
+            let mut spec = a.spec.clone();
+            spec.desired = Desired::Stop;
+            obj.spec = serde_json::to_value(&spec).unwrap_or_default();
+            plan.writes.push(PlanWrite::Put(obj));
+        } else {
+            continue;
+        }
+        plans.push(plan);
+    }
+    plans
+}
+
+/// An Event about `involved`, recorded with a plan.
+pub fn event(involved: &Object, warning: bool, reason: &str, message: &str) -> Object {
+    Object {
+        api_version: tb_api::API_VERSION.into(),
+        kind: Kind::Event.as_str().into(),
+        metadata: ObjectMeta {
+            name: String::new(),
+            namespace: if involved.metadata.namespace.is_empty() {
+                "default".into()
+            } else {
+                involved.metadata.namespace.clone()
+            },
+            ..Default::default()
+        },
+        spec: json!({
+            "type": if warning { "Warning" } else { "Normal" },
+            "reason": reason,
+            "message": message,
+            "involvedObject": {
+                "kind": involved.kind,
+                "namespace": involved.metadata.namespace,
+                "name": involved.metadata.name,
+                "uid": involved.metadata.uid,
+            },
+            "source": "scheduler",
+        }),
+        status: serde_json::Value::Null,
+    }
+}

@@ -1,0 +1,232 @@
+//! The `Nodes` gRPC service: join tokens, nodelets joining and heartbeating, and job logs
+//! streamed from the nodelets that run the ranks.
+//!
+//! Secrets (tokens, credentials) are random, shown once, and stored only as SHA-256 hashes.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use tb_api::proto::nodelet_client::NodeletClient;
+use tb_api::proto::nodes_server::Nodes;
+use tb_api::proto::{
+    CreateTokenRequest, CreateTokenResponse, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse,
+    LogLine, LogsRequest,
+};
+use tb_api::status::{JobStatus, NodeStatus};
+use tb_api::{Kind, Object, ObjectKey};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response as TonicResponse, Status};
+
+use super::{now, store_error, unavailable};
+use crate::raft::RaftNode;
+use crate::store::{Command, Op, Response};
+
+/// How long a join token lives when the request does not say.
+const DEFAULT_TOKEN_TTL: u64 = 24 * 3600;
+
+pub struct NodesService {
+    node: Arc<RaftNode>,
+    heartbeat_interval_ms: u64,
+}
+
+impl NodesService {
+    pub fn new(node: Arc<RaftNode>, heartbeat_interval_ms: u64) -> Self {
+        NodesService {
+            node,
+            heartbeat_interval_ms,
+        }
+    }
+
+    async fn commit(&self, op: Op) -> Result<Response, Status> {
+        let cmd = Command {
+            request_id: String::new(),
+            now: now(),
+            op,
+        };
+        match self.node.propose(cmd).await.map_err(unavailable)? {
+            Response::Rejected(e) => Err(store_error(e)),
+            r => Ok(r),
+        }
+    }
+}
+
+/// A fresh secret: 32 random bytes, hex, with a prefix saying what it is.
+fn secret(prefix: &str) -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    format!("{prefix}{}", hex::encode(bytes))
+}
+
+pub fn hash_secret(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+type LogStream = Pin<Box<dyn Stream<Item = Result<LogLine, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Nodes for NodesService {
+    async fn create_token(
+        &self,
+        req: Request<CreateTokenRequest>,
+    ) -> Result<TonicResponse<CreateTokenResponse>, Status> {
+        let req = req.into_inner();
+        let ttl = if req.ttl_seconds == 0 { DEFAULT_TOKEN_TTL } else { req.ttl_seconds };
+        let ttl = i64::try_from(ttl).map_err(|_| Status::invalid_argument("ttlSeconds: too large"))?;
+        let expires = chrono::Utc::now()
+            .checked_add_signed(chrono::TimeDelta::seconds(ttl))
+            .ok_or_else(|| Status::invalid_argument("ttlSeconds: too large"))?;
+        let expires_at = crate::scheduler::stamp(expires);
+        let token = secret("tbjoin-");
+        self.commit(Op::CreateToken {
+            token_hash: hash_secret(&token),
+            expires_at: expires_at.clone(),
+            description: req.description,
+        })
+        .await?;
+        Ok(TonicResponse::new(CreateTokenResponse { token, expires_at }))
+    }
+
+    async fn join(&self, req: Request<JoinRequest>) -> Result<TonicResponse<JoinResponse>, Status> {
+        let req = req.into_inner();
+        if req.token.is_empty() {
+            return Err(Status::unauthenticated("a join token is required (tbctl token create)"));
+        }
+        let node = tb_api::load::parse_object_json(&req.node_json)
+            .map_err(|e| Status::invalid_argument(format!("node: {e}")))?;
+        if node.kind != Kind::Node.as_str() {
+            return Err(Status::invalid_argument("node: kind: expected Node"));
+        }
+        tb_api::validate::validate_status(Kind::Node, &node.status)
+            .map_err(|e| Status::invalid_argument(format!("node: {e}")))?;
+        let credential = secret("tbnode-");
+        let op = Op::Join {
+            token_hash: hash_secret(&req.token),
+            node,
+            credential_hash: hash_secret(&credential),
+        };
+        match self.commit(op).await? {
+            Response::Status { object } => Ok(TonicResponse::new(JoinResponse {
+                credential,
+                node_json: object.to_json(),
+            })),
+            r => Err(Status::internal(format!("unexpected store response {r:?}"))),
+        }
+    }
+
+    async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<TonicResponse<HeartbeatResponse>, Status> {
+        let req = req.into_inner();
+        let status: serde_json::Value = serde_json::from_str(&req.status_json)
+            .map_err(|e| Status::invalid_argument(format!("status: not valid JSON: {e}")))?;
+        tb_api::validate::validate_status(Kind::Node, &status).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.commit(Op::Heartbeat {
+            node: req.node,
+            credential_hash: hash_secret(&req.credential),
+            status,
+        })
+        .await?;
+        Ok(TonicResponse::new(HeartbeatResponse {
+            heartbeat_interval_ms: self.heartbeat_interval_ms,
+        }))
+    }
+
+    type LogsStream = LogStream;
+
+    async fn logs(&self, req: Request<LogsRequest>) -> Result<TonicResponse<Self::LogsStream>, Status> {
+        let req = req.into_inner();
+        let kind = Kind::parse(&req.kind)
+            .filter(|k| matches!(k, Kind::TrainingJob | Kind::InferenceService))
+            .ok_or_else(|| Status::invalid_argument("kind: expected TrainingJob or InferenceService"))?;
+        let namespace = if req.namespace.is_empty() { "default".to_string() } else { req.namespace.clone() };
+        let key = ObjectKey {
+            kind: kind.as_str().into(),
+            namespace: namespace.clone(),
+            name: req.name.clone(),
+        };
+        // Where each rank ran: the job's placement, and the nodelets' addresses.
+        let targets: Vec<(u32, String, String)> = {
+            let state = self.node.store().read();
+            let job = state
+                .get(&key)
+                .ok_or_else(|| Status::not_found(format!("{key} not found")))?;
+            let status = JobStatus::from_value(&job.status);
+            if status.placement.is_empty() {
+                return Err(Status::failed_precondition(format!(
+                    "{key} has not been placed yet ({}): no logs",
+                    if status.reason.is_empty() { "Pending" } else { &status.reason }
+                )));
+            }
+            if req.rank >= 0 && !status.placement.iter().any(|p| p.rank as i32 == req.rank) {
+                return Err(Status::invalid_argument(format!(
+                    "rank: {key} has ranks 0..{}, not {}",
+                    status.placement.len(),
+                    req.rank
+                )));
+            }
+            status
+                .placement
+                .iter()
+                .filter(|p| req.rank < 0 || p.rank as i32 == req.rank)
+                .map(|p| {
+                    let address = node_address(&state.get(&ObjectKey {
+                        kind: Kind::Node.as_str().into(),
+                        namespace: String::new(),
+                        name: p.node.clone(),
+                    }).map(|o| (**o).clone()));
+                    (p.rank, p.allocation.clone(), address)
+                })
+                .collect()
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        for (rank, allocation, address) in targets {
+            let tx = tx.clone();
+            let mut ask = req.clone();
+            ask.namespace = namespace.clone();
+            ask.allocation = allocation;
+            ask.rank = rank as i32;
+            tokio::spawn(async move {
+                if let Err(status) = forward_logs(&address, ask, &tx).await {
+                    let _ = tx
+                        .send(Err(Status::unavailable(format!(
+                            "rank {rank}: logs from nodelet at {address}: {}",
+                            status.message()
+                        ))))
+                        .await;
+                }
+            });
+        }
+        Ok(TonicResponse::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+fn node_address(node: &Option<Object>) -> String {
+    node.as_ref()
+        .map(|n| NodeStatus::from_value(&n.status).address)
+        .unwrap_or_default()
+}
+
+async fn forward_logs(
+    address: &str,
+    req: LogsRequest,
+    tx: &tokio::sync::mpsc::Sender<Result<LogLine, Status>>,
+) -> Result<(), Status> {
+    if address.is_empty() {
+        return Err(Status::unavailable("the node has no address"));
+    }
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .map_err(|e| Status::internal(e.to_string()))?
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .map_err(|e| Status::unavailable(e.to_string()))?;
+    let mut stream = NodeletClient::new(channel).logs(req).await?.into_inner();
+    while let Some(line) = stream.message().await? {
+        if tx.send(Ok(line)).await.is_err() {
+            break;
+        }
+    }
+    Ok(())
+}
