@@ -141,7 +141,10 @@ pub fn reconcile_job(job: &Object, view: &mut ClusterView, clock: &Clock, cfg: &
     }
 
     let spec_changed = status.epoch > 0 && status.observed_generation != job.metadata.generation;
-    let live: Vec<&Alloc> = current.iter().filter(|a| a.spec.desired == Desired::Run).collect();
+    let live: Vec<&Alloc> = current
+        .iter()
+        .filter(|a| a.spec.desired == Desired::Run && !a.status.phase.is_terminal())
+        .collect();
     if spec_changed && !live.is_empty() {
         for a in &current {
             stop(a, &mut plan);
@@ -151,7 +154,8 @@ pub fn reconcile_job(job: &Object, view: &mut ClusterView, clock: &Clock, cfg: &
         status.message = format!("generation {} replaces the running ranks", job.metadata.generation);
         status.next_retry_time.clear();
         plan.events.push(event(job, false, "SpecChanged", &status.message));
-    } else if !live.is_empty() {
+    } else if matches!(status.phase, JobPhase::Scheduled | JobPhase::Running) && !current.is_empty() {
+        // Pending means the gang's end was already handled (backing off, or re-placing).
         gang_progress(job, &shape, &current, &mut status, &mut plan, clock, cfg);
         if status.phase.is_terminal() {
             return finish(job, status, &before, plan);
@@ -159,7 +163,7 @@ pub fn reconcile_job(job: &Object, view: &mut ClusterView, clock: &Clock, cfg: &
     }
 
     // Place when nothing of the current epoch is meant to run and any backoff has passed.
-    let running_wanted = current.iter().any(|a| a.spec.desired == Desired::Run) && !plan_stops_all(&plan, &current);
+    let running_wanted = !live.is_empty() && !plan_stops_all(&plan, &current);
     let backoff_over = parse_time(&status.next_retry_time).is_none_or(|t| clock.now >= t);
     if !running_wanted && backoff_over && status.phase == JobPhase::Pending {
         let req = GangRequest {

@@ -7,6 +7,9 @@ pub mod nodes;
 pub mod placement;
 pub mod view;
 
+#[cfg(test)]
+mod tests;
+
 use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::json;
 use tb_api::specs::Desired;

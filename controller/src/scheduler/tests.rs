@@ -1,0 +1,362 @@
+//! The scheduler driven against a real `State` under virtual time: plans are committed through
+//! the same store code Raft applies, nodelets are played by status writes.
+
+use chrono::{DateTime, TimeDelta, Utc};
+use serde_json::{Value, json};
+use tb_api::specs::{AllocationPhase, AllocationSpec, AllocationStatus, Desired, parse_spec};
+use tb_api::status::{JobPhase, JobStatus, NodeCapacity, NodeStatus, PortRange, set_condition};
+use tb_api::{Kind, Object, ObjectKey, ObjectMeta};
+
+use super::{Clock, SchedulerConfig, reconcile, stamp};
+use crate::store::{Command, Op, Response, State};
+
+const GI: u64 = 1 << 30;
+
+struct Sim {
+    state: State,
+    index: u64,
+    now: DateTime<Utc>,
+    leader_since: DateTime<Utc>,
+    cfg: SchedulerConfig,
+}
+
+impl Sim {
+    fn new() -> Sim {
+        let start = DateTime::parse_from_rfc3339("2026-06-01T00:00:00Z").map(|t| t.with_timezone(&Utc)).unwrap();
+        Sim {
+            state: State::default(),
+            index: 0,
+            now: start,
+            leader_since: start - TimeDelta::seconds(60),
+            cfg: SchedulerConfig::default(),
+        }
+    }
+
+    fn commit(&mut self, op: Op) -> Response {
+        self.index += 1;
+        let cmd = Command {
+            request_id: String::new(),
+            now: stamp(self.now),
+            op,
+        };
+        self.state.apply(self.index, &cmd).0
+    }
+
+    fn advance(&mut self, secs: i64) {
+        self.now += TimeDelta::seconds(secs);
+    }
+
+    /// Let time pass while every node keeps heartbeating.
+    fn run_for(&mut self, secs: i64) {
+        let names: Vec<String> = self.state.list("Node", "").iter().map(|n| n.metadata.name.clone()).collect();
+        let mut left = secs;
+        while left > 0 {
+            let step = left.min(2);
+            self.advance(step);
+            left -= step;
+            for n in &names {
+                self.heartbeat(n);
+            }
+        }
+    }
+
+    /// Run the scheduler until it has nothing more to do; returns how many plans it committed.
+    fn settle(&mut self) -> usize {
+        let mut committed = 0;
+        for _ in 0..10 {
+            let clock = Clock::new(self.now, self.leader_since);
+            let plans = reconcile(&self.state, &clock, &self.cfg);
+            if plans.is_empty() {
+                return committed;
+            }
+            for plan in plans {
+                if let Response::Planned { .. } = self.commit(Op::Plan(plan)) {
+                    committed += 1;
+                }
+            }
+        }
+        panic!("the scheduler did not settle in 10 passes");
+    }
+
+    fn add_node(&mut self, name: &str, allocatable_gi: u64) {
+        let mut status = NodeStatus {
+            address: format!("10.0.0.{}:7600", self.index + 1),
+            capacity: NodeCapacity {
+                memory_bytes: allocatable_gi * GI,
+                allocatable_bytes: allocatable_gi * GI,
+                ..Default::default()
+            },
+            port_range: PortRange { start: 32323, end: 32330 },
+            ..Default::default()
+        };
+        set_condition(&mut status.conditions, "Ready", true, "NodeletReady", "", &stamp(self.now));
+        let node = Object {
+            api_version: "tb/v1".into(),
+            kind: "Node".into(),
+            metadata: ObjectMeta { name: name.into(), ..Default::default() },
+            spec: json!({}),
+            status: status.to_value(),
+        };
+        self.commit(Op::CreateToken { token_hash: "t".into(), expires_at: "2099-01-01T00:00:00.000Z".into(), description: String::new() });
+        let r = self.commit(Op::Join { token_hash: "t".into(), node, credential_hash: format!("c-{name}") });
+        assert!(matches!(r, Response::Status { .. }), "{r:?}");
+    }
+
+    fn heartbeat(&mut self, name: &str) {
+        let status = self.node(name).status.clone();
+        let r = self.commit(Op::Heartbeat { node: name.into(), credential_hash: format!("c-{name}"), status });
+        assert!(matches!(r, Response::Status { .. }), "{r:?}");
+    }
+
+    fn node(&self, name: &str) -> Object {
+        let key = ObjectKey { kind: "Node".into(), namespace: String::new(), name: name.into() };
+        (**self.state.get(&key).unwrap()).clone()
+    }
+
+    fn apply_job(&mut self, kind: &str, name: &str, spec: Value) {
+        let obj = Object {
+            api_version: "tb/v1".into(),
+            kind: kind.into(),
+            metadata: ObjectMeta { name: name.into(), namespace: "default".into(), ..Default::default() },
+            spec,
+            status: Value::Null,
+        };
+        let obj = tb_api::validate_object(&obj).expect("valid job");
+        let r = self.commit(Op::Apply { objects: vec![obj] });
+        assert!(matches!(r, Response::Applied { .. }), "{r:?}");
+    }
+
+    fn job(&self, kind: &str, name: &str) -> JobStatus {
+        let key = ObjectKey { kind: kind.into(), namespace: "default".into(), name: name.into() };
+        JobStatus::from_value(&self.state.get(&key).expect("job exists").status)
+    }
+
+    fn allocs(&self) -> Vec<(Object, AllocationSpec, AllocationStatus)> {
+        self.state
+            .list(Kind::Allocation.as_str(), "")
+            .into_iter()
+            .map(|o| {
+                let spec = parse_spec::<AllocationSpec>(&o.spec).unwrap();
+                let status = AllocationStatus::from_value(&o.status);
+                ((*o).clone(), spec, status)
+            })
+            .collect()
+    }
+
+    /// Play the nodelets: set the phase of every allocation matching `pick`.
+    fn set_phase(&mut self, pick: impl Fn(&AllocationSpec) -> bool, phase: AllocationPhase, exit: Option<i32>, reason: &str) {
+        for (obj, spec, mut status) in self.allocs() {
+            if !pick(&spec) {
+                continue;
+            }
+            status.phase = phase;
+            status.exit_code = exit;
+            status.reason = reason.into();
+            let r = self.commit(Op::UpdateStatus { key: obj.key(), status: status.to_value(), resource_version: 0 });
+            assert!(matches!(r, Response::Status { .. }));
+        }
+    }
+
+    /// Nodelets stop what they are told to stop.
+    fn obey_stops(&mut self) {
+        self.set_phase(|s| s.desired == Desired::Stop, AllocationPhase::Stopped, None, "Stopped");
+    }
+
+    fn events(&self) -> Vec<String> {
+        self.state.events.iter().map(|e| e.spec["reason"].as_str().unwrap_or("").to_string()).collect()
+    }
+}
+
+fn exec_job(ranks: u32, memory: &str) -> Value {
+    json!({"command": ["python3", "train.py"], "ranks": ranks, "memory": memory, "backoffLimit": 2})
+}
+
+#[test]
+fn gang_runs_to_completion() {
+    let mut sim = Sim::new();
+    for n in ["a", "b", "c"] {
+        sim.add_node(n, 16);
+    }
+    sim.apply_job("TrainingJob", "train", exec_job(3, "4Gi"));
+    sim.settle();
+    let status = sim.job("TrainingJob", "train");
+    assert_eq!(status.phase, JobPhase::Scheduled);
+    assert_eq!(status.epoch, 1);
+    let allocs = sim.allocs();
+    assert_eq!(allocs.len(), 3);
+    let mut nodes: Vec<_> = allocs.iter().map(|a| a.1.node.clone()).collect();
+    nodes.sort();
+    assert_eq!(nodes, ["a", "b", "c"], "one rank per Mac while they have room");
+    let mlx = allocs[0].1.mlx.clone().unwrap();
+    assert_eq!(mlx.hosts.len(), 3);
+    assert!(mlx.hosts.iter().all(|h| h.ends_with(":32323")));
+
+    sim.set_phase(|_| true, AllocationPhase::Running, None, "");
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "train").phase, JobPhase::Running);
+    sim.set_phase(|_| true, AllocationPhase::Succeeded, Some(0), "Completed");
+    sim.settle();
+    let status = sim.job("TrainingJob", "train");
+    assert_eq!(status.phase, JobPhase::Succeeded);
+    assert_eq!(status.condition("Complete").map(|c| c.status.as_str()), Some("True"));
+    assert_eq!(sim.settle(), 0, "nothing left to do");
+    assert!(sim.events().contains(&"Completed".to_string()));
+}
+
+#[test]
+fn failed_rank_restarts_the_gang_with_backoff_until_the_limit() {
+    let mut sim = Sim::new();
+    for n in ["a", "b"] {
+        sim.add_node(n, 16);
+    }
+    sim.apply_job("TrainingJob", "train", exec_job(2, "1Gi"));
+    sim.settle();
+    for restart in 1..=2u32 {
+        sim.set_phase(|s| s.desired == Desired::Run, AllocationPhase::Running, None, "");
+        sim.set_phase(|s| s.rank == 1 && s.desired == Desired::Run, AllocationPhase::Failed, Some(1), "Error");
+        sim.settle();
+        let status = sim.job("TrainingJob", "train");
+        assert_eq!(status.phase, JobPhase::Pending, "restart {restart}");
+        assert_eq!(status.reason, "BackOff");
+        assert_eq!(status.restarts, restart);
+        let epoch = status.epoch;
+        // Rank 0 is told to stop too: the gang restarts whole.
+        assert!(sim.allocs().iter().all(|a| a.1.epoch != epoch || a.1.desired == Desired::Stop || a.2.phase.is_terminal()));
+        sim.obey_stops();
+        let wait = 10 * 2i64.pow(restart - 1);
+        sim.run_for(wait - 1);
+        sim.settle();
+        assert_eq!(sim.job("TrainingJob", "train").epoch, epoch, "still backing off");
+        sim.run_for(1);
+        sim.settle();
+        let status = sim.job("TrainingJob", "train");
+        assert_eq!(status.epoch, epoch + 1, "placed again after {wait}s: {status:?}");
+        assert_eq!(status.phase, JobPhase::Scheduled);
+        assert!(sim.allocs().iter().all(|a| a.1.epoch == epoch + 1), "old epoch deleted once stopped");
+    }
+    sim.set_phase(|_| true, AllocationPhase::Failed, Some(1), "Error");
+    sim.settle();
+    let status = sim.job("TrainingJob", "train");
+    assert_eq!(status.phase, JobPhase::Failed);
+    assert_eq!(status.reason, "BackoffLimitExceeded");
+}
+
+#[test]
+fn missing_command_fails_at_once() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 16);
+    sim.apply_job("TrainingJob", "train", exec_job(1, "1Gi"));
+    sim.settle();
+    sim.set_phase(|_| true, AllocationPhase::Failed, None, "ExecNotFound");
+    sim.settle();
+    let status = sim.job("TrainingJob", "train");
+    assert_eq!(status.phase, JobPhase::Failed);
+    assert_eq!(status.reason, "ExecNotFound");
+    assert_eq!(status.restarts, 0);
+}
+
+#[test]
+fn lost_node_moves_the_gang_without_using_a_retry() {
+    let mut sim = Sim::new();
+    for n in ["a", "b", "c"] {
+        sim.add_node(n, 16);
+    }
+    sim.apply_job("TrainingJob", "train", exec_job(3, "4Gi"));
+    sim.settle();
+    sim.set_phase(|_| true, AllocationPhase::Running, None, "");
+    sim.settle();
+    // b falls silent; a and c keep heartbeating.
+    for _ in 0..6 {
+        sim.advance(2);
+        sim.heartbeat("a");
+        sim.heartbeat("c");
+        sim.settle();
+    }
+    assert!(!NodeStatus::from_value(&sim.node("b").status).is_ready(), "b is NotReady after the grace");
+    assert!(NodeStatus::from_value(&sim.node("a").status).is_ready());
+    sim.obey_stops();
+    sim.settle();
+    let status = sim.job("TrainingJob", "train");
+    assert_eq!(status.epoch, 2, "{status:?}");
+    assert_eq!(status.restarts, 0);
+    let live: Vec<_> = sim.allocs().into_iter().filter(|a| a.1.epoch == 2).collect();
+    assert_eq!(live.len(), 3);
+    assert!(live.iter().all(|a| a.1.node != "b"), "nothing placed on the lost Mac");
+    assert!(sim.events().contains(&"NodeNotReady".to_string()));
+}
+
+#[test]
+fn new_leader_waits_a_grace_before_judging_nodes() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 16);
+    sim.advance(600);
+    sim.leader_since = sim.now;
+    sim.settle();
+    assert!(NodeStatus::from_value(&sim.node("a").status).is_ready(), "no heartbeat was due to this leader yet");
+    sim.advance(11);
+    sim.settle();
+    assert!(!NodeStatus::from_value(&sim.node("a").status).is_ready());
+}
+
+#[test]
+fn too_big_stays_pending_with_the_reason() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 8);
+    sim.add_node("b", 8);
+    sim.apply_job("TrainingJob", "big", exec_job(2, "12Gi"));
+    sim.settle();
+    let status = sim.job("TrainingJob", "big");
+    assert_eq!(status.phase, JobPhase::Pending);
+    assert_eq!(status.reason, "Unschedulable");
+    assert!(status.message.contains("a has 8Gi free (4Gi short)"), "{}", status.message);
+    assert!(sim.allocs().is_empty(), "all or nothing");
+    let events = sim.events().iter().filter(|r| *r == "FailedScheduling").count();
+    sim.settle();
+    assert_eq!(sim.events().iter().filter(|r| *r == "FailedScheduling").count(), events, "no repeat while unchanged");
+}
+
+#[test]
+fn memory_is_never_overcommitted() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 10);
+    sim.apply_job("TrainingJob", "one", exec_job(1, "6Gi"));
+    sim.apply_job("TrainingJob", "two", exec_job(1, "6Gi"));
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "one").phase, JobPhase::Scheduled);
+    assert_eq!(sim.job("TrainingJob", "two").phase, JobPhase::Pending);
+    sim.set_phase(|_| true, AllocationPhase::Succeeded, Some(0), "");
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "two").phase, JobPhase::Scheduled, "placed once the memory was freed");
+}
+
+#[test]
+fn deleted_job_has_its_allocations_stopped_then_removed() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 10);
+    sim.apply_job("TrainingJob", "gone", exec_job(1, "1Gi"));
+    sim.settle();
+    let key = ObjectKey { kind: "TrainingJob".into(), namespace: "default".into(), name: "gone".into() };
+    sim.commit(Op::Delete { key, resource_version: 0 });
+    sim.settle();
+    assert!(sim.allocs().iter().all(|a| a.1.desired == Desired::Stop));
+    sim.obey_stops();
+    sim.settle();
+    assert!(sim.allocs().is_empty());
+}
+
+#[test]
+fn ttl_deletes_a_finished_job() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 10);
+    let mut spec = exec_job(1, "1Gi");
+    spec["ttlSecondsAfterFinished"] = json!(30);
+    sim.apply_job("TrainingJob", "short", spec);
+    sim.settle();
+    sim.set_phase(|_| true, AllocationPhase::Succeeded, Some(0), "");
+    sim.settle();
+    sim.advance(31);
+    sim.settle();
+    let key = ObjectKey { kind: "TrainingJob".into(), namespace: "default".into(), name: "short".into() };
+    assert!(sim.state.get(&key).is_none());
+    assert!(sim.allocs().is_empty());
+}
