@@ -154,6 +154,19 @@ pub fn reconcile_job(job: &Object, view: &mut ClusterView, clock: &Clock, cfg: &
         status.message = format!("generation {} replaces the running ranks", job.metadata.generation);
         status.next_retry_time.clear();
         plan.events.push(event(job, false, "SpecChanged", &status.message));
+    } else if let Some(a) = live
+        .iter()
+        .find(|a| view.nodes.get(&a.spec.node).is_none_or(|n| n.draining()))
+    {
+        // Moved off a draining (or deleted) Mac: not the job's fault, no retry used.
+        for c in &current {
+            stop(c, &mut plan);
+        }
+        status.phase = JobPhase::Pending;
+        status.reason = "Evicted".into();
+        status.message = format!("node {} is being drained; placing the gang again", a.spec.node);
+        status.next_retry_time.clear();
+        plan.events.push(event(job, false, "Evicted", &status.message.clone()));
     } else if matches!(status.phase, JobPhase::Scheduled | JobPhase::Running) && !current.is_empty() {
         // Pending means the gang's end was already handled (backing off, or re-placing).
         gang_progress(job, &shape, &current, &mut status, &mut plan, clock, cfg);

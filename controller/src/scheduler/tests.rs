@@ -360,3 +360,26 @@ fn ttl_deletes_a_finished_job() {
     assert!(sim.state.get(&key).is_none());
     assert!(sim.allocs().is_empty());
 }
+
+#[test]
+fn draining_a_node_moves_its_work() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 16);
+    sim.add_node("b", 16);
+    sim.apply_job("TrainingJob", "train", exec_job(1, "1Gi"));
+    sim.settle();
+    sim.set_phase(|_| true, AllocationPhase::Running, None, "");
+    sim.settle();
+    let on = sim.allocs()[0].1.node.clone();
+    let mut node = sim.node(&on);
+    node.spec = json!({"unschedulable": true, "taints": ["tb/drain=true:NoExecute"]});
+    let r = sim.commit(Op::Apply { objects: vec![tb_api::validate_object(&node).unwrap()] });
+    assert!(matches!(r, Response::Applied { .. }), "{r:?}");
+    sim.settle();
+    sim.obey_stops();
+    sim.settle();
+    let status = sim.job("TrainingJob", "train");
+    assert_eq!(status.epoch, 2);
+    assert_eq!(status.restarts, 0);
+    assert!(sim.allocs().iter().filter(|a| a.1.epoch == 2).all(|a| a.1.node != on));
+}

@@ -48,6 +48,11 @@ impl NodeView {
         self.ready && !self.spec.unschedulable
     }
 
+    /// Being drained: work running here is moved elsewhere (a `NoExecute` taint).
+    pub fn draining(&self) -> bool {
+        self.spec.taints.iter().any(|t| t.ends_with(":NoExecute"))
+    }
+
     pub fn labels(&self) -> &BTreeMap<String, String> {
         &self.object.metadata.labels
     }
