@@ -1,8 +1,106 @@
-//! tb-nodelet: the agent that runs on each Mac. It registers the Mac, reports its capacity and
-//! Thunderbolt topology, and runs the work the controller assigns. (Built in a later step; this
-//! binary only says so.)
+//! `tb-nodelet`: the agent on each Mac. It joins the cluster, reports the Mac's capacity,
+//! heartbeats, and runs the allocations the controllers assign to it.
 
-fn main() {
-    eprintln!("tb-nodelet: not built yet; this release ships the controller and tbctl");
-    std::process::exit(2);
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use tb_api::status::PortRange;
+use tb_nodelet::agent::{Config, run};
+
+#[derive(Parser, Debug)]
+#[command(name = "tb-nodelet", version, about = "tb's agent on each Mac")]
+struct Args {
+    /// Controllers to talk to: HOST:PORT[,HOST:PORT..].
+    #[arg(long, value_delimiter = ',', required = true)]
+    controller: Vec<String>,
+    /// This node's name (lower-case letters, digits, '-' and '.').
+    #[arg(long)]
+    name: String,
+    /// Where the credential, allocations' working directories and logs live.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Address to serve logs on (the controllers connect here).
+    #[arg(long, default_value = "127.0.0.1:7600")]
+    listen: SocketAddr,
+    /// Address others reach this node at, when it differs from --listen.
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Join token from `tbctl token create`; needed only the first time.
+    #[arg(long, env = "TB_JOIN_TOKEN")]
+    join_token: Option<String>,
+    /// Labels for the Node: k=v,k=v.
+    #[arg(long, value_parser = parse_labels)]
+    labels: Option<BTreeMap<String, String>>,
+    /// Ports handed to ranks (MLX ring listeners): START-END.
+    #[arg(long, default_value = "32323-32422", value_parser = parse_port_range)]
+    port_range: PortRange,
+    /// Heartbeat interval in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    heartbeat_ms: u64,
+    /// Memory kept back from tb (e.g. 8Gi); default: 4Gi or 10 %, whichever is smaller.
+    #[arg(long)]
+    reserve: Option<tb_api::Quantity>,
+    /// Static topology file (ports and links), for labs without Thunderbolt discovery.
+    #[arg(long)]
+    topology: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, value_parser = ["text", "json"], default_value = "text")]
+    log_format: String,
+}
+
+fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut labels = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = part.split_once('=').ok_or_else(|| format!("{part:?}: expected key=value"))?;
+        tb_api::name::validate_label_key(k)?;
+        tb_api::name::validate_label_value(v)?;
+        labels.insert(k.to_string(), v.to_string());
+    }
+    Ok(labels)
+}
+
+fn parse_port_range(s: &str) -> Result<PortRange, String> {
+    let (a, b) = s.split_once('-').ok_or_else(|| format!("{s:?}: expected START-END"))?;
+    let start: u16 = a.trim().parse().map_err(|_| format!("{a:?} is not a port"))?;
+    let end: u16 = b.trim().parse().map_err(|_| format!("{b:?} is not a port"))?;
+    if start == 0 || end < start {
+        return Err(format!("{s:?}: expected 1 <= START <= END"));
+    }
+    Ok(PortRange { start, end })
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_logging(&args.log_format);
+    if args.topology.is_some() {
+        tracing::warn!("--topology is read by the topology discovery, which this release does not include yet");
+    }
+    let cfg = Config {
+        controllers: args.controller,
+        name: args.name,
+        data_dir: args.data_dir,
+        listen: args.listen,
+        advertise: args.advertise,
+        join_token: args.join_token,
+        labels: args.labels.unwrap_or_default(),
+        port_range: args.port_range,
+        heartbeat: Duration::from_millis(args.heartbeat_ms.max(50)),
+        reserve_bytes: args.reserve.map(|q| q.bytes()),
+    };
+    run(cfg).await
 }

@@ -87,7 +87,7 @@ pub enum Unavailable {
 /// A follower's forwarded command, answered by the leader.
 #[derive(Serialize, Deserialize)]
 enum ProposeReply {
-    Done(Response),
+    Done(Box<Response>),
     /// Not the leader (any more); try there.
     NotLeader(Option<NodeId>),
     Failed(String),
@@ -212,7 +212,7 @@ impl RaftNode {
                 self.forward(&addr, &cmd).await
             };
             match result {
-                Ok(ProposeReply::Done(r)) => return Ok(r),
+                Ok(ProposeReply::Done(r)) => return Ok(*r),
                 Ok(ProposeReply::Failed(e)) => return Err(Unavailable::Other(e)),
                 Ok(ProposeReply::NotLeader(_)) => {}
                 Err(e) => last_err = e,
@@ -224,7 +224,7 @@ impl RaftNode {
 
     async fn propose_local(&self, cmd: Command) -> Result<ProposeReply, Unavailable> {
         match self.raft.client_write(cmd).await {
-            Ok(resp) => Ok(ProposeReply::Done(resp.data)),
+            Ok(resp) => Ok(ProposeReply::Done(Box::new(resp.data))),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
             | Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => Ok(ProposeReply::NotLeader(f.leader_id)),
             Err(RaftError::APIError(e)) => Ok(ProposeReply::Failed(e.to_string())),

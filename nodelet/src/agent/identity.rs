@@ -1,0 +1,116 @@
+//! The node's identity: joining with a token once, then the credential kept in the data dir, so
+//! a restarted nodelet needs no token.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use tb_api::proto::JoinRequest;
+use tb_api::{Object, ObjectMeta};
+
+use super::controllers::Controllers;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Credential {
+    pub node: String,
+    pub credential: String,
+}
+
+fn path(data_dir: &Path) -> PathBuf {
+    data_dir.join("credential.json")
+}
+
+pub fn load(data_dir: &Path) -> anyhow::Result<Option<Credential>> {
+    let p = path(data_dir);
+    match std::fs::read_to_string(&p) {
+        Ok(text) => {
+            let c: Credential =
+                serde_json::from_str(&text).with_context(|| format!("{}: not a tb node credential", p.display()))?;
+            Ok(Some(c))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", p.display())),
+    }
+}
+
+fn save(data_dir: &Path, c: &Credential) -> anyhow::Result<()> {
+    let p = path(data_dir);
+    let tmp = p.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(c)?).with_context(|| format!("writing {}", tmp.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+    }
+    std::fs::rename(&tmp, &p).with_context(|| format!("writing {}", p.display()))?;
+    Ok(())
+}
+
+/// The credential this node uses: the saved one, or a new one from joining with `token`.
+pub async fn establish(
+    controllers: &Controllers,
+    data_dir: &Path,
+    name: &str,
+    token: Option<&str>,
+    node: Object,
+) -> anyhow::Result<Credential> {
+    if let Some(c) = load(data_dir)? {
+        if c.node != name {
+            anyhow::bail!(
+                "{} belongs to node {:?}, not {name:?}; use another --data-dir or the same --name",
+                path(data_dir).display(),
+                c.node
+            );
+        }
+        return Ok(c);
+    }
+    let token = token.context("this node has not joined yet: pass --join-token (create one with `tbctl token create`)")?;
+    let mut last = None;
+    for _ in 0..20 {
+        let mut client = match controllers.nodes().await {
+            Ok(c) => c,
+            Err(e) => {
+                last = Some(e);
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        let req = JoinRequest {
+            token: token.to_string(),
+            node_json: node.to_json(),
+        };
+        match client.join(req).await {
+            Ok(reply) => {
+                let c = Credential {
+                    node: name.to_string(),
+                    credential: reply.into_inner().credential,
+                };
+                save(data_dir, &c)?;
+                tracing::info!(node = name, "joined the cluster");
+                return Ok(c);
+            }
+            Err(s) if super::controllers::retryable(&s) => {
+                controllers.rotate();
+                last = Some(anyhow::anyhow!("{}", s.message()));
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            Err(s) => anyhow::bail!("joining as {name}: {}", s.message()),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no controller answered")).context(format!("joining as {name}")))
+}
+
+/// The Node object a nodelet registers.
+pub fn node_object(name: &str, labels: std::collections::BTreeMap<String, String>, address: &str, status: serde_json::Value) -> Object {
+    Object {
+        api_version: tb_api::API_VERSION.into(),
+        kind: tb_api::Kind::Node.as_str().into(),
+        metadata: ObjectMeta {
+            name: name.to_string(),
+            labels,
+            ..Default::default()
+        },
+        spec: serde_json::json!({ "address": address }),
+        status,
+    }
+}

@@ -1,0 +1,87 @@
+//! The running nodelet: joins (or reuses its credential), serves its logs, heartbeats, and
+//! supervises the allocations the controllers assign to it.
+
+pub mod controllers;
+pub mod heartbeat;
+pub mod identity;
+pub mod logs;
+pub mod supervisor;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tb_api::proto::nodelet_server::NodeletServer;
+use tb_api::status::PortRange;
+
+use controllers::Controllers;
+use heartbeat::NodeInfo;
+use supervisor::Supervisor;
+
+/// How a nodelet is started.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub controllers: Vec<String>,
+    pub name: String,
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    /// The address controllers and peers use, when it differs from `listen`.
+    pub advertise: Option<String>,
+    pub join_token: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub port_range: PortRange,
+    pub heartbeat: Duration,
+    /// Memory kept back from tb; None: the default reserve.
+    pub reserve_bytes: Option<u64>,
+}
+
+pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    tb_api::name::validate_name(&cfg.name).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
+    std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating {}", cfg.data_dir.display()))?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("binding {}", cfg.listen))?;
+    let address = cfg.advertise.clone().unwrap_or_else(|| cfg.listen.to_string());
+    let controllers = Arc::new(Controllers::new(cfg.controllers.clone()));
+    let info = NodeInfo {
+        address: address.clone(),
+        port_range: cfg.port_range,
+        reserve_bytes: cfg.reserve_bytes,
+    };
+    let first = heartbeat::observe(&info, None);
+    let allocatable = first.capacity.allocatable_bytes;
+    let node = identity::node_object(&cfg.name, cfg.labels.clone(), &address, first.to_value());
+    let credential = identity::establish(&controllers, &cfg.data_dir, &cfg.name, cfg.join_token.as_deref(), node).await?;
+
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let server = tonic::transport::Server::builder()
+        .add_service(NodeletServer::new(logs::LogsService::new(cfg.data_dir.clone())))
+        .serve_with_incoming_shutdown(incoming, shutdown_signal());
+
+    let supervisor = Supervisor::new(cfg.name.clone(), cfg.data_dir.clone(), allocatable, controllers.clone());
+    tokio::spawn(supervisor.clone().run());
+    tokio::spawn(heartbeat::run(controllers.clone(), credential, info, supervisor, cfg.heartbeat));
+    tracing::info!(node = %cfg.name, listen = %cfg.listen, "tb-nodelet running");
+    server.await.context("serving logs")?;
+    // Processes are left running on a stop: a restarted nodelet reaps them, and the
+    // controllers place the work again.
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+}

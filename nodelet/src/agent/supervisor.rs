@@ -1,0 +1,460 @@
+//! Runs this node's allocations: watches the Allocations assigned to it (a gRPC stream, so a new
+//! one starts without polling delay), starts each exactly once, reports how it goes, and stops —
+//! fences — any process whose allocation is gone, told to stop, or of another epoch.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use tb_api::proto::{UpdateStatusRequest, WatchRequest};
+use tb_api::specs::{AllocationPhase, AllocationSpec, AllocationStatus, Backend, Desired, allocation, parse_spec};
+use tb_api::{Kind, Object};
+use tokio::sync::{Notify, oneshot};
+
+use super::controllers::{Controllers, retryable};
+use crate::exec;
+use crate::mlx;
+
+/// What the heartbeat reports about the work here.
+#[derive(Debug, Clone, Default)]
+pub struct Usage {
+    pub allocated_bytes: u64,
+    pub allocations: Vec<String>,
+}
+
+/// One allocation's process, while it lives.
+struct Live {
+    epoch: u64,
+    memory_bytes: u64,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+pub struct Supervisor {
+    node: String,
+    data_dir: PathBuf,
+    allocatable_bytes: u64,
+    controllers: Arc<Controllers>,
+    live: Mutex<HashMap<String, Live>>,
+    /// Allocations this nodelet started (or refused) once: never started again.
+    seen: Mutex<HashSet<String>>,
+    changed: Notify,
+}
+
+fn key(o: &Object) -> String {
+    format!("{}/{}", o.metadata.namespace, o.metadata.name)
+}
+
+impl Supervisor {
+    pub fn new(node: String, data_dir: PathBuf, allocatable_bytes: u64, controllers: Arc<Controllers>) -> Arc<Self> {
+        Arc::new(Supervisor {
+            node,
+            data_dir,
+            allocatable_bytes,
+            controllers,
+            live: Mutex::new(HashMap::new()),
+            seen: Mutex::new(HashSet::new()),
+            changed: Notify::new(),
+        })
+    }
+
+    pub fn usage(&self) -> Usage {
+        let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let mut allocations: Vec<String> = live.keys().map(|k| k.rsplit('/').next().unwrap_or(k).to_string()).collect();
+        allocations.sort();
+        Usage {
+            allocated_bytes: live.values().map(|l| l.memory_bytes).sum(),
+            allocations,
+        }
+    }
+
+    /// Where an allocation keeps its working directory, logs and pid.
+    pub fn alloc_dir(data_dir: &Path, namespace: &str, name: &str) -> PathBuf {
+        data_dir.join("allocs").join(namespace).join(name)
+    }
+
+    /// Processes left by an earlier run of this nodelet cannot be supervised (they are not our
+    /// children): kill them, and report their allocations lost so their jobs are placed anew.
+    pub fn reap_orphans(&self) -> Vec<(String, String)> {
+        let mut reaped = Vec::new();
+        let root = self.data_dir.join("allocs");
+        let Ok(namespaces) = std::fs::read_dir(&root) else {
+            return reaped;
+        };
+        for ns in namespaces.flatten() {
+            let Ok(allocs) = std::fs::read_dir(ns.path()) else { continue };
+            for a in allocs.flatten() {
+                let pid_file = a.path().join("pid");
+                let Ok(text) = std::fs::read_to_string(&pid_file) else { continue };
+                if let Some(pid) = text.split_whitespace().next().and_then(|p| p.parse::<i32>().ok()) {
+                    kill_group(pid);
+                    tracing::warn!(pid, alloc = %a.path().display(), "killed a process left by an earlier nodelet");
+                }
+                let _ = std::fs::remove_file(&pid_file);
+                let namespace = ns.file_name().to_string_lossy().to_string();
+                let name = a.file_name().to_string_lossy().to_string();
+                reaped.push((namespace, name));
+            }
+        }
+        reaped
+    }
+
+    /// Follow this node's allocations until the process ends.
+    pub async fn run(self: Arc<Self>) {
+        let orphans = self.reap_orphans();
+        for (namespace, name) in orphans {
+            self.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(format!("{namespace}/{name}"));
+            let status = AllocationStatus {
+                phase: AllocationPhase::Lost,
+                reason: "NodeletRestarted".into(),
+                message: format!("the nodelet on {} restarted and killed the process it could no longer supervise", self.node),
+                finished_at: now(),
+                ..Default::default()
+            };
+            self.report(&namespace, &name, &status).await;
+        }
+        let mut desired: BTreeMap<String, (Object, AllocationSpec)> = BTreeMap::new();
+        let mut from = 0u64;
+        loop {
+            match self.watch(&mut desired, &mut from).await {
+                Ok(()) => {}
+                Err(e) => tracing::warn!("watching allocations: {e:#}; reconnecting"),
+            }
+            self.controllers.rotate();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    async fn watch(self: &Arc<Self>, desired: &mut BTreeMap<String, (Object, AllocationSpec)>, from: &mut u64) -> anyhow::Result<()> {
+        let mut client = self.controllers.objects().await?;
+        let req = WatchRequest {
+            kind: Kind::Allocation.as_str().into(),
+            namespace: String::new(),
+            label_selector: format!("{}={}", allocation::LABEL_NODE, self.node),
+            resource_version: *from,
+        };
+        let mut stream = match client.watch(req).await {
+            Ok(s) => s.into_inner(),
+            Err(s) if s.code() == tonic::Code::OutOfRange => {
+                *from = 0;
+                anyhow::bail!("{}", s.message());
+            }
+            Err(s) => anyhow::bail!("{}", s.message()),
+        };
+        if *from == 0 {
+            // A full listing follows: what it does not name is gone.
+            desired.clear();
+            // Reconcile once after the initial burst, not after each ADDED.
+            loop {
+                let next = tokio::time::timeout(Duration::from_millis(200), stream.message()).await;
+                match next {
+                    Ok(Ok(Some(ev))) => self.absorb(desired, from, ev),
+                    Ok(Ok(None)) => anyhow::bail!("the controller ended the watch"),
+                    Ok(Err(s)) => {
+                        if s.code() == tonic::Code::OutOfRange {
+                            *from = 0;
+                        }
+                        anyhow::bail!("{}", s.message())
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.reconcile(desired);
+        }
+        loop {
+            match stream.message().await {
+                Ok(Some(ev)) => {
+                    self.absorb(desired, from, ev);
+                    self.reconcile(desired);
+                }
+                Ok(None) => anyhow::bail!("the controller ended the watch"),
+                Err(s) => {
+                    if s.code() == tonic::Code::OutOfRange {
+                        *from = 0;
+                    }
+                    anyhow::bail!("{}", s.message())
+                }
+            }
+        }
+    }
+
+    fn absorb(&self, desired: &mut BTreeMap<String, (Object, AllocationSpec)>, from: &mut u64, ev: tb_api::proto::WatchEvent) {
+        *from = (*from).max(ev.resource_version);
+        let Ok(obj) = Object::from_json(&ev.object_json) else {
+            tracing::warn!("ignoring an allocation event that does not parse");
+            return;
+        };
+        let k = key(&obj);
+        if ev.r#type == "DELETED" {
+            desired.remove(&k);
+            return;
+        }
+        match parse_spec::<AllocationSpec>(&obj.spec) {
+            Ok(spec) if spec.node == self.node => {
+                desired.insert(k, (obj, spec));
+            }
+            Ok(_) => {
+                desired.remove(&k);
+            }
+            Err(e) => tracing::warn!(alloc = %k, "ignoring an allocation with a bad spec: {e}"),
+        }
+    }
+
+    /// Start what should run and is not running; stop what runs and should not.
+    fn reconcile(self: &Arc<Self>, desired: &BTreeMap<String, (Object, AllocationSpec)>) {
+        // Fencing first: anything not wanted, or wanted under another epoch, stops.
+        {
+            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            for (k, l) in live.iter_mut() {
+                let keep = desired
+                    .get(k)
+                    .is_some_and(|(_, s)| s.desired == Desired::Run && s.epoch == l.epoch);
+                if !keep && let Some(stop) = l.stop.take() {
+                    tracing::info!(alloc = %k, "stopping: allocation gone, superseded or told to stop");
+                    let _ = stop.send(());
+                }
+            }
+        }
+        for (k, (obj, spec)) in desired {
+            if spec.desired != Desired::Run {
+                continue;
+            }
+            let phase = AllocationStatus::from_value(&obj.status).phase;
+            if phase.is_terminal() {
+                continue;
+            }
+            let first_time = self.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(k.clone());
+            if !first_time {
+                continue;
+            }
+            let me = self.clone();
+            let (obj, spec) = (obj.clone(), spec.clone());
+            tokio::spawn(async move { me.run_allocation(obj, spec).await });
+        }
+        self.changed.notify_waiters();
+    }
+
+    async fn run_allocation(self: Arc<Self>, obj: Object, spec: AllocationSpec) {
+        let k = key(&obj);
+        let (namespace, name) = (obj.metadata.namespace.clone(), obj.metadata.name.clone());
+        let (stop_tx, stop_rx) = oneshot::channel();
+        // Resource guard: what runs here never exceeds what the node may hand out.
+        let refused = {
+            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            let used: Vec<u64> = live.values().map(|l| l.memory_bytes).collect();
+            if exec::fits(self.allocatable_bytes, &used, spec.memory_bytes) {
+                live.insert(
+                    k.clone(),
+                    Live {
+                        epoch: spec.epoch,
+                        memory_bytes: spec.memory_bytes,
+                        stop: Some(stop_tx),
+                    },
+                );
+                None
+            } else {
+                Some(AllocationStatus {
+                    phase: AllocationPhase::Failed,
+                    reason: "OutOfMemory".into(),
+                    message: format!(
+                        "{} bytes requested, but this node's allocations already use {} of {}",
+                        spec.memory_bytes,
+                        used.iter().sum::<u64>(),
+                        self.allocatable_bytes
+                    ),
+                    finished_at: now(),
+                    ..Default::default()
+                })
+            }
+        };
+        if let Some(status) = refused {
+            self.report(&namespace, &name, &status).await;
+            return;
+        }
+        let status = self.supervise(&namespace, &name, &spec, stop_rx).await;
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&k);
+        self.report(&namespace, &name, &status).await;
+        self.changed.notify_waiters();
+    }
+
+    /// Prepare, start and watch over one allocation's process; returns how it ended.
+    async fn supervise(&self, namespace: &str, name: &str, spec: &AllocationSpec, stop: oneshot::Receiver<()>) -> AllocationStatus {
+        let dir = Self::alloc_dir(&self.data_dir, namespace, name);
+        let failed = |reason: &str, message: String| AllocationStatus {
+            phase: AllocationPhase::Failed,
+            reason: reason.into(),
+            message,
+            finished_at: now(),
+            ..Default::default()
+        };
+        let prepared = prepare(&dir, namespace, spec);
+        let exec_spec = match prepared {
+            Ok(s) => s,
+            Err(e) => return failed("InvalidSpec", format!("{e:#}")),
+        };
+        let mut running = match exec::spawn(exec_spec) {
+            Ok(r) => r,
+            Err(e) => return failed(e.reason(), e.to_string()),
+        };
+        let pid = running.pid();
+        let _ = std::fs::write(dir.join("pid"), format!("{pid} {}\n", spec.epoch));
+        let started_at = now();
+        let running_status = AllocationStatus {
+            phase: AllocationPhase::Running,
+            pid: Some(pid),
+            started_at: started_at.clone(),
+            ..Default::default()
+        };
+        self.report(namespace, name, &running_status).await;
+        tracing::info!(alloc = %format!("{namespace}/{name}"), pid, "started");
+
+        let grace = Duration::from_secs(spec.stop_grace_seconds);
+        let (ended, stopped) = tokio::select! {
+            r = running.wait() => (r, false),
+            _ = stop => (running.stop(grace).await, true),
+        };
+        let _ = std::fs::remove_file(dir.join("pid"));
+        let mut status = AllocationStatus {
+            pid: Some(pid),
+            started_at,
+            finished_at: now(),
+            ..Default::default()
+        };
+        match ended {
+            Ok(exit) => {
+                status.exit_code = exit.code;
+                status.signal = exit.signal;
+                status.message = exit.to_string();
+                (status.phase, status.reason) = if stopped {
+                    (AllocationPhase::Stopped, "Stopped".into())
+                } else if exit.success() {
+                    (AllocationPhase::Succeeded, "Completed".into())
+                } else {
+                    (AllocationPhase::Failed, "Error".into())
+                };
+            }
+            Err(e) => {
+                status.phase = AllocationPhase::Failed;
+                status.reason = e.reason().into();
+                status.message = e.to_string();
+            }
+        }
+        let _ = std::fs::write(dir.join("exit.json"), status.to_value().to_string());
+        tracing::info!(alloc = %format!("{namespace}/{name}"), phase = ?status.phase, "{}", status.message);
+        status
+    }
+
+    /// Write an allocation's status, retrying across controllers until it lands or the
+    /// allocation is gone.
+    async fn report(&self, namespace: &str, name: &str, status: &AllocationStatus) {
+        for attempt in 0..60u32 {
+            let result = async {
+                let mut client = self.controllers.objects().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+                client
+                    .update_status(UpdateStatusRequest {
+                        kind: Kind::Allocation.as_str().into(),
+                        namespace: namespace.into(),
+                        name: name.into(),
+                        status_json: status.to_value().to_string(),
+                        resource_version: 0,
+                        request_id: String::new(),
+                    })
+                    .await
+            }
+            .await;
+            match result {
+                Ok(_) => return,
+                Err(s) if s.code() == tonic::Code::NotFound => return,
+                Err(s) if retryable(&s) => {
+                    self.controllers.rotate();
+                    tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt.min(10) + 1))).await;
+                }
+                Err(s) => {
+                    tracing::warn!(alloc = %format!("{namespace}/{name}"), "status not accepted: {}", s.message());
+                    return;
+                }
+            }
+        }
+        tracing::warn!(alloc = %format!("{namespace}/{name}"), "gave up reporting status: no controller answered");
+    }
+}
+
+/// The process to start: its directories, the MLX files and environment, the command.
+fn prepare(dir: &Path, namespace: &str, spec: &AllocationSpec) -> anyhow::Result<exec::Spec> {
+    let work = match &spec.working_dir {
+        Some(w) if Path::new(w).is_absolute() => PathBuf::from(w),
+        Some(w) => dir.join("work").join(w),
+        None => dir.join("work"),
+    };
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let logs = dir.join("logs");
+    let mut env = spec.env.clone();
+    let job = if namespace == "default" {
+        spec.job.name.clone()
+    } else {
+        format!("{namespace}/{}", spec.job.name)
+    };
+    let mut files = mlx::MlxFiles::default();
+    let mut coordinator = None;
+    let backend = match spec.mlx.as_ref().map(|m| m.backend) {
+        Some(Backend::Jaccl) => mlx::Backend::Jaccl,
+        Some(Backend::JacclRing) => mlx::Backend::JacclRing,
+        _ => mlx::Backend::Ring,
+    };
+    if let Some(m) = &spec.mlx {
+        let ranks = m
+            .hosts
+            .iter()
+            .map(|h| mlx::parse_address(h))
+            .collect::<Result<Vec<_>, _>>()
+            .context("the allocation's MLX hosts")?;
+        let hostfile = dir.join("hostfile.json");
+        mlx::write_atomic(&hostfile, &mlx::ring_hostfile(&ranks)?)?;
+        files.hostfile_path = Some(hostfile);
+        if let Some(matrix) = &m.ibv_devices {
+            let matrix: Vec<Vec<Vec<String>>> = matrix
+                .iter()
+                .map(|row| row.iter().map(|c| c.iter().cloned().collect()).collect())
+                .collect();
+            let devices = dir.join("ibv_devices.json");
+            mlx::write_atomic(&devices, &mlx::ibv_devices(&matrix)?)?;
+            files.ibv_devices_path = Some(devices);
+        }
+        coordinator = m.coordinator.clone();
+    } else {
+        // No MLX setup: a one-rank ring file keeps the environment contract uniform.
+        let hostfile = dir.join("hostfile.json");
+        mlx::write_atomic(&hostfile, &mlx::ring_hostfile(&[(std::net::Ipv4Addr::LOCALHOST, 0)])?)?;
+        files.hostfile_path = Some(hostfile);
+    }
+    let tb_env = if backend == mlx::Backend::Ring || files.ibv_devices_path.is_some() {
+        mlx::env_for_rank(&job, spec.rank, spec.world_size, backend, &files, coordinator)?
+    } else {
+        // JACCL without a device matrix (no RDMA topology known yet): tb's own variables only.
+        BTreeMap::from([
+            ("TB_JOB".to_string(), job.clone()),
+            ("TB_RANK".to_string(), spec.rank.to_string()),
+            ("TB_WORLD_SIZE".to_string(), spec.world_size.to_string()),
+            ("MLX_RANK".to_string(), spec.rank.to_string()),
+        ])
+    };
+    env.extend(tb_env);
+    env.insert("TB_EPOCH".into(), spec.epoch.to_string());
+    env.insert("TB_ALLOCATION_DIR".into(), dir.display().to_string());
+    let mut s = exec::Spec::new(spec.command.clone(), work, logs);
+    s.env = env;
+    Ok(s)
+}
+
+fn kill_group(pid: i32) {
+    use nix::sys::signal::{Signal, killpg};
+    use nix::unistd::Pid;
+    if pid > 1 {
+        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+}
+
+pub fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
