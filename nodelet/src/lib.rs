@@ -1,0 +1,11 @@
+//! tb-nodelet as a library: the parts of the agent that the `tb-nodelet` binary wires together
+//! and that tests exercise directly.
+//!
+//! - [`capacity`]: what this machine has (memory, CPU, GPU, memory pressure), read from the OS.
+//! - [`exec`]: the exec executor: supervised process groups with rotating logs.
+//! - [`mlx`]: the MLX distributed contract: hostfiles, device matrices and per-rank environment.
+
+pub mod agent;
+pub mod capacity;
+pub mod exec;
+pub mod mlx;
