@@ -24,40 +24,8 @@ use serde::{Deserialize, Serialize};
 /// The most hosts a JACCL mesh supports (every pair needs its own cable).
 pub const MESH_MAX_HOSTS: usize = 8;
 
-/// MLX's distributed backends that tb launches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Backend {
-    /// TCP ring.
-    #[serde(rename = "ring")]
-    Ring,
-    /// RDMA mesh: every pair of hosts cabled.
-    #[serde(rename = "jaccl")]
-    Jaccl,
-    /// RDMA ring: only ring neighbours cabled.
-    #[serde(rename = "jaccl-ring")]
-    JacclRing,
-}
-
-impl Backend {
-    /// The name MLX uses ("ring", "jaccl", "jaccl-ring").
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Ring => "ring",
-            Self::Jaccl => "jaccl",
-            Self::JacclRing => "jaccl-ring",
-        }
-    }
-
-    fn is_jaccl(self) -> bool {
-        matches!(self, Self::Jaccl | Self::JacclRing)
-    }
-}
-
-impl std::fmt::Display for Backend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// MLX's distributed backends (shared with the object model).
+pub use tb_api::specs::Backend;
 
 /// Where the per-job files live on the rank's machine.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

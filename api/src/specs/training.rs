@@ -28,6 +28,28 @@ pub enum Backend {
     JacclRing,
 }
 
+impl Backend {
+    /// The name MLX uses ("ring", "jaccl", "jaccl-ring").
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ring => "ring",
+            Self::Jaccl => "jaccl",
+            Self::JacclRing => "jaccl-ring",
+        }
+    }
+
+    /// RDMA over Thunderbolt, in either shape.
+    pub fn is_jaccl(self) -> bool {
+        matches!(self, Self::Jaccl | Self::JacclRing)
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// How the ranks share the work.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

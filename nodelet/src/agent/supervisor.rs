@@ -397,11 +397,7 @@ fn prepare(dir: &Path, namespace: &str, spec: &AllocationSpec) -> anyhow::Result
     };
     let mut files = mlx::MlxFiles::default();
     let mut coordinator = None;
-    let backend = match spec.mlx.as_ref().map(|m| m.backend) {
-        Some(Backend::Jaccl) => mlx::Backend::Jaccl,
-        Some(Backend::JacclRing) => mlx::Backend::JacclRing,
-        _ => mlx::Backend::Ring,
-    };
+    let backend = spec.mlx.as_ref().map_or(Backend::Ring, |m| m.backend);
     if let Some(m) = &spec.mlx {
         let ranks = m
             .hosts
@@ -428,7 +424,7 @@ fn prepare(dir: &Path, namespace: &str, spec: &AllocationSpec) -> anyhow::Result
         mlx::write_atomic(&hostfile, &mlx::ring_hostfile(&[(std::net::Ipv4Addr::LOCALHOST, 0)])?)?;
         files.hostfile_path = Some(hostfile);
     }
-    let tb_env = if backend == mlx::Backend::Ring || files.ibv_devices_path.is_some() {
+    let tb_env = if backend == Backend::Ring || files.ibv_devices_path.is_some() {
         mlx::env_for_rank(&job, spec.rank, spec.world_size, backend, &files, coordinator)?
     } else {
         // JACCL without a device matrix (no RDMA topology known yet): tb's own variables only.
