@@ -19,7 +19,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 
 use serde::ser::{SerializeSeq, Serializer};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 /// The most hosts a JACCL mesh supports (every pair needs its own cable).
 pub const MESH_MAX_HOSTS: usize = 8;
