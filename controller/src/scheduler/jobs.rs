@@ -322,15 +322,11 @@ fn gang_progress(
 
 fn describe_end(a: &Alloc) -> String {
     let s = &a.status;
-    let how = match (s.exit_code, s.signal) {
+    match (s.exit_code, s.signal) {
         (_, Some(sig)) => format!("killed by signal {sig}"),
         (Some(code), None) => format!("exited with code {code}"),
+        (None, None) if !s.message.is_empty() => s.message.clone(),
         (None, None) => s.phase_str().to_string(),
-    };
-    if s.message.is_empty() {
-        how
-    } else {
-        format!("{how} ({})", s.message)
     }
 }
 
