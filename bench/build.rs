@@ -3,6 +3,8 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto/etcd.proto");
     let fds = protox::compile(["proto/etcd.proto"], ["proto"])?;
-    tonic_prost_build::configure().build_server(false).compile_fds(fds)?;
+    tonic_prost_build::configure()
+        .build_server(false)
+        .compile_fds(fds)?;
     Ok(())
 }

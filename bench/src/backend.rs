@@ -57,7 +57,11 @@ impl RpcError {
         use tonic::Code;
         let retryable = matches!(
             status.code(),
-            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown | Code::ResourceExhausted
+            Code::Unavailable
+                | Code::DeadlineExceeded
+                | Code::Cancelled
+                | Code::Unknown
+                | Code::ResourceExhausted
         );
         RpcError {
             retryable,
@@ -81,10 +85,19 @@ pub trait Backend: Send + Sync + 'static {
     fn endpoints(&self) -> usize;
 
     /// Store `write` through member `endpoint`, giving up after `timeout`.
-    fn put(&self, endpoint: usize, write: &Write, timeout: Duration) -> impl Future<Output = Result<(), RpcError>> + Send;
+    fn put(
+        &self,
+        endpoint: usize,
+        write: &Write,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<(), RpcError>> + Send;
 
     /// Ask member `endpoint` about itself and the leader, giving up after `timeout`.
-    fn probe(&self, endpoint: usize, timeout: Duration) -> impl Future<Output = Result<Probe, RpcError>> + Send;
+    fn probe(
+        &self,
+        endpoint: usize,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Probe, RpcError>> + Send;
 }
 
 /// Run `fut` with a deadline, mapping a timeout to a retryable error.

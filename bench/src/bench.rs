@@ -13,6 +13,11 @@ use crate::client::{ClientOptions, LeaderClient};
 use crate::cluster::Cluster;
 use crate::failover::Round;
 use crate::load::LoadResult;
+use crate::member::Memory;
+
+/// Quiet time after a run before memory is read: background work a write burst starts (tb
+/// builds a Raft snapshot every 10,000 entries, etcd compacts) gets to finish.
+const SETTLE: Duration = Duration::from_secs(5);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -28,9 +33,14 @@ pub struct Plan {
 #[derive(Debug, Clone)]
 pub struct Run {
     pub load: LoadResult,
-    /// The leader's RSS after the run (bytes), and every member's.
+    /// The leader's RSS once the cluster settled after the run (bytes), and every member's
+    /// memory (settled and peak).
     pub leader_rss: Option<u64>,
-    pub rss: Vec<Option<u64>>,
+    pub memory: Vec<Option<Memory>>,
+    /// Every member's data dir on disk after the run (bytes).
+    pub disk: Vec<Option<u64>>,
+    /// `/proc/loadavg` just before the run.
+    pub load_before: String,
     /// What the servers themselves reported (tb's `/metrics`).
     pub notes: Vec<String>,
 }
@@ -62,25 +72,39 @@ impl SystemReport {
     }
 }
 
-/// Benchmark one system; `start` brings up a 3-member cluster with its files under a dir.
-pub async fn system<B: Backend>(
+/// One run of one system: a fresh 3-member cluster (`start` brings it up with its files under
+/// a dir), `clients` writers, memory and metrics afterwards, and the failover rounds when
+/// `with_failover`. The caller alternates systems per client count, so each pair of runs being
+/// compared is taken minutes apart at most, under the same background load. Skipped once a
+/// run of this system has failed.
+pub async fn run<B: Backend>(
     report: &mut SystemReport,
     plan: &Plan,
+    clients: usize,
+    with_failover: bool,
     start: impl Fn(&Path) -> anyhow::Result<Cluster<B>>,
 ) {
-    for (k, &clients) in plan.clients.iter().enumerate() {
-        let last = k + 1 == plan.clients.len();
-        let dir = plan.root.join(format!("{}-c{clients}", report.name));
-        let mut cluster = None;
-        let result = one_cluster(report, plan, clients, last, &dir, &start, &mut cluster).await;
-        if let Some(c) = cluster.as_mut() {
-            c.stop().await;
-        }
-        if let Err(e) = result {
-            report.failure = Some(format!("{clients} clients: {e:#}"));
-            eprintln!("[{}] stopped: {e:#}", report.name);
-            return;
-        }
+    if report.failure.is_some() {
+        return;
+    }
+    let dir = plan.root.join(format!("{}-c{clients}", report.name));
+    let mut cluster = None;
+    let result = one_cluster(
+        report,
+        plan,
+        clients,
+        with_failover,
+        &dir,
+        &start,
+        &mut cluster,
+    )
+    .await;
+    if let Some(c) = cluster.as_mut() {
+        c.stop().await;
+    }
+    if let Err(e) = result {
+        report.failure = Some(format!("{clients} clients: {e:#}"));
+        eprintln!("[{}] stopped: {e:#}", report.name);
     }
 }
 
@@ -88,7 +112,7 @@ async fn one_cluster<B: Backend>(
     report: &mut SystemReport,
     plan: &Plan,
     clients: usize,
-    last: bool,
+    with_failover: bool,
     dir: &Path,
     start: &impl Fn(&Path) -> anyhow::Result<Cluster<B>>,
     slot: &mut Option<Cluster<B>>,
@@ -101,8 +125,12 @@ async fn one_cluster<B: Backend>(
         "[{name}] cluster up (leader {}); {} writes from {clients} clients",
         cluster.members[leader].name, plan.writes
     );
-    let client = Arc::new(LeaderClient::new(cluster.backend.clone(), ClientOptions::default()));
+    let client = Arc::new(LeaderClient::new(
+        cluster.backend.clone(),
+        ClientOptions::default(),
+    ));
     client.refresh().await.context("no leader found")?;
+    let load_before = crate::machine::load_average();
     let load = crate::load::run(client, plan.writes, clients, "bench-").await;
     eprintln!(
         "[{name}] {} ok, {} failed in {:.2} s: {:.0} writes/s, p50 {} ms, p99 {} ms",
@@ -110,31 +138,54 @@ async fn one_cluster<B: Backend>(
         load.failed,
         load.elapsed.as_secs_f64(),
         load.throughput(),
-        load.latencies.quantile(0.5).map_or("-".into(), crate::machine::ms),
-        load.latencies.quantile(0.99).map_or("-".into(), crate::machine::ms),
+        load.latencies
+            .quantile(0.5)
+            .map_or("-".into(), crate::machine::ms),
+        load.latencies
+            .quantile(0.99)
+            .map_or("-".into(), crate::machine::ms),
     );
-    // Let followers finish applying, so memory is measured with every object in every store.
+    // Let followers finish applying and background work finish, so memory is measured with
+    // every object in every store, at rest.
+    cluster.wait_healthy(Duration::from_secs(60), 5).await?;
+    tokio::time::sleep(SETTLE).await;
     let leader = cluster.wait_healthy(Duration::from_secs(60), 5).await?;
-    let rss = cluster.rss();
+    let memory = cluster.memory();
     let mut notes = Vec::new();
     if !cluster.metrics.is_empty() {
         notes = crate::tb::metrics::observe(&cluster.metrics, leader, dir).await;
     }
     report.runs.push(Run {
         load,
-        leader_rss: rss.get(leader).copied().flatten(),
-        rss,
+        leader_rss: memory.get(leader).copied().flatten().map(|m| m.rss),
+        memory,
+        disk: cluster.disk(),
+        load_before,
         notes,
     });
-    if last && plan.failovers > 0 {
-        eprintln!("[{name}] failover: killing the leader {} times", plan.failovers);
-        report.failovers = crate::failover::run(cluster, plan.failovers, Duration::from_secs(120)).await?;
+    if with_failover && plan.failovers > 0 {
+        eprintln!(
+            "[{name}] failover: killing the leader {} times",
+            plan.failovers
+        );
+        let outcome = crate::failover::run(
+            &mut report.failovers,
+            cluster,
+            plan.failovers,
+            Duration::from_secs(120),
+        )
+        .await;
         for r in &report.failovers {
             match &r.outcome {
-                Ok(d) => eprintln!("[{name}]   killed {}: write ok after {} ms", r.killed, crate::machine::ms(*d)),
+                Ok(d) => eprintln!(
+                    "[{name}]   killed {}: write ok after {} ms",
+                    r.killed,
+                    crate::machine::ms(*d)
+                ),
                 Err(e) => eprintln!("[{name}]   killed {}: no write succeeded: {e}", r.killed),
             }
         }
+        outcome?;
     }
     Ok(())
 }

@@ -85,9 +85,8 @@ impl<B: Backend> LeaderClient<B> {
 
     /// The member that answers that it is the leader (in the highest term if several claim).
     pub async fn search(&self) -> Option<usize> {
-        let asks = (0..self.backend.endpoints()).map(|i| async move {
-            (i, self.backend.probe(i, self.opts.probe_timeout).await)
-        });
+        let asks = (0..self.backend.endpoints())
+            .map(|i| async move { (i, self.backend.probe(i, self.opts.probe_timeout).await) });
         futures::future::join_all(asks)
             .await
             .into_iter()
@@ -134,7 +133,11 @@ impl<B: Backend> LeaderClient<B> {
             };
             if let Some(endpoint) = leader {
                 attempts += 1;
-                match self.backend.put(endpoint, write, self.opts.attempt_timeout).await {
+                match self
+                    .backend
+                    .put(endpoint, write, self.opts.attempt_timeout)
+                    .await
+                {
                     Ok(()) => return Ok(Written { attempts }),
                     Err(e) if e.retryable => {
                         self.forget(epoch);
@@ -144,7 +147,10 @@ impl<B: Backend> LeaderClient<B> {
                 }
             }
             if Instant::now() >= deadline {
-                return Err(Failed { attempts, error: last });
+                return Err(Failed {
+                    attempts,
+                    error: last,
+                });
             }
             if leader.is_none() {
                 tokio::time::sleep(self.opts.poll).await;

@@ -89,7 +89,11 @@ impl<B: Backend> Cluster<B> {
 
     /// SIGKILL member `i`.
     pub async fn kill(&mut self, i: usize) -> anyhow::Result<()> {
-        self.members.get_mut(i).context("no such member")?.kill().await
+        self.members
+            .get_mut(i)
+            .context("no such member")?
+            .kill()
+            .await
     }
 
     /// Start member `i` again with its old data dir.
@@ -97,9 +101,14 @@ impl<B: Backend> Cluster<B> {
         self.members.get_mut(i).context("no such member")?.spawn()
     }
 
-    /// Every running member's RSS in bytes (`None` where it could not be read).
-    pub fn rss(&self) -> Vec<Option<u64>> {
-        self.members.iter().map(|m| m.rss_bytes().ok()).collect()
+    /// Every running member's memory (`None` where it could not be read).
+    pub fn memory(&self) -> Vec<Option<crate::member::Memory>> {
+        self.members.iter().map(|m| m.memory().ok()).collect()
+    }
+
+    /// Every member's data dir size on disk in bytes.
+    pub fn disk(&self) -> Vec<Option<u64>> {
+        self.members.iter().map(Member::disk_bytes).collect()
     }
 
     /// Stop every member (SIGKILL: the data is thrown away after the run anyway).
@@ -111,7 +120,10 @@ impl<B: Backend> Cluster<B> {
 }
 
 /// The decision `wait_healthy` makes on one round of probes.
-fn healthy_leader(probes: &[Option<Result<Probe, crate::backend::RpcError>>], slack: u64) -> Result<usize, String> {
+fn healthy_leader(
+    probes: &[Option<Result<Probe, crate::backend::RpcError>>],
+    slack: u64,
+) -> Result<usize, String> {
     let mut answered = Vec::new();
     for (i, p) in probes.iter().enumerate() {
         match p {
@@ -120,14 +132,21 @@ fn healthy_leader(probes: &[Option<Result<Probe, crate::backend::RpcError>>], sl
             Some(Ok(p)) => answered.push((i, *p)),
         }
     }
-    let top_term = answered.iter().map(|(_, p)| p.term).max().ok_or("no member is running")?;
+    let top_term = answered
+        .iter()
+        .map(|(_, p)| p.term)
+        .max()
+        .ok_or("no member is running")?;
     let leaders: Vec<usize> = answered
         .iter()
         .filter(|(_, p)| p.is_leader && p.term == top_term)
         .map(|(i, _)| *i)
         .collect();
     let [leader] = leaders[..] else {
-        return Err(format!("{} members claim leadership in term {top_term}", leaders.len()));
+        return Err(format!(
+            "{} members claim leadership in term {top_term}",
+            leaders.len()
+        ));
     };
     if let Some((i, _)) = answered.iter().find(|(_, p)| !p.has_leader) {
         return Err(format!("member {i} knows no leader"));
@@ -144,7 +163,11 @@ fn healthy_leader(probes: &[Option<Result<Probe, crate::backend::RpcError>>], sl
 mod tests {
     use super::*;
 
-    fn p(is_leader: bool, term: u64, applied: u64) -> Option<Result<Probe, crate::backend::RpcError>> {
+    fn p(
+        is_leader: bool,
+        term: u64,
+        applied: u64,
+    ) -> Option<Result<Probe, crate::backend::RpcError>> {
         Some(Ok(Probe {
             is_leader,
             has_leader: true,
@@ -155,8 +178,14 @@ mod tests {
 
     #[test]
     fn one_leader_caught_up() {
-        assert_eq!(healthy_leader(&[p(false, 2, 10), p(true, 2, 10), p(false, 2, 9)], 2), Ok(1));
-        assert_eq!(healthy_leader(&[p(false, 2, 10), None, p(true, 2, 10)], 2), Ok(2));
+        assert_eq!(
+            healthy_leader(&[p(false, 2, 10), p(true, 2, 10), p(false, 2, 9)], 2),
+            Ok(1)
+        );
+        assert_eq!(
+            healthy_leader(&[p(false, 2, 10), None, p(true, 2, 10)], 2),
+            Ok(2)
+        );
     }
 
     #[test]

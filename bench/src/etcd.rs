@@ -37,11 +37,21 @@ pub fn version(binary: &Path) -> String {
 }
 
 /// Start members m1..m3 on fresh loopback ports with data dirs under `dir`.
-pub fn start(binary: &Path, dir: &Path, payload_bytes: usize) -> anyhow::Result<Cluster<EtcdBackend>> {
+pub fn start(
+    binary: &Path,
+    dir: &Path,
+    payload_bytes: usize,
+) -> anyhow::Result<Cluster<EtcdBackend>> {
     let ports = crate::ports::free_ports(6)?;
     let (client, peer) = ports.split_at(3);
-    let client_urls: Vec<String> = client.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
-    let peer_urls: Vec<String> = peer.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let client_urls: Vec<String> = client
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect();
+    let peer_urls: Vec<String> = peer
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect();
     let initial = peer_urls
         .iter()
         .enumerate()
@@ -65,7 +75,13 @@ pub fn start(binary: &Path, dir: &Path, payload_bytes: usize) -> anyhow::Result<
                 "--logger=zap".into(),
                 "--log-outputs=stderr".into(),
             ];
-            Member::new(format!("etcd-{name}"), binary, args, dir.join(format!("etcd-{name}.log")))
+            Member::new(
+                format!("etcd-{name}"),
+                binary,
+                args,
+                dir.join(format!("etcd-{name}.log")),
+            )
+            .data_dir(dir.join(format!("etcd-{name}")))
         })
         .collect();
     let addrs: Vec<String> = client.iter().map(|p| format!("127.0.0.1:{p}")).collect();
@@ -138,7 +154,11 @@ impl Backend for EtcdBackend {
                 is_leader: s.leader != 0 && s.leader == me,
                 has_leader: s.leader != 0,
                 term: s.raft_term,
-                applied: if s.raft_applied_index > 0 { s.raft_applied_index } else { s.raft_index },
+                applied: if s.raft_applied_index > 0 {
+                    s.raft_applied_index
+                } else {
+                    s.raft_index
+                },
             })
         })
         .await

@@ -21,8 +21,14 @@ pub struct Round {
     pub attempts: u32,
 }
 
-/// Kill the leader `rounds` times. `settle` bounds each wait for a healthy cluster.
-pub async fn run<B: Backend>(cluster: &mut Cluster<B>, rounds: usize, settle: Duration) -> anyhow::Result<Vec<Round>> {
+/// Kill the leader `rounds` times, appending each round to `out` as it ends (so rounds done
+/// before an error are kept). `settle` bounds each wait for a healthy cluster.
+pub async fn run<B: Backend>(
+    out: &mut Vec<Round>,
+    cluster: &mut Cluster<B>,
+    rounds: usize,
+    settle: Duration,
+) -> anyhow::Result<()> {
     // Short attempts: a write parked on a member that has not yet noticed the leader is gone
     // is abandoned quickly and the client looks for the new leader.
     let opts = ClientOptions {
@@ -32,7 +38,6 @@ pub async fn run<B: Backend>(cluster: &mut Cluster<B>, rounds: usize, settle: Du
         probe_timeout: Duration::from_millis(1000),
     };
     let client = Arc::new(LeaderClient::new(cluster.backend.clone(), opts));
-    let mut out = Vec::new();
     for round in 0..rounds {
         cluster
             .wait_healthy(settle, 5)
@@ -45,12 +50,16 @@ pub async fn run<B: Backend>(cluster: &mut Cluster<B>, rounds: usize, settle: Du
         // One write first, so the client's connection to the leader is warm, as a working
         // client's would be.
         let warm = Write::new(format!("failover-warm-{round}"));
-        client
-            .write(&warm)
-            .await
-            .map_err(|f| anyhow::anyhow!("write before failover round {}: {}", round + 1, f.error))?;
+        client.write(&warm).await.map_err(|f| {
+            anyhow::anyhow!("write before failover round {}: {}", round + 1, f.error)
+        })?;
         let killed = cluster.members[leader].name.clone();
         let write = Write::new(format!("failover-{round}"));
+        eprintln!(
+            "[{}]   {} kill -9 {killed} (the leader)",
+            cluster.backend.name(),
+            chrono::Utc::now().format("%H:%M:%S%.3f")
+        );
         let started = Instant::now();
         cluster.kill(leader).await?;
         let result = client.write(&write).await;
@@ -69,6 +78,9 @@ pub async fn run<B: Backend>(cluster: &mut Cluster<B>, rounds: usize, settle: Du
         });
         cluster.restart(leader)?;
     }
-    cluster.wait_healthy(settle, 5).await.context("after the last failover round")?;
-    Ok(out)
+    cluster
+        .wait_healthy(settle, 5)
+        .await
+        .context("after the last failover round")?;
+    Ok(())
 }

@@ -44,7 +44,12 @@ struct WriterTally {
 }
 
 /// Object names are `{prefix}{n:05}`, n in 0..writes.
-pub async fn run<B: Backend>(client: Arc<LeaderClient<B>>, writes: u64, clients: usize, prefix: &str) -> LoadResult {
+pub async fn run<B: Backend>(
+    client: Arc<LeaderClient<B>>,
+    writes: u64,
+    clients: usize,
+    prefix: &str,
+) -> LoadResult {
     let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let tasks: Vec<_> = (0..clients.max(1))
@@ -85,7 +90,9 @@ pub async fn run<B: Backend>(client: Arc<LeaderClient<B>>, writes: u64, clients:
                 all.retries += t.retries;
                 all.errors.extend(t.errors);
             }
-            Err(e) => all.errors.push(format!("a writer task ended abnormally: {e}")),
+            Err(e) => all
+                .errors
+                .push(format!("a writer task ended abnormally: {e}")),
         }
     }
     let elapsed = started.elapsed();

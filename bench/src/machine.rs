@@ -56,6 +56,11 @@ pub fn parse_vm_rss(status: &str) -> Option<u64> {
     parse_kib_field(status, "VmRSS")
 }
 
+/// Peak resident set size in bytes ("high water mark") from the text of `/proc/PID/status`.
+pub fn parse_vm_hwm(status: &str) -> Option<u64> {
+    parse_kib_field(status, "VmHWM")
+}
+
 /// Milliseconds with one decimal, for tables.
 pub fn ms(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1000.0)
@@ -71,9 +76,11 @@ mod tests {
 
     #[test]
     fn vm_rss_from_proc_status() {
-        let status = "Name:\ttb-controller\nVmPeak:\t  200000 kB\nVmRSS:\t   51200 kB\nThreads:\t9\n";
+        let status =
+            "Name:\ttb-controller\nVmPeak:\t  200000 kB\nVmRSS:\t   51200 kB\nThreads:\t9\n";
         assert_eq!(parse_vm_rss(status), Some(51200 * 1024));
         assert_eq!(parse_vm_rss("Name:\tx\n"), None);
+        assert_eq!(parse_vm_hwm("VmHWM:\t  200 kB\n"), Some(200 * 1024));
     }
 
     #[test]

@@ -8,12 +8,21 @@ use std::process::Stdio;
 use anyhow::Context;
 use tokio::process::{Child, Command};
 
+/// A process's resident memory, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memory {
+    pub rss: u64,
+    /// The most it has been resident since it started.
+    pub peak: u64,
+}
+
 pub struct Member {
     pub name: String,
     program: PathBuf,
     args: Vec<String>,
     envs: Vec<(String, String)>,
     log: PathBuf,
+    data_dir: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -25,8 +34,21 @@ impl Member {
             args,
             envs: Vec::new(),
             log,
+            data_dir: None,
             child: None,
         }
+    }
+
+    /// Where the member keeps its data, to report its size on disk.
+    pub fn data_dir(mut self, dir: PathBuf) -> Self {
+        self.data_dir = Some(dir);
+        self
+    }
+
+    /// Bytes the member's data dir occupies on disk (allocated blocks, so preallocated but
+    /// unused space in sparse files is not counted).
+    pub fn disk_bytes(&self) -> Option<u64> {
+        self.data_dir.as_deref().map(disk_usage)
     }
 
     /// Set an environment variable for the process (e.g. `RUST_LOG`).
@@ -74,8 +96,13 @@ impl Member {
     /// SIGKILL the process (`kill -9`) and reap it.
     pub async fn kill(&mut self) -> anyhow::Result<()> {
         if let Some(mut child) = self.child.take() {
-            child.start_kill().with_context(|| format!("killing {}", self.name))?;
-            child.wait().await.with_context(|| format!("reaping {}", self.name))?;
+            child
+                .start_kill()
+                .with_context(|| format!("killing {}", self.name))?;
+            child
+                .wait()
+                .await
+                .with_context(|| format!("reaping {}", self.name))?;
         }
         Ok(())
     }
@@ -86,19 +113,30 @@ impl Member {
         match child.try_wait() {
             Ok(Some(status)) => {
                 self.child = None;
-                Some(format!("{} exited: {status} (log: {})", self.name, self.log.display()))
+                Some(format!(
+                    "{} exited: {status} (log: {})",
+                    self.name,
+                    self.log.display()
+                ))
             }
             Ok(None) => None,
             Err(e) => Some(format!("{}: {e}", self.name)),
         }
     }
 
-    /// Resident memory in bytes, from `VmRSS` in `/proc/PID/status`.
-    pub fn rss_bytes(&self) -> anyhow::Result<u64> {
-        let pid = self.pid().with_context(|| format!("{} is not running", self.name))?;
+    /// Resident memory now and at its peak, in bytes: `VmRSS` and `VmHWM` in `/proc/PID/status`.
+    pub fn memory(&self) -> anyhow::Result<Memory> {
+        let pid = self
+            .pid()
+            .with_context(|| format!("{} is not running", self.name))?;
         let path = format!("/proc/{pid}/status");
         let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        crate::machine::parse_vm_rss(&text).with_context(|| format!("no VmRSS line in {path}"))
+        Ok(Memory {
+            rss: crate::machine::parse_vm_rss(&text)
+                .with_context(|| format!("no VmRSS line in {path}"))?,
+            peak: crate::machine::parse_vm_hwm(&text)
+                .with_context(|| format!("no VmHWM line in {path}"))?,
+        })
     }
 
     /// The last `n` lines of the log, to show why a member misbehaved.
@@ -107,4 +145,20 @@ impl Member {
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
+}
+
+/// Allocated bytes under `path` (like `du -s`), ignoring what cannot be read.
+fn disk_usage(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return 0;
+    };
+    let own = meta.blocks() * 512;
+    if !meta.is_dir() {
+        return own;
+    }
+    let children = std::fs::read_dir(path)
+        .map(|entries| entries.flatten().map(|e| disk_usage(&e.path())).sum())
+        .unwrap_or(0);
+    own + children
 }

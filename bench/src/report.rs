@@ -35,7 +35,13 @@ pub struct Shape<'a> {
 
 /// The whole printout. `tb` is `None` when it was not run; `etcd` is `None` when it was not
 /// run or not found (`etcd_missing` says which).
-pub fn render(ctx: &Context, shape: &Shape, tb: Option<&SystemReport>, etcd: Option<&SystemReport>, etcd_missing: &str) -> String {
+pub fn render(
+    ctx: &Context,
+    shape: &Shape,
+    tb: Option<&SystemReport>,
+    etcd: Option<&SystemReport>,
+    etcd_missing: &str,
+) -> String {
     let clients = shape.clients;
     let mut out = String::new();
     let m = &ctx.machine;
@@ -46,7 +52,11 @@ pub fn render(ctx: &Context, shape: &Shape, tb: Option<&SystemReport>, etcd: Opt
         "- machine: {} CPUs ({}), {} RAM, Linux {}",
         m.nproc, m.cpu_model, m.mem_total, m.kernel
     );
-    let _ = writeln!(out, "- load average (1/5/15 min): before {}, after {}", ctx.load_before, ctx.load_after);
+    let _ = writeln!(
+        out,
+        "- load average (1/5/15 min): before {}, after {}",
+        ctx.load_before, ctx.load_after
+    );
     let _ = writeln!(out, "- workload: {}", ctx.workload);
     for b in &ctx.binaries {
         let _ = writeln!(out, "- {b}");
@@ -64,12 +74,34 @@ pub fn render(ctx: &Context, shape: &Shape, tb: Option<&SystemReport>, etcd: Opt
         let t = tb.and_then(|t| t.run(c)).map(|r| &r.load);
         let e = etcd.and_then(|e| e.run(c)).map(|r| &r.load);
         let tput = |l: Option<&crate::load::LoadResult>| l.map(|l| l.throughput());
-        row_higher_better(&mut out, &format!("throughput, {c} clients (writes/s)"), tput(t), tput(e), 0, "≥ etcd");
+        row_higher_better(
+            &mut out,
+            &format!("throughput, {c} clients (writes/s)"),
+            tput(t),
+            tput(e),
+            0,
+            "≥ etcd",
+        );
         let q = |l: Option<&crate::load::LoadResult>, p: f64| {
-            l.and_then(|l| l.latencies.quantile(p)).map(|d| d.as_secs_f64() * 1000.0)
+            l.and_then(|l| l.latencies.quantile(p))
+                .map(|d| d.as_secs_f64() * 1000.0)
         };
-        row_plain(&mut out, &format!("p50 latency, {c} clients (ms)"), q(t, 0.5), q(e, 0.5), 1);
-        row_lower_better(&mut out, &format!("p99 latency, {c} clients (ms)"), q(t, 0.99), q(e, 0.99), 1, "≤ etcd", None);
+        row_plain(
+            &mut out,
+            &format!("p50 latency, {c} clients (ms)"),
+            q(t, 0.5),
+            q(e, 0.5),
+            1,
+        );
+        row_lower_better(
+            &mut out,
+            &format!("p99 latency, {c} clients (ms)"),
+            q(t, 0.99),
+            q(e, 0.99),
+            1,
+            "≤ etcd",
+            None,
+        );
     }
     // A round in which no write succeeded counts as infinitely long.
     let fo = |s: Option<&SystemReport>| {
@@ -78,22 +110,36 @@ pub fn render(ctx: &Context, shape: &Shape, tb: Option<&SystemReport>, etcd: Opt
             .iter()
             .map(|r| r.outcome.clone().unwrap_or(Duration::MAX))
             .collect();
-        median(&rounds).map(|d| if d == Duration::MAX { f64::INFINITY } else { d.as_secs_f64() * 1000.0 })
+        median(&rounds).map(|d| {
+            if d == Duration::MAX {
+                f64::INFINITY
+            } else {
+                d.as_secs_f64() * 1000.0
+            }
+        })
     };
-    row_lower_better(
-        &mut out,
-        &format!("leader kill -9 → first write ok, median of {} (ms)", shape.failovers),
-        fo(tb),
-        fo(etcd),
-        0,
-        "≤ 2000 ms",
-        Some(FAILOVER_TARGET.as_secs_f64() * 1000.0),
-    );
+    if shape.failovers > 0 {
+        row_lower_better(
+            &mut out,
+            &format!(
+                "leader kill -9 → first write ok, median of {} (ms)",
+                shape.failovers
+            ),
+            fo(tb),
+            fo(etcd),
+            0,
+            "≤ 2000 ms",
+            Some(FAILOVER_TARGET.as_secs_f64() * 1000.0),
+        );
+    }
     for &c in clients {
         let rss = |s: Option<&SystemReport>| s?.run(c)?.leader_rss.map(|b| b as f64 / 1e6);
         row_lower_better(
             &mut out,
-            &format!("leader RSS with {} objects, after {c} clients (MB)", thousands(shape.writes)),
+            &format!(
+                "leader RSS with {} objects, after {c} clients (MB)",
+                thousands(shape.writes)
+            ),
             rss(tb),
             rss(etcd),
             1,
@@ -134,30 +180,65 @@ fn yes_no(ok: Option<bool>) -> &'static str {
 
 fn row_plain(out: &mut String, metric: &str, t: Option<f64>, e: Option<f64>, d: usize) {
     let r = ratio(t, e);
-    let _ = writeln!(out, "| {metric} | {} | {} | {} | | |", fmt(t, d), fmt(e, d), fmt(r, 2));
+    let _ = writeln!(
+        out,
+        "| {metric} | {} | {} | {} | | |",
+        fmt(t, d),
+        fmt(e, d),
+        fmt(r, 2)
+    );
 }
 
-fn row_higher_better(out: &mut String, metric: &str, t: Option<f64>, e: Option<f64>, d: usize, target: &str) {
+fn row_higher_better(
+    out: &mut String,
+    metric: &str,
+    t: Option<f64>,
+    e: Option<f64>,
+    d: usize,
+    target: &str,
+) {
     let r = ratio(t, e);
     let met = r.map(|r| r >= 1.0);
-    let _ = writeln!(out, "| {metric} | {} | {} | {} | {target} | {} |", fmt(t, d), fmt(e, d), fmt(r, 2), yes_no(met));
+    let _ = writeln!(
+        out,
+        "| {metric} | {} | {} | {} | {target} | {} |",
+        fmt(t, d),
+        fmt(e, d),
+        fmt(r, 2),
+        yes_no(met)
+    );
 }
 
 /// `absolute`: a fixed bound for tb; otherwise tb is held to etcd's figure.
-fn row_lower_better(out: &mut String, metric: &str, t: Option<f64>, e: Option<f64>, d: usize, target: &str, absolute: Option<f64>) {
+fn row_lower_better(
+    out: &mut String,
+    metric: &str,
+    t: Option<f64>,
+    e: Option<f64>,
+    d: usize,
+    target: &str,
+    absolute: Option<f64>,
+) {
     let r = ratio(t, e);
     let met = match absolute {
         Some(bound) => t.map(|t| t <= bound),
         None => r.map(|r| r <= 1.0),
     };
-    let _ = writeln!(out, "| {metric} | {} | {} | {} | {target} | {} |", fmt(t, d), fmt(e, d), fmt(r, 2), yes_no(met));
+    let _ = writeln!(
+        out,
+        "| {metric} | {} | {} | {} | {target} | {} |",
+        fmt(t, d),
+        fmt(e, d),
+        fmt(r, 2),
+        yes_no(met)
+    );
 }
 
 fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(ch);
@@ -165,20 +246,38 @@ fn thousands(n: u64) -> String {
     out
 }
 
+/// Sizes in MB, one per member.
+fn mbs(sizes: &[Option<u64>]) -> String {
+    sizes
+        .iter()
+        .map(|b| b.map_or("—".into(), |b| format!("{:.1}", b as f64 / 1e6)))
+        .collect::<Vec<_>>()
+        .join(" / ")
+        + " MB"
+}
+
 fn details(out: &mut String, s: &SystemReport) {
     let _ = writeln!(out, "**{}** ({})", s.name, s.version);
     for r in &s.runs {
         let l = &r.load;
         let rss: Vec<String> = r
-            .rss
+            .memory
             .iter()
-            .enumerate()
-            .map(|(i, b)| format!("member {}: {}", i + 1, b.map_or("—".into(), |b| format!("{:.1} MB", b as f64 / 1e6))))
+            .map(|m| {
+                m.map_or("—".into(), |m| {
+                    format!(
+                        "{:.1} (peak {:.1})",
+                        m.rss as f64 / 1e6,
+                        m.peak as f64 / 1e6
+                    )
+                })
+            })
             .collect();
         let _ = writeln!(
             out,
-            "- {} clients: {} of {} writes ok in {:.2} s, {} failed, {} retries; p50 {} / p90 {} / p99 {} / max {} ms; RSS {}",
+            "- {} clients (load average before: {}): {} of {} writes ok in {:.2} s, {} failed, {} retries; p50 {} / p90 {} / p99 {} / max {} ms; RSS per member {} MB; data dir on disk {}",
             l.clients,
+            r.load_before,
             l.succeeded(),
             l.writes,
             l.elapsed.as_secs_f64(),
@@ -188,7 +287,8 @@ fn details(out: &mut String, s: &SystemReport) {
             l.latencies.quantile(0.9).map_or("—".into(), ms),
             l.latencies.quantile(0.99).map_or("—".into(), ms),
             l.latencies.max().map_or("—".into(), ms),
-            rss.join(", "),
+            rss.join(" / "),
+            mbs(&r.disk),
         );
         for e in &l.errors {
             let _ = writeln!(out, "  - error: `{e}`");
@@ -202,8 +302,16 @@ fn details(out: &mut String, s: &SystemReport) {
             .failovers
             .iter()
             .map(|r| match &r.outcome {
-                Ok(d) => format!("killed {} → {} ms ({} attempts)", r.killed, ms(*d), r.attempts),
-                Err(e) => format!("killed {} → no write succeeded ({} attempts): `{e}`", r.killed, r.attempts),
+                Ok(d) => format!(
+                    "killed {} → {} ms ({} attempts)",
+                    r.killed,
+                    ms(*d),
+                    r.attempts
+                ),
+                Err(e) => format!(
+                    "killed {} → no write succeeded ({} attempts): `{e}`",
+                    r.killed, r.attempts
+                ),
             })
             .collect();
         let _ = writeln!(out, "- failover rounds: {}", rounds.join("; "));
@@ -228,7 +336,15 @@ mod tests {
     #[test]
     fn lower_is_better_against_a_bound() {
         let mut out = String::new();
-        row_lower_better(&mut out, "m", Some(500.0), Some(1500.0), 0, "≤ 2000 ms", Some(2000.0));
+        row_lower_better(
+            &mut out,
+            "m",
+            Some(500.0),
+            Some(1500.0),
+            0,
+            "≤ 2000 ms",
+            Some(2000.0),
+        );
         assert_eq!(out, "| m | 500 | 1500 | 0.33 | ≤ 2000 ms | yes |\n");
     }
 }

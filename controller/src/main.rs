@@ -44,8 +44,9 @@ struct Args {
     /// Log entries kept after a snapshot for followers slightly behind.
     #[arg(long, default_value_t = 1_000)]
     keep_after_snapshot: u64,
-    /// Raft heartbeat interval in milliseconds (elections time out after 5–10 heartbeats).
-    #[arg(long, default_value_t = 100)]
+    /// Raft heartbeat interval in milliseconds. Elections time out after 5–10 heartbeats, and a
+    /// new leader is elected about 15–20 heartbeats after the old one dies.
+    #[arg(long, default_value_t = 50)]
     heartbeat_ms: u64,
     /// A Node without heartbeats this long (ms) is NotReady and its allocations Lost.
     #[arg(long, default_value_t = 10_000)]

@@ -96,7 +96,9 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let raft = RaftServer::new(RaftService::new(node.clone()))
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // Serving from our own listener, the builder's tcp_nodelay is not applied: set it here, or
+    // every small reply waits on Nagle's algorithm.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let serve = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))

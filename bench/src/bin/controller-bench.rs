@@ -1,7 +1,8 @@
-//! `controller-bench`: tb's controller against etcd on this machine. Starts a 3-member tb
-//! cluster and then a 3-member etcd cluster (never both at once), writes the same ~1 KiB
-//! objects to each from 16 and then 64 concurrent clients, kills each one's leader a few times,
-//! and prints a markdown table to stdout (progress goes to stderr).
+//! `controller-bench`: tb's controller against etcd on this machine. For each client count
+//! (16, then 64) it starts a fresh 3-member tb cluster, then a fresh 3-member etcd cluster
+//! (never both at once), writes the same ~1 KiB objects to each, and on the last pair kills
+//! each one's leader a few times; then it prints a markdown table to stdout (progress goes to
+//! stderr).
 //!
 //! Run from the workspace: `cargo run --release -p tb-bench --bin controller-bench --
 //! [--writes 10000] [--clients 16,64]`.
@@ -16,7 +17,10 @@ use tb_bench::report;
 use tb_bench::tb::TbOptions;
 
 #[derive(Parser, Debug)]
-#[command(name = "controller-bench", about = "tb's controller against etcd: throughput, latency, failover, memory")]
+#[command(
+    name = "controller-bench",
+    about = "tb's controller against etcd: throughput, latency, failover, memory"
+)]
 struct Args {
     /// Writes per run (each creates one object).
     #[arg(long, default_value_t = 10_000)]
@@ -49,6 +53,10 @@ struct Args {
     /// RUST_LOG for the tb controllers (e.g. `debug`); their default otherwise.
     #[arg(long)]
     tb_log: Option<String>,
+    /// An extra tb-controller flag for every member (repeatable), e.g.
+    /// `--tb-arg=--heartbeat-ms --tb-arg=50`. The table is then not tb's defaults: say so.
+    #[arg(long, allow_hyphen_values = true)]
+    tb_arg: Vec<String>,
 }
 
 /// The workspace root: the parent of this crate's directory.
@@ -68,17 +76,29 @@ fn build_tb_controller() -> anyhow::Result<PathBuf> {
         .current_dir(&root)
         .status()
         .context("running cargo build for tb-controller")?;
-    anyhow::ensure!(status.success(), "cargo build --release -p tb-controller failed ({status})");
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    anyhow::ensure!(
+        status.success(),
+        "cargo build --release -p tb-controller failed ({status})"
+    );
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
     let bin = target.join("release").join("tb-controller");
-    anyhow::ensure!(bin.is_file(), "{} is missing after the build", bin.display());
+    anyhow::ensure!(
+        bin.is_file(),
+        "{} is missing after the build",
+        bin.display()
+    );
     Ok(bin)
 }
 
 fn describe_binary(label: &str, path: &Path) -> String {
     let modified = std::fs::metadata(path)
         .and_then(|m| m.modified())
-        .map(|t| chrono::DateTime::<chrono::Utc>::from(t).format("%Y-%m-%d %H:%M UTC").to_string())
+        .map(|t| {
+            chrono::DateTime::<chrono::Utc>::from(t)
+                .format("%Y-%m-%d %H:%M UTC")
+                .to_string()
+        })
         .unwrap_or_else(|_| "unknown".into());
     format!("{label}: `{}` (built {modified})", path.display())
 }
@@ -102,7 +122,9 @@ async fn main() -> anyhow::Result<()> {
     let etcd_binary = args.etcd.clone().or_else(tb_bench::etcd::find_binary);
     let etcd_missing = match (&etcd_binary, want_etcd) {
         (_, false) => "not run (--systems)".to_string(),
-        (None, true) => "not found (install Debian's etcd-server package, or pass --etcd PATH)".to_string(),
+        (None, true) => {
+            "not found (install Debian's etcd-server package, or pass --etcd PATH)".to_string()
+        }
         (Some(p), true) if !p.is_file() => format!("{} not found", p.display()),
         _ => String::new(),
     };
@@ -124,30 +146,47 @@ async fn main() -> anyhow::Result<()> {
 
     let machine = Machine::describe();
     let load_before = load_average();
-    let date = chrono::Utc::now().format("%Y-%m-%d %H:%M:%S UTC").to_string();
+    let date = chrono::Utc::now()
+        .format("%Y-%m-%d %H:%M:%S UTC")
+        .to_string();
 
-    let mut tb_report = None;
-    if let Some(bin) = &tb_binary {
-        let mut r = SystemReport::new("tb", "tb-controller".into());
-        let opts = TbOptions {
-            binary: bin.clone(),
-            rust_log: args.tb_log.clone(),
-            payload_bytes: args.payload_bytes,
-        };
-        tb_bench::bench::system(&mut r, &plan, |dir| tb_bench::tb::start(&opts, dir)).await;
-        tb_report = Some(r);
-    }
-
-    let mut etcd_report = None;
-    if let Some(bin) = &etcd_binary {
-        let mut r = SystemReport::new("etcd", tb_bench::etcd::version(bin));
-        tb_bench::bench::system(&mut r, &plan, |dir| tb_bench::etcd::start(bin, dir, args.payload_bytes)).await;
-        etcd_report = Some(r);
+    // Alternate the systems per client count (never both at once), so the two runs compared
+    // in each row of the table are taken close together.
+    let tb_opts = tb_binary.as_ref().map(|bin| TbOptions {
+        binary: bin.clone(),
+        rust_log: args.tb_log.clone(),
+        payload_bytes: args.payload_bytes,
+        extra_args: args.tb_arg.clone(),
+    });
+    let mut tb_report = tb_opts
+        .as_ref()
+        .map(|_| SystemReport::new("tb", "tb-controller".into()));
+    let mut etcd_report = etcd_binary
+        .as_ref()
+        .map(|bin| SystemReport::new("etcd", tb_bench::etcd::version(bin)));
+    for (k, &clients) in plan.clients.iter().enumerate() {
+        let last = k + 1 == plan.clients.len();
+        if let (Some(opts), Some(r)) = (&tb_opts, tb_report.as_mut()) {
+            tb_bench::bench::run(r, &plan, clients, last, |dir| {
+                tb_bench::tb::start(opts, dir)
+            })
+            .await;
+        }
+        if let (Some(bin), Some(r)) = (&etcd_binary, etcd_report.as_mut()) {
+            let start = |dir: &Path| tb_bench::etcd::start(bin, dir, args.payload_bytes);
+            tb_bench::bench::run(r, &plan, clients, last, start).await;
+        }
     }
 
     let mut binaries = Vec::new();
     if let Some(b) = &tb_binary {
         binaries.push(describe_binary("tb-controller", b));
+        if !args.tb_arg.is_empty() {
+            binaries.push(format!(
+                "tb-controller extra flags (not its defaults): `{}`",
+                args.tb_arg.join(" ")
+            ));
+        }
     }
     if let Some(b) = &etcd_binary {
         binaries.push(describe_binary("etcd", b));
@@ -172,7 +211,16 @@ async fn main() -> anyhow::Result<()> {
         writes: plan.writes,
         failovers: plan.failovers,
     };
-    println!("{}", report::render(&ctx, &shape, tb_report.as_ref(), etcd_report.as_ref(), &etcd_missing));
+    println!(
+        "{}",
+        report::render(
+            &ctx,
+            &shape,
+            tb_report.as_ref(),
+            etcd_report.as_ref(),
+            &etcd_missing
+        )
+    );
 
     if args.keep {
         let kept = tmp.keep();

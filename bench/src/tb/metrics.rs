@@ -72,7 +72,11 @@ pub fn histogram(text: &str, name: &str, label: &str) -> Option<Summary> {
 
 /// Server-side latency of one gRPC method (`Objects/Apply`, `Raft/Append`, ...).
 pub fn method(text: &str, method: &str) -> Option<Summary> {
-    histogram(text, "tb_grpc_request_duration_seconds", &format!("method=\"{method}\""))
+    histogram(
+        text,
+        "tb_grpc_request_duration_seconds",
+        &format!("method=\"{method}\""),
+    )
 }
 
 /// Time spent applying committed batches to the store.
@@ -95,7 +99,12 @@ pub fn refused(text: &str, method: &str) -> Vec<(String, u64)> {
             if !labels.contains(&want) || labels.contains("code=\"Ok\"") {
                 return None;
             }
-            let code = labels.split("code=\"").nth(1)?.split('"').next()?.to_string();
+            let code = labels
+                .split("code=\"")
+                .nth(1)?
+                .split('"')
+                .next()?
+                .to_string();
             Some((code, value.trim().parse::<f64>().ok()? as u64))
         })
         .collect()
@@ -131,7 +140,11 @@ pub async fn observe(addrs: &[String], leader: usize, dir: &std::path::Path) -> 
             }
         }
         if let Some(h) = apply(&text).filter(|h| h.count > 0) {
-            parts.push(format!("state-machine apply: {} batches, mean {} ms", h.count, ms(h.mean())));
+            parts.push(format!(
+                "state-machine apply: {} batches, mean {} ms",
+                h.count,
+                ms(h.mean())
+            ));
         }
         notes.push(format!("{who}: {}", parts.join("; ")));
     }
@@ -139,7 +152,10 @@ pub async fn observe(addrs: &[String], leader: usize, dir: &std::path::Path) -> 
 }
 
 fn ms(d: Option<Duration>) -> String {
-    d.map_or_else(|| "-".into(), |d| format!("{:.2}", d.as_secs_f64() * 1000.0))
+    d.map_or_else(
+        || "-".into(),
+        |d| format!("{:.2}", d.as_secs_f64() * 1000.0),
+    )
 }
 
 #[cfg(test)]
@@ -165,7 +181,10 @@ tb_objects{kind="Model"} 10000
         assert_eq!(apply_rpc.mean(), Some(Duration::from_millis(5)));
         assert_eq!(apply(TEXT).unwrap().count, 3000);
         assert_eq!(objects(TEXT, "Model"), Some(10000));
-        assert_eq!(refused(TEXT, "Objects/Apply"), vec![("Unavailable".to_string(), 3)]);
+        assert_eq!(
+            refused(TEXT, "Objects/Apply"),
+            vec![("Unavailable".to_string(), 3)]
+        );
         assert_eq!(method(TEXT, "Raft/Append"), None);
     }
 }

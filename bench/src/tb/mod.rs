@@ -25,6 +25,8 @@ pub struct TbOptions {
     /// `RUST_LOG` for the controllers (their default when `None`).
     pub rust_log: Option<String>,
     pub payload_bytes: usize,
+    /// More `tb-controller` flags (e.g. `--heartbeat-ms 50`), appended to every member's.
+    pub extra_args: Vec<String>,
 }
 
 /// Start controllers 1..=3 on fresh loopback ports with data dirs under `dir`, each also
@@ -44,7 +46,7 @@ pub fn start(opts: &TbOptions, dir: &Path) -> anyhow::Result<Cluster<TbBackend>>
     for (i, addr) in addrs.iter().enumerate() {
         let id = i + 1;
         let metrics_addr = format!("127.0.0.1:{}", metrics[i]);
-        let args = vec![
+        let mut args = vec![
             "--id".into(),
             id.to_string(),
             "--listen".into(),
@@ -56,7 +58,14 @@ pub fn start(opts: &TbOptions, dir: &Path) -> anyhow::Result<Cluster<TbBackend>>
             "--metrics-listen".into(),
             metrics_addr.clone(),
         ];
-        let mut m = Member::new(format!("tb-{id}"), &opts.binary, args, dir.join(format!("tb-{id}.log")));
+        args.extend(opts.extra_args.iter().cloned());
+        let mut m = Member::new(
+            format!("tb-{id}"),
+            &opts.binary,
+            args,
+            dir.join(format!("tb-{id}.log")),
+        )
+        .data_dir(dir.join(format!("tb-{id}")));
         if let Some(filter) = &opts.rust_log {
             m = m.env("RUST_LOG", filter);
         }

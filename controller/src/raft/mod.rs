@@ -61,9 +61,9 @@ pub struct RaftOptions {
 impl Default for RaftOptions {
     fn default() -> Self {
         RaftOptions {
-            heartbeat_ms: 100,
-            election_timeout_min_ms: 500,
-            election_timeout_max_ms: 1000,
+            heartbeat_ms: 50,
+            election_timeout_min_ms: 250,
+            election_timeout_max_ms: 500,
             snapshot_every: 10_000,
             keep_after_snapshot: 1_000,
         }

@@ -12,14 +12,16 @@ use futures::{Stream, TryStreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use redb::{Database, ReadableDatabase, TableDefinition};
-use serde::{Deserialize, Serialize};
 
 use super::log_store::{blocking, io_err};
 use super::{LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::store::{Response, State, WatchHub};
 
 const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
-const CURRENT: &str = "current";
+/// The snapshot's metadata (JSON) and its data (the store as JSON), kept apart so the data is
+/// written as it is rather than encoded a second time.
+const META: &str = "meta";
+const DATA: &str = "data";
 
 /// The store as the API sees it: the state to read and the hub to watch.
 pub struct Shared {
@@ -33,7 +35,6 @@ impl Shared {
     }
 }
 
-#[derive(Serialize, Deserialize)]
 struct StoredSnapshot {
     meta: SnapshotMeta,
     data: Vec<u8>,
@@ -79,21 +80,30 @@ impl StateMachine {
 fn read_snapshot(db: &Database) -> io::Result<Option<StoredSnapshot>> {
     let tx = db.begin_read().map_err(io_err)?;
     let table = tx.open_table(SNAPSHOT).map_err(io_err)?;
-    match redb::ReadableTable::get(&table, CURRENT).map_err(io_err)? {
-        None => Ok(None),
-        Some(v) => serde_json::from_slice(v.value()).map(Some).map_err(io_err),
-    }
+    let (Some(meta), Some(data)) = (
+        redb::ReadableTable::get(&table, META).map_err(io_err)?,
+        redb::ReadableTable::get(&table, DATA).map_err(io_err)?,
+    ) else {
+        return Ok(None);
+    };
+    Ok(Some(StoredSnapshot {
+        meta: serde_json::from_slice(meta.value()).map_err(io_err)?,
+        data: data.value().to_vec(),
+    }))
 }
 
-async fn write_snapshot(db: Arc<Database>, snap: &StoredSnapshot) -> io::Result<()> {
-    let bytes = serde_json::to_vec(snap).map_err(io_err)?;
+/// Write a snapshot durably; the data buffer is handed back for the caller to use.
+async fn write_snapshot(db: Arc<Database>, meta: &SnapshotMeta, data: Vec<u8>) -> io::Result<Vec<u8>> {
+    let meta = serde_json::to_vec(meta).map_err(io_err)?;
     blocking(move || {
         let tx = db.begin_write().map_err(io_err)?;
         {
             let mut table = tx.open_table(SNAPSHOT).map_err(io_err)?;
-            table.insert(CURRENT, bytes.as_slice()).map_err(io_err)?;
+            table.insert(META, meta.as_slice()).map_err(io_err)?;
+            table.insert(DATA, data.as_slice()).map_err(io_err)?;
         }
-        tx.commit().map_err(io_err)
+        tx.commit().map_err(io_err)?;
+        Ok(data)
     })
     .await
 }
@@ -111,15 +121,11 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         let state = std::mem::take(&mut self.state);
         let data = blocking(move || serde_json::to_vec(&state).map_err(io_err)).await?;
-        let stored = StoredSnapshot {
-            meta: self.meta.clone(),
-            data,
-        };
-        write_snapshot(self.db.clone(), &stored).await?;
-        tracing::info!(last = ?stored.meta.last_log_id, bytes = stored.data.len(), "snapshot built");
+        let data = write_snapshot(self.db.clone(), &self.meta, data).await?;
+        tracing::info!(last = ?self.meta.last_log_id, bytes = data.len(), "snapshot built");
         Ok(Snapshot {
-            meta: stored.meta,
-            snapshot: Cursor::new(stored.data),
+            meta: self.meta.clone(),
+            snapshot: Cursor::new(data),
         })
     }
 }
@@ -195,12 +201,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         snapshot: Self::SnapshotData,
     ) -> Result<(), io::Error> {
         let data = snapshot.into_inner();
-        let state: State = serde_json::from_slice(&data).map_err(io_err)?;
-        let stored = StoredSnapshot {
-            meta: meta.clone(),
-            data,
-        };
-        write_snapshot(self.db.clone(), &stored).await?;
+        let (state, data) = blocking(move || {
+            let state: State = serde_json::from_slice(&data).map_err(io_err)?;
+            Ok((state, data))
+        })
+        .await?;
+        write_snapshot(self.db.clone(), meta, data).await?;
         let floor = meta.last_log_id.map(|l| l.index).unwrap_or(0);
         {
             let mut current = self.shared.state.write().unwrap_or_else(|e| e.into_inner());

@@ -72,7 +72,7 @@ impl State {
         if !cmd.request_id.is_empty()
             && let Some(previous) = self.dedup.get(&cmd.request_id)
         {
-            return (previous.clone(), Vec::new());
+            return (self.rehydrate(previous.clone()), Vec::new());
         }
         let (response, changes) = match &cmd.op {
             Op::Apply { objects } => match self.plan_apply(objects) {
@@ -569,7 +569,7 @@ impl State {
     }
 
     fn remember(&mut self, request_id: String, response: Response) {
-        if self.dedup.insert(request_id.clone(), response).is_none() {
+        if self.dedup.insert(request_id.clone(), slim(response)).is_none() {
             self.dedup_order.push_back(request_id);
         }
         while self.dedup_order.len() > MAX_DEDUP {
@@ -577,6 +577,43 @@ impl State {
                 self.dedup.remove(&old);
             }
         }
+    }
+}
+
+/// An answer as the idempotency table keeps it: objects without spec and status (the store
+/// holds those), so remembering 20,000 answers costs little.
+fn slim(mut response: Response) -> Response {
+    let strip = |o: &mut Object| {
+        o.spec = Value::Null;
+        o.status = Value::Null;
+    };
+    match &mut response {
+        Response::Applied { results, .. } => results.iter_mut().for_each(|r| strip(&mut r.object)),
+        Response::Status { object } | Response::Event { object } => strip(object),
+        // A deleted object is gone from the store: keep it whole.
+        _ => {}
+    }
+    response
+}
+
+impl State {
+    /// A remembered answer with its objects filled back in from the store, when they are
+    /// still the version the answer named.
+    fn rehydrate(&self, mut response: Response) -> Response {
+        let fill = |o: &mut Object| {
+            if let Some(cur) = self.get(&o.key())
+                && cur.metadata.resource_version == o.metadata.resource_version
+            {
+                o.spec = cur.spec.clone();
+                o.status = cur.status.clone();
+            }
+        };
+        match &mut response {
+            Response::Applied { results, .. } => results.iter_mut().for_each(|r| fill(&mut r.object)),
+            Response::Status { object } | Response::Event { object } => fill(object),
+            _ => {}
+        }
+        response
     }
 }
 

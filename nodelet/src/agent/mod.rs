@@ -56,7 +56,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let node = identity::node_object(&cfg.name, cfg.labels.clone(), &address, first.to_value());
     let credential = identity::establish(&controllers, &cfg.data_dir, &cfg.name, cfg.join_token.as_deref(), node).await?;
 
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let server = tonic::transport::Server::builder()
         .add_service(NodeletServer::new(logs::LogsService::new(cfg.data_dir.clone())))
         .serve_with_incoming_shutdown(incoming, shutdown_signal());
