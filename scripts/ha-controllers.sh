@@ -2,8 +2,8 @@
 # Start a 3-controller tb cluster on loopback, apply the example manifests, show that the
 # objects survive the loss of the leader, then stop everything.
 #
-#   scripts/local-cluster.sh            # run the whole demo and stop
-#   KEEP=1 scripts/local-cluster.sh     # leave the cluster running (stop with: pkill tb-controller)
+#   scripts/ha-controllers.sh            # run the whole demo and stop
+#   KEEP=1 scripts/ha-controllers.sh     # leave the cluster running (stop with: pkill tb-controller)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

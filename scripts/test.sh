@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Run every test tb has: unit tests, and end-to-end tests that start the real binaries on
+# loopback — including real MLX ranks, from a Python venv this script creates when missing.
+#
+#   scripts/test.sh                 # everything
+#   scripts/test.sh -p tb-api       # arguments go to `cargo test`
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv="$PWD/.venv"
+if ! "$venv/bin/python" -c "import mlx.core, openai" 2>/dev/null; then
+  echo "== creating $venv with mlx[cpu] and openai"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "mlx[cpu]==0.32.*" "openai>=1.40"
+fi
+export TB_TEST_PYTHON="$venv/bin/python"
+export PATH="$venv/bin:$PATH"
+
+# The end-to-end tests start these binaries; build them once, up front.
+cargo build --workspace --bins
+cargo test --workspace "$@"
