@@ -46,6 +46,9 @@ type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
 type Snapshot = openraft::alias::SnapshotOf<TypeConfig, std::io::Cursor<Vec<u8>>>;
 type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
 
+/// redb's page cache.
+const REDB_CACHE_BYTES: usize = 16 * 1024 * 1024;
+
 /// Tunables a controller is started with.
 #[derive(Debug, Clone)]
 pub struct RaftOptions {
@@ -116,7 +119,12 @@ impl RaftNode {
         use anyhow::Context;
         std::fs::create_dir_all(data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
         let path = data_dir.join("tb.redb");
-        let db = redb::Database::create(&path).with_context(|| format!("opening {}", path.display()))?;
+        // redb caches up to 1 GiB by default; the store keeps its own copy of every object in
+        // memory, so a small page cache is enough for the log and snapshots.
+        let db = redb::Builder::new()
+            .set_cache_size(REDB_CACHE_BYTES)
+            .create(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
         let db = Arc::new(db);
         let log = log_store::LogStore::new(db.clone()).context("opening the raft log")?;
         let sm = StateMachine::open(db).context("loading the latest snapshot")?;
