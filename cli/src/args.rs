@@ -1,5 +1,6 @@
 //! tbctl's command line: global flags, verbs and their flags (clap derive).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
@@ -14,7 +15,8 @@ use crate::output::OutputFormat;
     about = "Control a tb cluster: apply, inspect and delete the jobs and services running on your Macs",
     propagate_version = true,
     after_help = "Servers are taken from --server, else $TB_SERVER, else the current context \
-                  (tbctl config set-context), else 127.0.0.1:7400."
+                  (tbctl config set-context), else 127.0.0.1:7400. `tbctl up` starts a cluster on \
+                  this machine and makes the context `local` current."
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -35,9 +37,10 @@ pub struct Global {
     /// Namespace (default: the context's, else `default`).
     #[arg(short = 'n', long, global = true, value_name = "NS")]
     pub namespace: Option<String>,
-    /// How long one request may take, retries and failovers included (e.g. 10s, 500ms, 2m).
-    #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
-    pub timeout: Duration,
+    /// How long one request may take, retries and failovers included (e.g. 10s, 500ms, 2m;
+    /// default 10s). For `wait` and `drain`: how long to wait in all (default 60s and 5m).
+    #[arg(long, global = true, value_name = "DURATION", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
     /// Format of log lines on stderr (verbosity from RUST_LOG, default warn).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -61,8 +64,32 @@ pub enum Command {
     Describe(DescribeArgs),
     /// Delete objects by name or as listed in files.
     Delete(DeleteArgs),
+    /// Print the output of a job's ranks: JOB is NAME (a TrainingJob) or KIND/NAME.
+    Logs(LogsArgs),
+    /// List events, oldest first, and optionally keep printing new ones.
+    Events(EventsArgs),
+    /// Wait until an object meets a condition, reaches a phase, or is deleted.
+    Wait(WaitArgs),
     /// Document a kind or one of its fields: KIND[.field.path].
     Explain(ExplainArgs),
+    /// Memory use of the cluster's Macs.
+    #[command(subcommand)]
+    Top(TopCommand),
+    /// Print an mlx.launch hostfile for a job's current placement.
+    Hostfile(HostfileArgs),
+    /// Mark a Node unschedulable: running work stays, no new work is placed on it.
+    Cordon(NodeArgs),
+    /// Make a Node schedulable again (undoes cordon and drain).
+    Uncordon(NodeArgs),
+    /// Cordon a Node, ask tb to move its work away, and wait until nothing runs there.
+    Drain(NodeArgs),
+    /// Join tokens for nodelets.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Start a local cluster on this machine: one controller and N nodelets.
+    Up(UpArgs),
+    /// Stop the local cluster started by `up`.
+    Down(DownArgs),
     /// The controller cluster: status and membership.
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -148,6 +175,137 @@ pub struct DeleteArgs {
     pub ignore_not_found: bool,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogStream {
+    Stdout,
+    Stderr,
+}
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// NAME (a TrainingJob), or KIND/NAME: tj/NAME, isvc/NAME, trainingjob/NAME, ...
+    #[arg(value_name = "JOB")]
+    pub job: String,
+    /// Only this rank (default: every rank, each line prefixed `[rank N] `).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=i64::from(i32::MAX)))]
+    pub rank: Option<u32>,
+    /// Keep printing lines as they are written.
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+    /// The last N lines of each rank (default: all that are kept).
+    #[arg(long, value_name = "N", default_value_t = -1, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i64).range(-1..))]
+    pub tail: i64,
+    /// Only lines newer than this, e.g. 30s, 10m, 1h.
+    #[arg(long, value_name = "DURATION", value_parser = parse_seconds)]
+    pub since: Option<u64>,
+    /// Only this stream (default: both, stderr lines printed to stdout too).
+    #[arg(long, value_enum, value_name = "STREAM")]
+    pub stream: Option<LogStream>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EventsOutput {
+    Json,
+    Yaml,
+}
+
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Only events about this object, KIND/NAME (e.g. tj/train, node/mac1).
+    #[arg(long = "for", value_name = "KIND/NAME")]
+    pub for_: Option<String>,
+    /// After listing, print new events as they happen.
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+    /// Every namespace.
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    #[arg(short = 'o', long, value_enum)]
+    pub output: Option<EventsOutput>,
+}
+
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// The object, KIND/NAME (e.g. tj/train, isvc/chat, node/mac1).
+    #[arg(value_name = "KIND/NAME")]
+    pub target: String,
+    /// `condition=TYPE[=STATUS]` (STATUS defaults to True), `phase=PHASE`, or `delete`.
+    #[arg(long = "for", value_name = "CONDITION", required = true, value_parser = crate::commands::wait::parse_wait_for)]
+    pub for_: crate::commands::wait::WaitFor,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TopCommand {
+    /// Memory of each Mac: total, allocatable, allocated to tb's work, free.
+    #[command(visible_alias = "node", alias = "no")]
+    Nodes,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HostfileFormat {
+    /// mlx.launch's JSON hostfile: {"backend", "envs", "hosts": [{"ssh", "ips", "rdma"}]}.
+    Mlx,
+    /// MLX's ring hostfile (MLX_HOSTFILE): [["ip:port"], ...] in rank order.
+    Ring,
+}
+
+#[derive(Debug, Args)]
+pub struct HostfileArgs {
+    /// NAME (a TrainingJob), or KIND/NAME: tj/NAME, isvc/NAME, ...
+    #[arg(value_name = "JOB")]
+    pub job: String,
+    /// Write the hostfile here instead of to stdout.
+    #[arg(short = 'o', long = "output", value_name = "PATH")]
+    pub output: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = HostfileFormat::Mlx)]
+    pub format: HostfileFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// The Node's name.
+    #[arg(value_name = "NODE")]
+    pub node: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a join token; it alone is printed on stdout (`TOKEN=$(tbctl token create)`).
+    Create {
+        /// How long the token may be used to join, e.g. 30m, 24h, 7d.
+        #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_seconds)]
+        ttl: u64,
+        /// A note kept with the token, e.g. who it is for.
+        #[arg(long, value_name = "TEXT")]
+        description: Option<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// How many nodelets to start (node-1 .. node-N).
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub nodelets: u32,
+    /// Where the processes keep their state and logs (default: $XDG_DATA_HOME/tb, else
+    /// ~/.local/share/tb).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The port the controller serves on, on 127.0.0.1.
+    #[arg(long, value_name = "P", default_value_t = 7400, value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: u16,
+}
+
+#[derive(Debug, Args)]
+pub struct DownArgs {
+    /// The directory given to `up` (same default).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Also delete the directory: the cluster's objects, the nodelets' identities and the logs.
+    #[arg(long)]
+    pub purge: bool,
+}
+
 #[derive(Debug, Args)]
 pub struct ExplainArgs {
     /// KIND or KIND.field.path, e.g. `isvc.spec.nodes`.
@@ -218,6 +376,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// A whole number of seconds, positive, as `30s`, `10m`, `1h30m`, `7d` (tb_api's durations).
+pub fn parse_seconds(s: &str) -> Result<u64, String> {
+    match tb_api::duration::parse_duration(s)? {
+        0 => Err(format!("{s:?}: expected a positive duration")),
+        n => Ok(n),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,6 +404,88 @@ mod tests {
         for bad in ["", "s", "0s", "-1s", "10x", "abc"] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn whole_second_durations() {
+        assert_eq!(parse_seconds("30s"), Ok(30));
+        assert_eq!(parse_seconds("10m"), Ok(600));
+        assert_eq!(parse_seconds("1h"), Ok(3600));
+        assert_eq!(parse_seconds("1h30m"), Ok(5400));
+        assert_eq!(parse_seconds("7d"), Ok(7 * 86400));
+        for bad in ["", "0s", "10", "1.5h", "-1m", "10x", "ten minutes"] {
+            assert!(parse_seconds(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_seconds("10").expect_err("unitless").contains("30m"));
+    }
+
+    #[test]
+    fn logs_flags() {
+        let logs = |args: &[&str]| match Cli::try_parse_from(args).map(|c| c.command) {
+            Ok(Command::Logs(a)) => Ok(a),
+            Ok(_) => unreachable!("logs"),
+            Err(e) => Err(e),
+        };
+        let a = logs(&["tbctl", "logs", "tj/x"]).expect("defaults");
+        assert_eq!((a.rank, a.follow, a.tail, a.since, a.stream), (None, false, -1, None, None));
+        let a = logs(&["tbctl", "logs", "x", "--rank", "2", "-f", "--tail", "50", "--since", "10m", "--stream", "stderr"])
+            .expect("all flags");
+        assert_eq!(
+            (a.rank, a.follow, a.tail, a.since, a.stream),
+            (Some(2), true, 50, Some(600), Some(LogStream::Stderr))
+        );
+        assert_eq!(logs(&["tbctl", "logs", "x", "--tail", "-1"]).expect("tail -1").tail, -1);
+        for bad in [
+            &["tbctl", "logs", "x", "--tail", "-2"][..],
+            &["tbctl", "logs", "x", "--rank", "-1"],
+            &["tbctl", "logs", "x", "--since", "0s"],
+            &["tbctl", "logs", "x", "--since", "soon"],
+            &["tbctl", "logs", "x", "--stream", "both"],
+            &["tbctl", "logs"],
+        ] {
+            assert!(logs(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn timeout_is_optional_so_wait_and_drain_can_default_it() {
+        let cli = Cli::try_parse_from(["tbctl", "get", "tj"]).expect("parse");
+        assert_eq!(cli.global.timeout, None);
+        let cli = Cli::try_parse_from(["tbctl", "wait", "tj/x", "--for=delete", "--timeout", "90s"]).expect("parse");
+        assert_eq!(cli.global.timeout, Some(Duration::from_secs(90)));
+        let cli = Cli::try_parse_from(["tbctl", "drain", "mac1", "--timeout=5m"]).expect("parse");
+        assert_eq!(cli.global.timeout, Some(Duration::from_secs(300)));
+        assert!(Cli::try_parse_from(["tbctl", "wait", "tj/x"]).is_err(), "--for is required");
+    }
+
+    #[test]
+    fn token_and_local_cluster_flags() {
+        match Cli::try_parse_from(["tbctl", "token", "create"]).expect("parse").command {
+            Command::Token(TokenCommand::Create { ttl, description }) => {
+                assert_eq!((ttl, description), (86400, None));
+            }
+            _ => unreachable!("token"),
+        }
+        match Cli::try_parse_from(["tbctl", "token", "create", "--ttl", "1h", "--description", "mac3"])
+            .expect("parse")
+            .command
+        {
+            Command::Token(TokenCommand::Create { ttl, description }) => {
+                assert_eq!((ttl, description.as_deref()), (3600, Some("mac3")));
+            }
+            _ => unreachable!("token"),
+        }
+        match Cli::try_parse_from(["tbctl", "up"]).expect("parse").command {
+            Command::Up(a) => assert_eq!((a.nodelets, a.port, a.data_dir), (2, 7400, None)),
+            _ => unreachable!("up"),
+        }
+        assert!(Cli::try_parse_from(["tbctl", "up", "--nodelets", "0"]).is_err());
+        assert!(Cli::try_parse_from(["tbctl", "up", "--port", "0"]).is_err());
+        assert!(Cli::try_parse_from(["tbctl", "down", "--purge", "--data-dir", "/tmp/x"]).is_ok());
+        assert!(Cli::try_parse_from(["tbctl", "top", "nodes"]).is_ok());
+        assert!(Cli::try_parse_from(["tbctl", "top", "no"]).is_ok());
+        assert!(Cli::try_parse_from(["tbctl", "hostfile", "x", "--format", "ring", "-o", "h.json"]).is_ok());
+        assert!(Cli::try_parse_from(["tbctl", "hostfile", "x", "--format", "mpi"]).is_err());
     }
 
     #[test]

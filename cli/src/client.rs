@@ -4,7 +4,8 @@
 //!
 //! Retrying a write is safe because every mutating request carries a request id that the caller
 //! generates once per logical operation: the server applies a given id once, however many
-//! controllers the request reached.
+//! controllers the request reached. (CreateToken has no request id: a retry after a lost answer
+//! may mint a second token, which is never shown and expires unused.)
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -12,11 +13,12 @@ use std::future::Future;
 use std::time::Duration;
 
 use tb_api::proto::cluster_client::ClusterClient;
+use tb_api::proto::nodes_client::NodesClient;
 use tb_api::proto::objects_client::ObjectsClient;
 use tb_api::proto::{
-    AddMemberRequest, ApplyRequest, ApplyResponse, ClusterStatusRequest, ClusterStatusResponse, DeleteRequest,
-    DeleteResponse, GetRequest, GetResponse, ListRequest, ListResponse, RemoveMemberRequest, WatchEvent,
-    WatchRequest,
+    AddMemberRequest, ApplyRequest, ApplyResponse, ClusterStatusRequest, ClusterStatusResponse, CreateTokenRequest,
+    CreateTokenResponse, DeleteRequest, DeleteResponse, GetRequest, GetResponse, ListRequest, ListResponse, LogLine,
+    LogsRequest, RemoveMemberRequest, WatchEvent, WatchRequest,
 };
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
@@ -258,6 +260,23 @@ impl Client {
         .await
     }
 
+    pub async fn create_token(&mut self, req: CreateTokenRequest) -> Result<CreateTokenResponse, RpcError> {
+        self.call("CreateToken", |ch, t| {
+            let req = timed(req.clone(), t);
+            async move { nodes(ch).create_token(req).await }
+        })
+        .await
+    }
+
+    /// Open a job's log stream. As with `watch`, only opening it is bounded by the timeout.
+    pub async fn logs(&mut self, req: LogsRequest) -> Result<Streaming<LogLine>, RpcError> {
+        self.call("Logs", |ch, _| {
+            let req = req.clone();
+            async move { nodes(ch).logs(req).await }
+        })
+        .await
+    }
+
     pub async fn cluster_status(&mut self) -> Result<ClusterStatusResponse, RpcError> {
         self.call("Status", |ch, t| {
             let req = timed(ClusterStatusRequest {}, t);
@@ -290,6 +309,12 @@ impl Client {
 
 fn objects(ch: Channel) -> ObjectsClient<Channel> {
     ObjectsClient::new(ch)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+}
+
+fn nodes(ch: Channel) -> NodesClient<Channel> {
+    NodesClient::new(ch)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES)
 }

@@ -1,12 +1,16 @@
-//! What `get` shows in its table for each kind: `[NAMESPACE] NAME <kind columns> AGE [LABELS]`,
-//! and kubectl-style ages.
+//! What `get` shows in its table for each kind: `[NAMESPACE] NAME <kind columns> AGE [<wide
+//! kind columns> LABELS]`, kubectl-style ages, and memory sizes for people (`41Gi`, `512Mi`).
+//!
+//! Nodes: `NAME READY FREE/TOTAL CHIP AGE`, wide adding `ADDRESS ALLOCATED` (e.g. `41Gi/64Gi`,
+//! `24Gi (46%)` of allocatable). TrainingJobs: `NAME RANKS EXECUTOR STATUS RESTARTS NODES AGE`,
+//! STATUS being the phase, `Pending (Unschedulable)` when pending for a reason.
 //!
 //! Cells read the object's JSON leniently: a field that is missing or of an unexpected shape
 //! prints as `<none>` rather than failing the whole listing.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use tb_api::{Kind, Object};
+use tb_api::{Kind, Object, Quantity};
 
 use crate::output::Table;
 
@@ -36,6 +40,7 @@ impl View {
         h.extend(kind_headers(self.kind).iter().map(|s| s.to_string()));
         h.push("AGE".to_string());
         if self.wide {
+            h.extend(kind_wide_headers(self.kind).iter().map(|s| s.to_string()));
             h.push("LABELS".to_string());
         }
         h
@@ -50,6 +55,7 @@ impl View {
         r.extend(kind_cells(self.kind, o));
         r.push(age(&o.metadata.creation_timestamp, now));
         if self.wide {
+            r.extend(kind_wide_cells(self.kind, o));
             r.push(labels(o));
         }
         r
@@ -68,10 +74,10 @@ fn kind_headers(kind: Kind) -> &'static [&'static str] {
     match kind {
         Kind::Model => &["FORMAT", "LAYERS"],
         Kind::InferenceService => &["MODEL", "PARALLELISM", "NODES", "READY"],
-        Kind::TrainingJob => &["RANKS", "EXECUTOR", "STATUS"],
+        Kind::TrainingJob => &["RANKS", "EXECUTOR", "STATUS", "RESTARTS", "NODES"],
         Kind::Schedule => &["SCHEDULE", "SUSPEND", "LAST SCHEDULE"],
         Kind::Queue => &["PRIORITY", "WEIGHT"],
-        Kind::Node => &["READY", "MEMORY"],
+        Kind::Node => &["READY", "FREE/TOTAL", "CHIP"],
         Kind::Event => &["TYPE", "REASON", "OBJECT", "COUNT", "MESSAGE"],
         Kind::Allocation => &["JOB", "RANK", "EPOCH", "NODE", "DESIRED", "PHASE"],
     }
@@ -92,6 +98,8 @@ fn kind_cells(kind: Kind, o: &Object) -> Vec<String> {
             cell(at(spec, &["ranks"]).or_else(|| at(spec, &["nodes"]))),
             cell(at(spec, &["executor"])),
             job_status(o),
+            at(status, &["restarts"]).and_then(Value::as_u64).unwrap_or(0).to_string(),
+            cell(at(status, &["nodes"])),
         ],
         Kind::Schedule => vec![
             cell(at(spec, &["schedule"])),
@@ -102,14 +110,18 @@ fn kind_cells(kind: Kind, o: &Object) -> Vec<String> {
                 .unwrap_or_else(|| NONE.into()),
         ],
         Kind::Queue => vec![cell(at(spec, &["priority"])), cell(at(spec, &["weight"]))],
-        Kind::Node => vec![
-            condition(o, "Ready").unwrap_or_else(|| "Unknown".into()),
-            cell(
-                at(status, &["capacity", "memory"])
-                    .or_else(|| at(spec, &["capacity", "memory"]))
-                    .or_else(|| at(status, &["memory"])),
-            ),
-        ],
+        Kind::Node => {
+            let mem = NodeMemory::of(o);
+            vec![
+                node_ready(o),
+                match (mem.free, mem.total) {
+                    (Some(free), Some(total)) => format!("{}/{}", human_bytes(free), human_bytes(total)),
+                    (None, Some(total)) => format!("?/{}", human_bytes(total)),
+                    _ => NONE.into(),
+                },
+                cell(at(status, &["capacity", "chip"])),
+            ]
+        }
         Kind::Event => vec![
             cell(at(spec, &["type"])),
             cell(at(spec, &["reason"])),
@@ -128,6 +140,89 @@ fn kind_cells(kind: Kind, o: &Object) -> Vec<String> {
     }
 }
 
+/// Columns `-o wide` adds after AGE (before LABELS).
+fn kind_wide_headers(kind: Kind) -> &'static [&'static str] {
+    match kind {
+        Kind::Node => &["ADDRESS", "ALLOCATED"],
+        _ => &[],
+    }
+}
+
+fn kind_wide_cells(kind: Kind, o: &Object) -> Vec<String> {
+    match kind {
+        Kind::Node => {
+            let mem = NodeMemory::of(o);
+            vec![
+                cell(at(&o.status, &["address"]).or_else(|| at(&o.spec, &["address"]))),
+                share(mem.allocated, mem.allocatable),
+            ]
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// A Node's Ready condition: True, False or Unknown.
+pub fn node_ready(o: &Object) -> String {
+    condition(o, "Ready").unwrap_or_else(|| "Unknown".into())
+}
+
+/// A Node's memory as its nodelet reports it, field by field (a malformed field is unknown, the
+/// others still show).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeMemory {
+    pub total: Option<u64>,
+    pub allocatable: Option<u64>,
+    pub allocated: Option<u64>,
+    pub free: Option<u64>,
+}
+
+impl NodeMemory {
+    pub fn of(o: &Object) -> NodeMemory {
+        let bytes = |path: &[&str]| at(&o.status, path).and_then(Value::as_u64);
+        let total = bytes(&["capacity", "memoryBytes"]).filter(|b| *b > 0).or_else(|| {
+            at(&o.status, &["capacity", "memory"])
+                .and_then(Value::as_str)
+                .and_then(|q| Quantity::parse(q).ok())
+                .map(|q| q.bytes())
+                .filter(|b| *b > 0)
+        });
+        NodeMemory {
+            total,
+            allocatable: bytes(&["capacity", "allocatableBytes"]).filter(|b| *b > 0),
+            allocated: bytes(&["allocatedBytes"]),
+            free: bytes(&["freeBytes"]),
+        }
+    }
+}
+
+/// `24Gi (46%)`: an amount and its share of a whole, rounded down; just the amount when the
+/// whole is unknown.
+pub fn share(part: Option<u64>, whole: Option<u64>) -> String {
+    match (part, whole) {
+        (None, _) => NONE.into(),
+        (Some(p), Some(w)) if w > 0 => {
+            let pct = u128::from(p) * 100 / u128::from(w);
+            format!("{} ({pct}%)", human_bytes(p))
+        }
+        (Some(p), _) => human_bytes(p),
+    }
+}
+
+/// Bytes for people, in binary units: `64Gi`, `9.5Gi`, `512Mi`, `1.5Ti`, `900`. Three
+/// significant figures at most: one decimal below 10 of a unit, none above.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 5] = [("Pi", 1 << 50), ("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)];
+    for (suffix, unit) in UNITS {
+        if bytes >= unit {
+            let n = bytes as f64 / unit as f64;
+            let text = if n >= 9.95 { format!("{n:.0}") } else { format!("{n:.1}") };
+            let text = text.strip_suffix(".0").unwrap_or(&text);
+            return format!("{text}{suffix}");
+        }
+    }
+    bytes.to_string()
+}
+
 /// The Macs serving it when placed (status), else the range asked for (spec).
 fn isvc_nodes(o: &Object) -> String {
     let placed = at(&o.status, &["nodes"])
@@ -143,8 +238,13 @@ fn isvc_nodes(o: &Object) -> String {
     }
 }
 
+/// The phase, with the reason when pending for one: `Pending (Unschedulable)`.
 fn job_status(o: &Object) -> String {
     if let Some(p) = at(&o.status, &["phase"]).and_then(Value::as_str).filter(|p| !p.is_empty()) {
+        let reason = at(&o.status, &["reason"]).and_then(Value::as_str).unwrap_or("");
+        if p == "Pending" && !reason.is_empty() {
+            return format!("{p} ({reason})");
+        }
         return p.to_string();
     }
     for c in ["Failed", "Complete", "Succeeded", "Running", "Scheduled"] {
@@ -348,12 +448,90 @@ mod tests {
             all_namespaces: true,
             wide: false,
         };
-        assert_eq!(view.headers(), ["NAME", "READY", "MEMORY", "AGE"]);
+        assert_eq!(view.headers(), ["NAME", "READY", "FREE/TOTAL", "CHIP", "AGE"]);
         let o = obj(json!({
             "apiVersion": "tb/v1", "kind": "Node", "metadata": {"name": "mac1"},
             "status": {"capacity": {"memory": "512Gi"}}
         }));
-        assert_eq!(view.row(&o, now()), ["mac1", "Unknown", "512Gi", "<unknown>"]);
+        assert_eq!(view.row(&o, now()), ["mac1", "Unknown", "?/512Gi", "<none>", "<unknown>"]);
+    }
+
+    fn node() -> Object {
+        obj(json!({
+            "apiVersion": "tb/v1", "kind": "Node",
+            "metadata": {"name": "mac-mini-1", "creationTimestamp": "2025-06-01T10:00:00Z", "labels": {"rack": "a"}},
+            "spec": {"unschedulable": false},
+            "status": {
+                "address": "10.0.0.2:7601",
+                "capacity": {"memory": "64Gi", "memoryBytes": 68719476736u64, "allocatableBytes": 55834574848u64,
+                             "chip": "Apple M4 Pro", "cpuCores": 14, "gpuCores": 20},
+                "freeBytes": 44023414784u64, "allocatedBytes": 25769803776u64,
+                "portRange": {"start": 32323, "end": 32422},
+                "allocations": ["ft-e1-r0", "chat-e2-r1"],
+                "conditions": [{"type": "Ready", "status": "True"}, {"type": "MemoryPressure", "status": "False"}]
+            }
+        }))
+    }
+
+    #[test]
+    fn node_rows() {
+        let view = View {
+            kind: Kind::Node,
+            all_namespaces: false,
+            wide: false,
+        };
+        assert_eq!(view.row(&node(), now()), ["mac-mini-1", "True", "41Gi/64Gi", "Apple M4 Pro", "120m"]);
+        let wide = View { wide: true, ..view };
+        assert_eq!(
+            wide.headers(),
+            ["NAME", "READY", "FREE/TOTAL", "CHIP", "AGE", "ADDRESS", "ALLOCATED", "LABELS"]
+        );
+        assert_eq!(
+            wide.row(&node(), now()),
+            ["mac-mini-1", "True", "41Gi/64Gi", "Apple M4 Pro", "120m", "10.0.0.2:7601", "24Gi (46%)", "rack=a"]
+        );
+        assert_eq!(
+            view.table(&[node()], now()).render(),
+            "NAME         READY   FREE/TOTAL   CHIP           AGE\n\
+             mac-mini-1   True    41Gi/64Gi    Apple M4 Pro   120m\n"
+        );
+    }
+
+    #[test]
+    fn a_node_that_has_not_reported_yet() {
+        let o = obj(json!({"apiVersion": "tb/v1", "kind": "Node", "metadata": {"name": "new"}}));
+        assert_eq!(kind_cells(Kind::Node, &o), ["Unknown", "<none>", "<none>"]);
+        assert_eq!(kind_wide_cells(Kind::Node, &o), ["<none>", "<none>"]);
+        // A malformed field leaves the others readable.
+        let o = obj(json!({"apiVersion": "tb/v1", "kind": "Node", "metadata": {"name": "odd"},
+                           "status": {"freeBytes": "lots", "capacity": {"memoryBytes": 1073741824u64}}}));
+        assert_eq!(kind_cells(Kind::Node, &o)[1], "?/1Gi");
+    }
+
+    #[test]
+    fn human_sizes() {
+        let cases = [
+            (0, "0"),
+            (900, "900"),
+            (1024, "1Ki"),
+            (1536, "1.5Ki"),
+            (512 << 20, "512Mi"),
+            (1 << 30, "1Gi"),
+            ((1 << 30) + (1 << 29), "1.5Gi"),
+            (9_990_000_000, "9.3Gi"),
+            (10_700_000_000, "10Gi"),
+            (44_023_414_784, "41Gi"),
+            (64 << 30, "64Gi"),
+            (512 << 30, "512Gi"),
+            (1536 << 30, "1.5Ti"),
+        ];
+        for (bytes, want) in cases {
+            assert_eq!(human_bytes(bytes), want, "{bytes}");
+        }
+        assert_eq!(share(Some(24 << 30), Some(52 << 30)), "24Gi (46%)");
+        assert_eq!(share(Some(0), Some(52 << 30)), "0 (0%)");
+        assert_eq!(share(Some(24 << 30), None), "24Gi");
+        assert_eq!(share(None, Some(1)), "<none>");
     }
 
     #[test]
@@ -374,6 +552,28 @@ mod tests {
             "spec": {"ranks": 4, "executor": "exec"},
             "status": {"conditions": [{"type": "Running", "status": "False"}, {"type": "Complete", "status": "True"}]}
         }));
-        assert_eq!(kind_cells(Kind::TrainingJob, &o), ["4", "exec", "Complete"]);
+        assert_eq!(kind_cells(Kind::TrainingJob, &o), ["4", "exec", "Complete", "0", "<none>"]);
+    }
+
+    #[test]
+    fn training_job_status_restarts_and_nodes() {
+        let job = |status: Value| {
+            obj(json!({
+                "apiVersion": "tb/v1", "kind": "TrainingJob", "metadata": {"name": "ft"},
+                "spec": {"nodes": 2, "executor": "exec"}, "status": status
+            }))
+        };
+        let pending = job(json!({"phase": "Pending", "reason": "Unschedulable", "message": "needs 2 Macs with 40Gi free"}));
+        assert_eq!(kind_cells(Kind::TrainingJob, &pending), ["2", "exec", "Pending (Unschedulable)", "0", "<none>"]);
+        let running = job(json!({"phase": "Running", "reason": "AllRanksRunning", "restarts": 2,
+                                 "nodes": ["mac1", "mac2"]}));
+        assert_eq!(kind_cells(Kind::TrainingJob, &running), ["2", "exec", "Running", "2", "mac1,mac2"]);
+        assert_eq!(kind_cells(Kind::TrainingJob, &job(json!({"phase": "Pending"})))[2], "Pending");
+        let view = View {
+            kind: Kind::TrainingJob,
+            all_namespaces: false,
+            wide: false,
+        };
+        assert_eq!(view.headers(), ["NAME", "RANKS", "EXECUTOR", "STATUS", "RESTARTS", "NODES", "AGE"]);
     }
 }

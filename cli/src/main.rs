@@ -1,6 +1,12 @@
 //! `tbctl`: the command-line client of tb. Parses the command line, sets up logging, runs the
 //! verb, and turns the outcome into an exit code: 0 ok, 1 error (`diff`: 1 changes, 2 error),
-//! with errors printed to stderr as `error: ...`.
+//! with errors printed to stderr as `error: ...`. `wait` and `drain` exit 1 when their
+//! `--timeout` passes (and `wait` at once when the job it waits on fails); `up` exits 0 when
+//! its cluster is already running.
+//!
+//! Verbs: apply, diff, get, describe, delete, logs, events, wait, explain, top nodes, hostfile,
+//! cordon, uncordon, drain, token create, up, down, cluster, config, completion; each in its
+//! own module under `commands/`.
 
 mod args;
 mod client;
@@ -8,6 +14,7 @@ mod columns;
 mod commands;
 mod config;
 mod linediff;
+mod local;
 mod manifests;
 mod output;
 mod servers;

@@ -68,26 +68,31 @@ async fn events_of(ctx: &mut Ctx, kind: Kind, o: &Object, stale: bool) -> Result
 }
 
 pub fn select_events(mut events: Vec<Object>, kind: Kind, o: &Object) -> Vec<Object> {
-    let s = |e: &Object, f: &str| {
-        at(&e.spec, &["involvedObject", f])
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    };
-    events.retain(|e| {
-        let uid = s(e, "uid");
-        Kind::parse(&s(e, "kind")) == Some(kind)
-            && s(e, "name") == o.metadata.name
-            && (!kind.is_namespaced() || s(e, "namespace").is_empty() || s(e, "namespace") == o.metadata.namespace)
-            // An earlier object of the same name is another object.
-            && (uid.is_empty() || o.metadata.uid.is_empty() || uid == o.metadata.uid)
-    });
-    events.sort_by_key(|e| last_seen(e).map(|t| t.timestamp_millis()).unwrap_or(i64::MIN));
+    events.retain(|e| involves(e, kind, &o.metadata.namespace, &o.metadata.name, &o.metadata.uid));
+    sort_events(&mut events);
     let skip = events.len().saturating_sub(MAX_EVENTS);
     events.split_off(skip)
 }
 
-fn last_seen(e: &Object) -> Option<DateTime<Utc>> {
+/// Whether an Event is about the object of this kind and name. An empty `namespace` or `uid`
+/// matches any; an Event that names no namespace or uid matches any too.
+pub fn involves(e: &Object, kind: Kind, namespace: &str, name: &str, uid: &str) -> bool {
+    let s = |f: &str| at(&e.spec, &["involvedObject", f]).and_then(Value::as_str).unwrap_or("");
+    let (ev_ns, ev_uid) = (s("namespace"), s("uid"));
+    Kind::parse(s("kind")) == Some(kind)
+        && s("name") == name
+        && (!kind.is_namespaced() || namespace.is_empty() || ev_ns.is_empty() || ev_ns == namespace)
+        // An earlier object of the same name is another object.
+        && (uid.is_empty() || ev_uid.is_empty() || ev_uid == uid)
+}
+
+/// Oldest first, by when each was last seen (events never seen sort first).
+pub fn sort_events(events: &mut [Object]) {
+    events.sort_by_key(|e| last_seen(e).map(|t| t.timestamp_millis()).unwrap_or(i64::MIN));
+}
+
+/// When an Event last happened: lastTimestamp, else firstTimestamp, else its creation.
+pub fn last_seen(e: &Object) -> Option<DateTime<Utc>> {
     let t = at(&e.spec, &["lastTimestamp"])
         .or_else(|| at(&e.spec, &["firstTimestamp"]))
         .and_then(Value::as_str)
@@ -170,7 +175,7 @@ pub fn render(o: &Object, events: &Result<Vec<Object>, String>, now: DateTime<Ut
 }
 
 /// `5m`, or kubectl's `5m (x3 over 20m)` for a repeated event.
-fn event_age(e: &Object, now: DateTime<Utc>) -> String {
+pub fn event_age(e: &Object, now: DateTime<Utc>) -> String {
     let last = last_seen(e)
         .map(|t| crate::columns::human_duration(now.signed_duration_since(t)))
         .unwrap_or_else(|| "<unknown>".into());

@@ -1,21 +1,33 @@
-//! The verbs: each submodule runs one. This module holds what they share: the resolved target
-//! (servers, namespace), a lazily made client, and small helpers for kinds and objects.
+//! The verbs: each submodule runs one (`observe` and `watch` are the list-then-watch loops some
+//! of them share). This module holds what they share: the resolved target (servers,
+//! namespace), a lazily made client, and small helpers for kinds, objects and jobs.
 
 pub mod apply;
 pub mod cluster;
 pub mod completion;
 pub mod config;
+pub mod cordon;
 pub mod delete;
 pub mod describe;
 pub mod diff;
+pub mod down;
+pub mod drain;
+pub mod events;
 pub mod explain;
 pub mod get;
+pub mod hostfile;
+pub mod logs;
+pub mod observe;
+pub mod token;
+pub mod top;
+pub mod up;
+pub mod wait;
 pub mod watch;
 
 use std::fmt;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 use tb_api::{Kind, Object};
 
 use crate::args::{Cli, Command};
@@ -33,6 +45,9 @@ impl fmt::Display for Reported {
 }
 
 impl std::error::Error for Reported {}
+
+/// How long one request may take when `--timeout` is not given.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a command that talks to the cluster needs.
 pub struct Ctx {
@@ -74,6 +89,9 @@ pub async fn run(cli: Cli) -> Result<u8> {
         Command::Config(c) => return config::run(c, &g).map(|()| 0),
         Command::Completion(a) => return completion::run(a).map(|()| 0),
         Command::Explain(a) => return explain::run(&a).map(|()| 0),
+        // The local cluster is found by its data directory, not by a context.
+        Command::Up(a) => return up::run(&a).await.map(|()| 0),
+        Command::Down(a) => return down::run(&a).await.map(|()| 0),
         other => other,
     };
     let path = config_path()?;
@@ -86,15 +104,32 @@ pub async fn run(cli: Cli) -> Result<u8> {
     };
     let target = resolve(&overrides, &file)?;
     tracing::debug!(servers = ?target.servers, namespace = %target.namespace, "target");
-    let mut ctx = Ctx::new(target, g.timeout);
+    let mut ctx = Ctx::new(target, g.timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT));
     match cmd {
         Command::Apply(a) => apply::run(&mut ctx, &a).await.map(|()| 0),
         Command::Diff(a) => diff::run(&mut ctx, &a).await,
         Command::Get(a) => get::run(&mut ctx, &a).await.map(|()| 0),
         Command::Describe(a) => describe::run(&mut ctx, &a).await.map(|()| 0),
         Command::Delete(a) => delete::run(&mut ctx, &a).await.map(|()| 0),
+        Command::Logs(a) => logs::run(&mut ctx, &a).await.map(|()| 0),
+        Command::Events(a) => events::run(&mut ctx, &a).await.map(|()| 0),
+        Command::Wait(a) => wait::run(&mut ctx, &a, g.timeout.unwrap_or(wait::DEFAULT_TIMEOUT))
+            .await
+            .map(|()| 0),
+        Command::Top(c) => top::run(&mut ctx, c).await.map(|()| 0),
+        Command::Hostfile(a) => hostfile::run(&mut ctx, &a).await.map(|()| 0),
+        Command::Cordon(a) => cordon::run(&mut ctx, &a.node, cordon::Mark::Cordon).await.map(|_| 0),
+        Command::Uncordon(a) => cordon::run(&mut ctx, &a.node, cordon::Mark::Uncordon).await.map(|_| 0),
+        Command::Drain(a) => drain::run(&mut ctx, &a.node, g.timeout.unwrap_or(drain::DEFAULT_TIMEOUT))
+            .await
+            .map(|()| 0),
+        Command::Token(c) => token::run(&mut ctx, c).await.map(|()| 0),
         Command::Cluster(c) => cluster::run(&mut ctx, c).await.map(|()| 0),
-        Command::Config(_) | Command::Completion(_) | Command::Explain(_) => Ok(0),
+        Command::Config(_)
+        | Command::Completion(_)
+        | Command::Explain(_)
+        | Command::Up(_)
+        | Command::Down(_) => Ok(0),
     }
 }
 
@@ -119,6 +154,56 @@ pub fn parse_kind(s: &str) -> Result<Kind> {
             .collect();
         anyhow::anyhow!("unknown kind {s:?}; known kinds: {}", known.join(", "))
     })
+}
+
+/// A job named on the command line: `NAME` (a TrainingJob, as kubectl's default is a pod) or
+/// `KIND/NAME` with KIND a TrainingJob or InferenceService alias (`tj/x`, `isvc/y`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobRef {
+    pub kind: Kind,
+    pub name: String,
+}
+
+impl JobRef {
+    /// `trainingjob/x`.
+    pub fn display(&self) -> String {
+        display_name(self.kind.as_str(), &self.name)
+    }
+}
+
+pub fn parse_job_ref(s: &str) -> Result<JobRef> {
+    let (kind, name) = match s.split_once('/') {
+        None => (Kind::TrainingJob, s),
+        Some((k, n)) => (parse_kind(k).with_context(|| format!("JOB {s:?}"))?, n),
+    };
+    if !matches!(kind, Kind::TrainingJob | Kind::InferenceService) {
+        bail!("JOB {s:?}: a {kind} is not a job; expected NAME (a TrainingJob), tj/NAME or isvc/NAME");
+    }
+    check_name(s, name, "JOB", "NAME, tj/NAME or isvc/NAME")?;
+    Ok(JobRef {
+        kind,
+        name: name.to_string(),
+    })
+}
+
+/// `KIND/NAME` (any kind or alias), as `wait` and `events --for` take it.
+pub fn parse_object_ref(s: &str) -> Result<(Kind, String)> {
+    let Some((k, name)) = s.split_once('/') else {
+        bail!("{s:?}: expected KIND/NAME, e.g. tj/train or node/mac1");
+    };
+    let kind = parse_kind(k).with_context(|| format!("{s:?}"))?;
+    check_name(s, name, "KIND/NAME", "KIND/NAME")?;
+    Ok((kind, name.to_string()))
+}
+
+fn check_name(whole: &str, name: &str, what: &str, expected: &str) -> Result<()> {
+    if name.is_empty() {
+        bail!("{what} {whole:?}: the name is missing; expected {expected}");
+    }
+    if name.contains('/') || name.chars().any(char::is_whitespace) {
+        bail!("{what} {whole:?}: {name:?} is not a name; expected {expected}");
+    }
+    Ok(())
 }
 
 /// An object as the server sent it.
@@ -156,5 +241,34 @@ mod tests {
         }
         assert!(e.contains("isvc"), "{e}");
         assert_eq!(parse_kind("isvc").expect("alias"), Kind::InferenceService);
+    }
+
+    #[test]
+    fn job_arguments() {
+        let job = |s: &str| parse_job_ref(s).map(|j| (j.kind, j.name));
+        assert_eq!(job("x").expect("bare"), (Kind::TrainingJob, "x".to_string()));
+        assert_eq!(job("tj/x").expect("tj"), (Kind::TrainingJob, "x".to_string()));
+        assert_eq!(job("trainingjob/x").expect("long"), (Kind::TrainingJob, "x".to_string()));
+        assert_eq!(job("TrainingJob/x").expect("canonical"), (Kind::TrainingJob, "x".to_string()));
+        assert_eq!(job("isvc/y").expect("isvc"), (Kind::InferenceService, "y".to_string()));
+        assert_eq!(parse_job_ref("isvc/y").expect("isvc").display(), "inferenceservice/y");
+
+        let e = format!("{:#}", job("model/m").expect_err("not a job"));
+        assert!(e.contains("Model is not a job") && e.contains("tj/NAME"), "{e}");
+        let e = format!("{:#}", job("pods/p").expect_err("unknown kind"));
+        assert!(e.contains("unknown kind \"pods\""), "{e}");
+        for bad in ["", "tj/", "tj/a/b", "a b", "/x"] {
+            assert!(job(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn object_arguments() {
+        assert_eq!(parse_object_ref("node/mac1").expect("node"), (Kind::Node, "mac1".to_string()));
+        assert_eq!(parse_object_ref("tj/x").expect("tj"), (Kind::TrainingJob, "x".to_string()));
+        let e = parse_object_ref("x").expect_err("no kind").to_string();
+        assert!(e.contains("KIND/NAME"), "{e}");
+        assert!(parse_object_ref("pods/x").is_err());
+        assert!(parse_object_ref("tj/").is_err());
     }
 }

@@ -1,9 +1,10 @@
 //! `tbctl get -w`: list, print, then print every change as it happens.
 //!
-//! The watch starts from the list's resourceVersion and remembers the last version seen. When the
-//! connection drops it fails over and resumes from that version (events at or below it are
-//! skipped, so nothing prints twice); when the server says the version is too old (OUT_OF_RANGE)
-//! it lists again and prints only the differences from what it had shown, so nothing is missed.
+//! The watch starts from the list's resourceVersion and remembers how far it has read (see
+//! `observe::Position`: several objects may change at one version). When the connection drops
+//! it fails over and resumes there (replayed events are skipped, so nothing prints twice); when
+//! the server says the version is too old (OUT_OF_RANGE) it lists again and prints only the
+//! differences from what it had shown, so nothing is missed.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use tb_api::proto::{WatchEvent, WatchRequest};
 use tonic::Code;
 
 use super::get::{Query, list};
+use super::observe::Position;
 use super::{Ctx, parse_object};
 use crate::client::{RpcError, is_failover};
 use crate::columns::View;
@@ -43,6 +45,18 @@ struct EventLine<'a> {
     #[serde(rename = "type")]
     type_: &'a str,
     object: &'a Object,
+}
+
+/// One watch event as a line of JSON: `{"type": "ADDED", "object": {...}}`.
+pub fn json_event_line(type_: &str, object: &Object) -> Result<String> {
+    let mut line = serde_json::to_string(&EventLine { type_, object })?;
+    line.push('\n');
+    Ok(line)
+}
+
+/// One watch event as a YAML document.
+pub fn yaml_event_doc(type_: &str, object: &Object) -> Result<String> {
+    Ok(format!("---\n{}", serde_yaml::to_string(&EventLine { type_, object })?))
 }
 
 impl Printer {
@@ -74,12 +88,8 @@ impl Printer {
 
     pub fn event(&mut self, type_: &str, o: &Object) -> Result<String> {
         Ok(match self.format {
-            Some(OutputFormat::Json) => {
-                let mut line = serde_json::to_string(&EventLine { type_, object: o })?;
-                line.push('\n');
-                line
-            }
-            Some(OutputFormat::Yaml) => format!("---\n{}", serde_yaml::to_string(&EventLine { type_, object: o })?),
+            Some(OutputFormat::Json) => json_event_line(type_, o)?,
+            Some(OutputFormat::Yaml) => yaml_event_doc(type_, o)?,
             Some(OutputFormat::Name) => format!("{}\n", o.display_name()),
             None | Some(OutputFormat::Wide) => {
                 let row = self.view.row(o, chrono::Utc::now());
@@ -103,8 +113,8 @@ impl Printer {
 /// What the watch has shown so far.
 struct Shown {
     objects: BTreeMap<Key, Object>,
-    /// The last resourceVersion printed or listed: the watch resumes after it.
-    version: u64,
+    /// How far the watch has read: it resumes from there.
+    position: Position,
 }
 
 pub async fn run(ctx: &mut Ctx, query: &Query, view: View, format: Option<OutputFormat>) -> Result<()> {
@@ -113,14 +123,14 @@ pub async fn run(ctx: &mut Ctx, query: &Query, view: View, format: Option<Output
     emit(&printer.initial(&objects)?)?;
     let mut shown = Shown {
         objects: objects.into_iter().map(|o| (key(&o), o)).collect(),
-        version,
+        position: Position::listed(version),
     };
     loop {
         let req = WatchRequest {
             kind: query.kind.as_str().to_string(),
             namespace: query.namespace.clone(),
             label_selector: query.selector.clone(),
-            resource_version: shown.version,
+            resource_version: shown.position.watch_from(),
         };
         let mut stream = match ctx.client().watch(req).await {
             Ok(s) => s,
@@ -170,17 +180,16 @@ pub async fn run(ctx: &mut Ctx, query: &Query, view: View, format: Option<Output
 
 /// Record one event; the text to print for it (empty if it is not to be shown).
 fn handle(ev: &WatchEvent, query: &Query, shown: &mut Shown, printer: &mut Printer) -> Result<String> {
-    if ev.resource_version != 0 && ev.resource_version <= shown.version {
-        // Replayed after a failover: already printed.
-        return Ok(String::new());
-    }
     let o = parse_object(&ev.object_json)?;
     let version = if ev.resource_version != 0 {
         ev.resource_version
     } else {
         o.metadata.resource_version
     };
-    shown.version = shown.version.max(version);
+    if !shown.position.admit(version, key(&o)) {
+        // Replayed after a failover: already printed.
+        return Ok(String::new());
+    }
     if !query.wants(&o) {
         return Ok(String::new());
     }
@@ -217,7 +226,7 @@ fn catch_up(shown: &mut Shown, objects: Vec<Object>, version: u64, printer: &mut
         }
     }
     shown.objects = fresh;
-    shown.version = version;
+    shown.position = Position::listed(version);
     Ok(out)
 }
 
@@ -287,17 +296,33 @@ mod tests {
     fn replayed_events_are_skipped() {
         let mut shown = Shown {
             objects: BTreeMap::new(),
-            version: 5,
+            position: Position::listed(5),
         };
         let mut p = Printer::new(Some(OutputFormat::Name), view());
         handle(&event("ADDED", &obj("old", 4), 4), &query(), &mut shown, &mut p).expect("handle");
         assert!(shown.objects.is_empty());
         handle(&event("ADDED", &obj("new", 6), 6), &query(), &mut shown, &mut p).expect("handle");
-        assert_eq!(shown.version, 6);
+        assert_eq!(shown.position.version(), 6);
         assert!(shown.objects.contains_key(&(String::new(), "new".to_string())));
         handle(&event("DELETED", &obj("new", 6), 7), &query(), &mut shown, &mut p).expect("handle");
         assert!(shown.objects.is_empty());
-        assert_eq!(shown.version, 7);
+        assert_eq!(shown.position.version(), 7);
+    }
+
+    #[test]
+    fn objects_changed_by_one_entry_all_print() {
+        let mut shown = Shown {
+            objects: BTreeMap::new(),
+            position: Position::listed(5),
+        };
+        let mut p = Printer::new(Some(OutputFormat::Name), view());
+        let a = handle(&event("ADDED", &obj("a", 6), 6), &query(), &mut shown, &mut p).expect("handle");
+        let b = handle(&event("ADDED", &obj("b", 6), 6), &query(), &mut shown, &mut p).expect("handle");
+        assert_eq!((a.as_str(), b.as_str()), ("queue/a\n", "queue/b\n"));
+        // Resumed from just before 6, the server sends both again: neither prints twice.
+        assert_eq!(shown.position.watch_from(), 5);
+        let again = handle(&event("ADDED", &obj("a", 6), 6), &query(), &mut shown, &mut p).expect("handle");
+        assert!(again.is_empty());
     }
 
     #[test]
@@ -307,7 +332,7 @@ mod tests {
                 .into_iter()
                 .map(|o| (key(&o), o))
                 .collect(),
-            version: 4,
+            position: Position::listed(4),
         };
         let mut p = Printer::new(Some(OutputFormat::Json), view());
         let fresh = vec![obj("same", 2), obj("changed", 8), obj("new", 9)];
@@ -327,7 +352,7 @@ mod tests {
         for (t, n) in want {
             assert!(events.contains(&(t.to_string(), n.to_string())), "{text}");
         }
-        assert_eq!(shown.version, 10);
+        assert_eq!(shown.position, Position::listed(10));
         assert_eq!(shown.objects.len(), 3);
     }
 
@@ -337,12 +362,12 @@ mod tests {
         q.names = vec!["x".into()];
         let mut shown = Shown {
             objects: BTreeMap::new(),
-            version: 0,
+            position: Position::listed(0),
         };
         let mut p = Printer::new(Some(OutputFormat::Name), view());
         handle(&event("ADDED", &obj("y", 3), 3), &q, &mut shown, &mut p).expect("handle");
         assert!(shown.objects.is_empty());
         // The version still advances, so a resume does not replay it.
-        assert_eq!(shown.version, 3);
+        assert_eq!(shown.position.version(), 3);
     }
 }

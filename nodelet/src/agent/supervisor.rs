@@ -26,6 +26,8 @@ pub struct Usage {
 
 /// One allocation's process, while it lives.
 struct Live {
+    /// `namespace/name` of its allocation.
+    key: String,
     epoch: u64,
     memory_bytes: u64,
     stop: Option<oneshot::Sender<()>>,
@@ -42,8 +44,14 @@ pub struct Supervisor {
     changed: Notify,
 }
 
+/// Where an allocation lives: names are reused when a job is deleted and created again.
 fn key(o: &Object) -> String {
     format!("{}/{}", o.metadata.namespace, o.metadata.name)
+}
+
+/// One incarnation of an allocation: a process belongs to exactly one.
+fn incarnation(o: &Object) -> String {
+    format!("{}/{}/{}", o.metadata.namespace, o.metadata.name, o.metadata.uid)
 }
 
 impl Supervisor {
@@ -61,7 +69,10 @@ impl Supervisor {
 
     pub fn usage(&self) -> Usage {
         let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
-        let mut allocations: Vec<String> = live.keys().map(|k| k.rsplit('/').next().unwrap_or(k).to_string()).collect();
+        let mut allocations: Vec<String> = live
+            .values()
+            .map(|l| l.key.rsplit('/').next().unwrap_or(&l.key).to_string())
+            .collect();
         allocations.sort();
         Usage {
             allocated_bytes: live.values().map(|l| l.memory_bytes).sum(),
@@ -104,7 +115,6 @@ impl Supervisor {
     pub async fn run(self: Arc<Self>) {
         let orphans = self.reap_orphans();
         for (namespace, name) in orphans {
-            self.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(format!("{namespace}/{name}"));
             let status = AllocationStatus {
                 phase: AllocationPhase::Lost,
                 reason: "NodeletRestarted".into(),
@@ -206,17 +216,18 @@ impl Supervisor {
         // Fencing first: anything not wanted, or wanted under another epoch, stops.
         {
             let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
-            for (k, l) in live.iter_mut() {
-                let keep = desired
-                    .get(k)
-                    .is_some_and(|(_, s)| s.desired == Desired::Run && s.epoch == l.epoch);
+            for (inc, l) in live.iter_mut() {
+                let keep = desired.get(&l.key).is_some_and(|(o, s)| {
+                    s.desired == Desired::Run && s.epoch == l.epoch && &incarnation(o) == inc
+                });
+                let k = &l.key;
                 if !keep && let Some(stop) = l.stop.take() {
                     tracing::info!(alloc = %k, "stopping: allocation gone, superseded or told to stop");
                     let _ = stop.send(());
                 }
             }
         }
-        for (k, (obj, spec)) in desired {
+        for (obj, spec) in desired.values() {
             if spec.desired != Desired::Run {
                 continue;
             }
@@ -224,7 +235,7 @@ impl Supervisor {
             if phase.is_terminal() {
                 continue;
             }
-            let first_time = self.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(k.clone());
+            let first_time = self.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(incarnation(obj));
             if !first_time {
                 continue;
             }
@@ -236,7 +247,7 @@ impl Supervisor {
     }
 
     async fn run_allocation(self: Arc<Self>, obj: Object, spec: AllocationSpec) {
-        let k = key(&obj);
+        let k = incarnation(&obj);
         let (namespace, name) = (obj.metadata.namespace.clone(), obj.metadata.name.clone());
         let (stop_tx, stop_rx) = oneshot::channel();
         // Resource guard: what runs here never exceeds what the node may hand out.
@@ -247,6 +258,7 @@ impl Supervisor {
                 live.insert(
                     k.clone(),
                     Live {
+                        key: key(&obj),
                         epoch: spec.epoch,
                         memory_bytes: spec.memory_bytes,
                         stop: Some(stop_tx),

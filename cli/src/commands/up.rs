@@ -1,0 +1,429 @@
+//! `tbctl up`: a whole cluster on this machine, for trying tb out and for development: one
+//! controller and N nodelets, each a detached process (a session of its own, output in
+//! `DIR/<name>.log`), recorded in `DIR/pids` for `tbctl down` (see `local`).
+//!
+//! Steps: find `tb-controller` and `tb-nodelet` (next to tbctl, else on PATH); start the
+//! controller on 127.0.0.1:PORT and wait for it to elect itself leader; create a join token;
+//! start `node-1..N`, each listening on a free port with its own port range for ranks
+//! (32323+100*(i-1) ..= +99); point the context `local` at the controller and make it current;
+//! wait until every Node is Ready; print a table of the processes. If a cluster from the same
+//! data directory is already running it says so and exits 0. If anything fails, the processes
+//! started by this run are stopped again (their logs stay) and the error names the log to read.
+
+use std::fs::OpenOptions;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use chrono::{DateTime, Utc};
+use nix::sys::signal::{Signal, kill};
+use serde_json::Value;
+use nix::unistd::Pid;
+use tb_api::proto::{CreateTokenRequest, ListRequest};
+use tb_api::{Kind, Object};
+use tokio::time::Instant;
+
+use super::parse_object;
+use crate::args::UpArgs;
+use crate::client::Client;
+use crate::columns::{at, condition};
+use crate::config::{ConfigFile, Context, config_path};
+use crate::local::{self, CONTEXT, Proc};
+use crate::output::{Table, emit};
+use crate::servers::parse_server_list;
+
+/// How long the controller gets to elect itself, and the nodelets to become Ready.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(250);
+/// The first port of node-1's range for ranks (MLX's default starting port); each next
+/// nodelet's range starts 100 higher.
+const FIRST_RANK_PORT: u32 = 32323;
+const RANK_PORTS: u32 = 100;
+/// Lines of a failed process's log quoted in the error.
+const LOG_LINES: usize = 15;
+
+/// `START-END` of nodelet `i` (1-based).
+pub fn port_range(i: u32) -> Result<String> {
+    let start = FIRST_RANK_PORT + RANK_PORTS * (i - 1);
+    let end = start + RANK_PORTS - 1;
+    if end > u32::from(u16::MAX) {
+        bail!("too many nodelets: node-{i}'s ports would pass 65535");
+    }
+    Ok(format!("{start}-{end}"))
+}
+
+/// The nodelet's command line.
+pub fn nodelet_args(i: u32, dir: &Path, controller: &str, listen_port: u16, token: &str) -> Result<Vec<String>> {
+    Ok(vec![
+        "--controller".into(),
+        controller.into(),
+        "--name".into(),
+        node_name(i),
+        "--data-dir".into(),
+        dir.join(format!("nodelet-{i}")).display().to_string(),
+        "--listen".into(),
+        format!("127.0.0.1:{listen_port}"),
+        "--join-token".into(),
+        token.into(),
+        "--port-range".into(),
+        port_range(i)?,
+    ])
+}
+
+pub fn node_name(i: u32) -> String {
+    format!("node-{i}")
+}
+
+/// Set the context `local` to this cluster's controller (replacing any earlier one) and make it
+/// current.
+pub fn point_context(file: &mut ConfigFile, server: &str) {
+    file.contexts.retain(|c| c.name != CONTEXT);
+    file.contexts.push(Context {
+        name: CONTEXT.into(),
+        server: server.into(),
+        namespace: None,
+    });
+    file.current_context = Some(CONTEXT.into());
+}
+
+/// The Nodes among `want` that are not Ready in `nodes`, or whose last heartbeat is older than
+/// `since` (a restarted cluster's Nodes still say Ready from before it stopped).
+pub fn not_ready<'a>(want: &'a [String], nodes: &[Object], since: DateTime<Utc>) -> Vec<&'a str> {
+    let fresh = |n: &Object| {
+        at(&n.status, &["lastHeartbeatTime"])
+            .and_then(Value::as_str)
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+            .is_some_and(|t| t.with_timezone(&Utc) >= since)
+    };
+    want.iter()
+        .filter(|name| {
+            !nodes
+                .iter()
+                .any(|n| &n.metadata.name == *name && condition(n, "Ready").as_deref() == Some("True") && fresh(n))
+        })
+        .map(String::as_str)
+        .collect()
+}
+
+/// A process this run started.
+struct Started {
+    proc: Proc,
+    child: Child,
+    log: PathBuf,
+    address: String,
+}
+
+/// What this run has started, recorded in the pids file as it grows.
+struct Cluster {
+    dir: PathBuf,
+    started: Vec<Started>,
+}
+
+impl Cluster {
+    fn spawn(&mut self, name: &str, bin: &Path, args: &[String], address: String) -> Result<()> {
+        let log = self.dir.join(format!("{name}.log"));
+        let out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let err = out.try_clone().with_context(|| format!("opening {}", log.display()))?;
+        let mut cmd = std::process::Command::new(bin);
+        cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
+        // SAFETY: setsid is async-signal-safe and touches no memory of the parent; it detaches
+        // the child from tbctl's session and terminal, so it outlives tbctl and ^C.
+        unsafe {
+            cmd.pre_exec(|| nix::unistd::setsid().map(drop).map_err(std::io::Error::from));
+        }
+        let child = cmd.spawn().with_context(|| format!("starting {}", bin.display()))?;
+        let pid = i32::try_from(child.id()).context("process id out of range")?;
+        self.started.push(Started {
+            proc: Proc {
+                name: name.to_string(),
+                pid,
+            },
+            child,
+            log,
+            address,
+        });
+        let procs: Vec<Proc> = self.started.iter().map(|s| s.proc.clone()).collect();
+        local::write_pids(&self.dir, &procs)
+    }
+
+    /// An error if a started process has exited, quoting its log.
+    fn check_alive(&mut self) -> Result<()> {
+        for s in &mut self.started {
+            if let Ok(Some(status)) = s.child.try_wait() {
+                let tail = local::log_tail(&s.log, LOG_LINES);
+                let quoted = if tail.is_empty() {
+                    String::new()
+                } else {
+                    format!("; the end of its log:\n{tail}")
+                };
+                bail!("{} exited ({status}); see {}{quoted}", s.proc.name, s.log.display());
+            }
+        }
+        Ok(())
+    }
+
+    /// Stop what this run started (its children: reaped here, not left as zombies).
+    async fn tear_down(mut self) {
+        for s in self.started.iter().rev() {
+            let _ = kill(Pid::from_raw(s.proc.pid), Signal::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            self.started.retain_mut(|s| !matches!(s.child.try_wait(), Ok(Some(_)) | Err(_)));
+            if self.started.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for s in &mut self.started {
+            let _ = s.child.kill();
+            let _ = s.child.wait();
+        }
+        let _ = local::remove_pids(&self.dir);
+    }
+}
+
+/// A port on 127.0.0.1 nothing listens on right now.
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(l.local_addr().context("finding a free port")?.port())
+}
+
+pub async fn run(args: &UpArgs) -> Result<()> {
+    let dir = local::data_dir(args.data_dir.as_deref())?;
+    if let Some(procs) = local::read_pids(&dir)? {
+        let running: Vec<String> = procs
+            .iter()
+            .filter(|p| local::is_ours(p.pid))
+            .map(|p| format!("{} pid {}", p.name, p.pid))
+            .collect();
+        if !running.is_empty() {
+            return emit(&format!(
+                "a local cluster is already running from {} ({}); `tbctl down` stops it\n",
+                dir.display(),
+                running.join(", ")
+            ));
+        }
+        // Left by a cluster that is gone (a reboot, a kill): start afresh.
+        local::remove_pids(&dir)?;
+    }
+    let controller_bin = local::locate("tb-controller")?;
+    let nodelet_bin = local::locate("tb-nodelet")?;
+    let server = format!("127.0.0.1:{}", args.port);
+    if std::net::TcpListener::bind(&server).is_err() {
+        bail!("{server} is in use (another controller?); choose another port with --port");
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut cluster = Cluster {
+        dir: dir.clone(),
+        started: Vec::new(),
+    };
+    match start(&mut cluster, args, &server, &controller_bin, &nodelet_bin).await {
+        Ok(()) => {}
+        Err(e) => {
+            cluster.tear_down().await;
+            return Err(e.context("the local cluster did not start; what was started is stopped again"));
+        }
+    }
+    let mut file_path_note = String::new();
+    match config_path().and_then(|path| {
+        let mut file = ConfigFile::load(&path)?;
+        point_context(&mut file, &server);
+        file.save(&path).map(|()| path)
+    }) {
+        Ok(path) => file_path_note.push_str(&format!("context \"{CONTEXT}\" ({server}) is now current in {}\n", path.display())),
+        Err(e) => file_path_note.push_str(&format!("could not set the context \"{CONTEXT}\": {e:#}; use --server {server}\n")),
+    }
+    let mut t = Table::new(["NAME", "PID", "ADDRESS", "LOG"]);
+    for s in &cluster.started {
+        t.push(vec![
+            s.proc.name.clone(),
+            s.proc.pid.to_string(),
+            s.address.clone(),
+            s.log.display().to_string(),
+        ]);
+    }
+    emit(&format!(
+        "{}{file_path_note}local cluster up: 1 controller, {} nodelets (state in {}; `tbctl down` stops it)\n",
+        t.render(),
+        args.nodelets,
+        dir.display()
+    ))
+}
+
+async fn start(cluster: &mut Cluster, args: &UpArgs, server: &str, controller_bin: &Path, nodelet_bin: &Path) -> Result<()> {
+    let dir = cluster.dir.clone();
+    let controller_args: Vec<String> = vec![
+        "--id".into(),
+        "1".into(),
+        "--listen".into(),
+        server.into(),
+        "--data-dir".into(),
+        dir.join("controller").display().to_string(),
+    ];
+    cluster.spawn("controller", controller_bin, &controller_args, server.into())?;
+
+    let mut client = Client::new(parse_server_list(server)?, Duration::from_secs(1));
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        cluster.check_alive()?;
+        match client.cluster_status().await {
+            Ok(s) if s.has_leader => break,
+            Ok(_) => tracing::debug!("no leader yet"),
+            Err(e) => tracing::debug!(error = %e, "controller not answering yet"),
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "the controller did not elect a leader within {}s; see {}",
+                START_TIMEOUT.as_secs(),
+                dir.join("controller.log").display()
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    }
+
+    let mut client = Client::new(parse_server_list(server)?, Duration::from_secs(10));
+    let token = client
+        .create_token(CreateTokenRequest {
+            ttl_seconds: 3600,
+            description: "tbctl up".into(),
+        })
+        .await
+        .context("creating a join token")?
+        .token;
+
+    let names: Vec<String> = (1..=args.nodelets).map(node_name).collect();
+    // The controller stamps heartbeats with this machine's clock.
+    let started_at = Utc::now();
+    for i in 1..=args.nodelets {
+        let port = free_port()?;
+        let nodelet_args = nodelet_args(i, &dir, server, port, &token)?;
+        cluster.spawn(&node_name(i), nodelet_bin, &nodelet_args, format!("127.0.0.1:{port}"))?;
+    }
+
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        cluster.check_alive()?;
+        let req = ListRequest {
+            kind: Kind::Node.as_str().to_string(),
+            namespace: String::new(),
+            label_selector: String::new(),
+            stale: false,
+        };
+        let waiting: Vec<String> = match client.list(req).await {
+            Ok(resp) => {
+                let nodes = resp
+                    .objects_json
+                    .iter()
+                    .map(|j| parse_object(j))
+                    .collect::<Result<Vec<_>>>()?;
+                not_ready(&names, &nodes, started_at)
+                    .into_iter()
+                    .map(str::to_string)
+                    .collect()
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "listing nodes");
+                names.clone()
+            }
+        };
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            let logs: Vec<String> = waiting
+                .iter()
+                .map(|n| dir.join(format!("{n}.log")).display().to_string())
+                .collect();
+            bail!(
+                "not Ready within {}s: {}; see {}",
+                START_TIMEOUT.as_secs(),
+                waiting.join(", "),
+                logs.join(", ")
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn nodelets_get_distinct_port_ranges() {
+        assert_eq!(port_range(1).expect("1"), "32323-32422");
+        assert_eq!(port_range(2).expect("2"), "32423-32522");
+        assert_eq!(port_range(64).expect("64"), "38623-38722");
+        assert!(port_range(400).is_err());
+    }
+
+    #[test]
+    fn nodelet_command_line() {
+        let args = nodelet_args(2, Path::new("/d"), "127.0.0.1:7400", 40001, "tbjoin-x").expect("args");
+        assert_eq!(
+            args,
+            [
+                "--controller", "127.0.0.1:7400", "--name", "node-2", "--data-dir", "/d/nodelet-2", "--listen",
+                "127.0.0.1:40001", "--join-token", "tbjoin-x", "--port-range", "32423-32522",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_local_context_is_replaced_and_current() {
+        let mut file = ConfigFile {
+            current_context: Some("lab".into()),
+            contexts: vec![
+                Context {
+                    name: "lab".into(),
+                    server: "mac1:7400".into(),
+                    namespace: None,
+                },
+                Context {
+                    name: "local".into(),
+                    server: "127.0.0.1:7500".into(),
+                    namespace: Some("old".into()),
+                },
+            ],
+        };
+        point_context(&mut file, "127.0.0.1:7400");
+        assert_eq!(file.current_context.as_deref(), Some("local"));
+        assert_eq!(file.contexts.len(), 2);
+        let local = file.context("local").expect("local");
+        assert_eq!((local.server.as_str(), local.namespace.as_deref()), ("127.0.0.1:7400", None));
+    }
+
+    #[test]
+    fn readiness_of_the_expected_nodes() {
+        let node = |name: &str, ready: &str, beat: &str| -> Object {
+            serde_json::from_value(json!({"apiVersion": "tb/v1", "kind": "Node", "metadata": {"name": name},
+                                          "status": {"lastHeartbeatTime": beat,
+                                                     "conditions": [{"type": "Ready", "status": ready}]}}))
+            .expect("node")
+        };
+        let since = DateTime::parse_from_rfc3339("2025-06-01T12:00:00Z").expect("time").with_timezone(&Utc);
+        let now = "2025-06-01T12:00:01.250Z";
+        let want = vec!["node-1".to_string(), "node-2".to_string()];
+        assert_eq!(not_ready(&want, &[], since), ["node-1", "node-2"]);
+        assert_eq!(
+            not_ready(&want, &[node("node-1", "True", now), node("node-2", "False", now)], since),
+            ["node-2"]
+        );
+        assert!(
+            not_ready(&want, &[node("node-2", "True", now), node("node-1", "True", now), node("other", "False", now)], since)
+                .is_empty()
+        );
+        // Ready from before the restart does not count.
+        let stale = node("node-1", "True", "2025-06-01T11:59:59Z");
+        assert_eq!(not_ready(&want[..1], &[stale], since), ["node-1"]);
+        assert_eq!(not_ready(&want[..1], &[node("node-1", "True", "")], since), ["node-1"]);
+    }
+}
