@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The main job, end to end on this machine: start a local tb cluster (one controller and three
+# nodelets on loopback), run a 3-rank job, show its logs, its placement and the nodes, stop.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo build -q -p tb-controller -p tb-nodelet -p tbctl
+bin="$PWD/target/debug"
+data=$(mktemp -d "${TMPDIR:-/tmp}/tb-demo.XXXXXX")
+export TB_CONFIG="$data/config.yaml"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+tbctl() { "$bin/tbctl" "$@"; }
+
+cleanup() { tbctl down --data-dir "$data" >/dev/null 2>&1 || true; rm -rf "$data"; }
+trap cleanup EXIT
+
+echo "== tbctl up --nodelets 3"
+tbctl up --nodelets 3 --data-dir "$data" --port "$port"
+
+echo "== tbctl apply -f manifests/trainingjob-echo.yaml"
+tbctl apply -f manifests/trainingjob-echo.yaml
+tbctl wait tj/echo --for=condition=Complete --timeout 60s
+tbctl get tj echo
+echo "== tbctl logs echo"
+tbctl logs echo
+echo "== tbctl get nodes / allocations / events"
+tbctl get nodes
+tbctl get allocations
+tbctl events --for tj/echo
