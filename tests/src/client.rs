@@ -204,7 +204,12 @@ impl Client {
 
     /// Run `attempt` against members in turn, from `first`, until it succeeds, fails with a
     /// final error, or `budget` is spent (then the last retryable error is returned).
-    pub async fn retrying<T, F, Fut>(&self, first: usize, budget: Duration, mut attempt: F) -> Result<T, Status>
+    pub async fn retrying<T, F, Fut>(
+        &self,
+        first: usize,
+        budget: Duration,
+        mut attempt: F,
+    ) -> Result<T, Status>
     where
         F: FnMut(&str) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
@@ -216,11 +221,15 @@ impl Client {
             let addr = &self.addrs[(first + i) % n];
             let result = match tokio::time::timeout_at(deadline, call(attempt(addr))).await {
                 Ok(r) => r,
-                Err(_) => Err(Status::deadline_exceeded(format!("retry budget of {budget:?} spent"))),
+                Err(_) => Err(Status::deadline_exceeded(format!(
+                    "retry budget of {budget:?} spent"
+                ))),
             };
             match result {
                 Ok(v) => return Ok(v),
                 Err(e) if is_retryable(&e) && tokio::time::Instant::now() < deadline => {
+                    // Shown only if the test fails: the story of every failover.
+                    crate::step!("retrying after {addr}: {}: {}", e.code(), e.message());
                     // Back off a little once every member has been tried.
                     if (i + 1) % n == 0 {
                         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -247,6 +256,8 @@ where
 {
     match tokio::time::timeout(CALL_TIMEOUT + Duration::from_secs(1), fut).await {
         Ok(r) => r.map(tonic::Response::into_inner),
-        Err(_) => Err(Status::deadline_exceeded("no answer within the client deadline")),
+        Err(_) => Err(Status::deadline_exceeded(
+            "no answer within the client deadline",
+        )),
     }
 }

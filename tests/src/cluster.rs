@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tb_api::proto::{AddMemberRequest, MemberStatus};
+use tb_api::proto::{AddMemberRequest, ClusterStatusResponse, MemberStatus};
 use tonic::Status;
 
 use crate::client::Client;
@@ -82,7 +82,9 @@ impl Cluster {
                 Controller::start(c)
             })
             .collect();
-        let client = Arc::new(Client::new(members.iter().map(|m| m.addr().to_string()).collect()));
+        let client = Arc::new(Client::new(
+            members.iter().map(|m| m.addr().to_string()).collect(),
+        ));
         let mut cluster = Cluster {
             members,
             client,
@@ -93,7 +95,11 @@ impl Cluster {
             m.wait_serving(START_TIMEOUT).await;
         }
         cluster.wait_for_leader(ELECTION_TIMEOUT).await;
-        crate::step!("cluster {name} of {} up in {}", cluster.members.len(), cluster.dir.path().display());
+        crate::step!(
+            "cluster {name} of {} up in {}",
+            cluster.members.len(),
+            cluster.dir.path().display()
+        );
         cluster
     }
 
@@ -133,7 +139,9 @@ impl Cluster {
 
     /// Indices of the members whose process is alive.
     pub fn running(&mut self) -> Vec<usize> {
-        (0..self.members.len()).filter(|&i| self.members[i].is_running()).collect()
+        (0..self.members.len())
+            .filter(|&i| self.members[i].is_running())
+            .collect()
     }
 
     /// Member `i`'s view of itself.
@@ -144,7 +152,11 @@ impl Cluster {
             .members
             .into_iter()
             .find(|m| m.id == id)
-            .ok_or_else(|| Status::internal(format!("member {id} does not list itself in Cluster.Status")))
+            .ok_or_else(|| {
+                Status::internal(format!(
+                    "member {id} does not list itself in Cluster.Status"
+                ))
+            })
     }
 
     /// Views of every running member (in member order), or the first error.
@@ -152,10 +164,14 @@ impl Cluster {
         let running = self.running();
         let mut views = Vec::with_capacity(running.len());
         for i in running {
-            let v = self
-                .member_view(i)
-                .await
-                .map_err(|e| format!("member {}: {}: {}", self.members[i].id(), e.code(), e.message()))?;
+            let v = self.member_view(i).await.map_err(|e| {
+                format!(
+                    "member {}: {}: {}",
+                    self.members[i].id(),
+                    e.code(),
+                    e.message()
+                )
+            })?;
             views.push((i, v));
         }
         Ok(views)
@@ -210,7 +226,10 @@ impl Cluster {
                     }
                     last = format!(
                         "applied {:?}, highest commit {committed}",
-                        views.iter().map(|(i, v)| (self.members[*i].id(), v.applied_index)).collect::<Vec<_>>()
+                        views
+                            .iter()
+                            .map(|(i, v)| (self.members[*i].id(), v.applied_index))
+                            .collect::<Vec<_>>()
                     );
                 }
                 Err(e) => last = e,
@@ -252,23 +271,34 @@ impl Cluster {
         }
     }
 
-    /// Start a new empty controller with `--join` and add it with `Cluster.AddMember` (sent to
-    /// any member; followers pass it to the leader). Returns its index once the call returned,
-    /// which openraft does after the learner caught up and was promoted.
-    pub async fn add_member(&mut self, timeout: Duration) -> usize {
+    /// Start a new empty controller with `--join` (not yet a member) and wait until it serves.
+    /// Returns its index; add it with [`Cluster::add_member`] or `tbctl cluster add-member`.
+    pub async fn start_joiner(&mut self) -> usize {
         let id = self.members.iter().map(Controller::id).max().unwrap_or(0) + 1;
         let mut config = ControllerConfig::single(self.dir.path(), id);
         config.join = true;
         config.heartbeat_ms = self.opts.heartbeat_ms;
         config.snapshot_every = self.opts.snapshot_every;
         config.keep_after_snapshot = self.opts.keep_after_snapshot;
-        let addr = config.addr.clone();
-        crate::step!("starting controller {id} with --join at {addr}");
+        crate::step!("starting controller {id} with --join at {}", config.addr);
         let mut joiner = Controller::start(config);
         joiner.wait_serving(START_TIMEOUT).await;
         self.members.push(joiner);
-        let req = AddMemberRequest { id, address: addr };
-        let client = self.client.clone();
+        self.client = Arc::new(Client::new(self.addrs()));
+        self.members.len() - 1
+    }
+
+    /// Add the joiner at index `i` with `Cluster.AddMember`, sent to the members that were
+    /// there before it (a follower passes it to the leader). The call returns once openraft has
+    /// caught the learner up and promoted it.
+    pub async fn add_member(&mut self, i: usize, timeout: Duration) {
+        let (id, address) = (self.members[i].id(), self.addr(i));
+        let others: Vec<String> = (0..self.members.len())
+            .filter(|&j| j != i)
+            .map(|j| self.addr(j))
+            .collect();
+        let client = Client::new(others);
+        let req = AddMemberRequest { id, address };
         client
             .retrying(0, timeout, |a| {
                 let mut c = client.cluster(a);
@@ -279,20 +309,51 @@ impl Cluster {
             .await
             .unwrap_or_else(|e| panic!("AddMember({id}) failed: {}: {}", e.code(), e.message()));
         crate::step!("controller {id} added");
-        self.client = Arc::new(Client::new(self.addrs()));
-        self.members.len() - 1
+    }
+
+    /// `Cluster.Status` from the first running member that answers.
+    pub async fn status(&mut self) -> ClusterStatusResponse {
+        let running = self.running();
+        let mut errors = Vec::new();
+        for i in running {
+            match self.client.status_on(self.members[i].addr()).await {
+                Ok(s) => return s,
+                Err(e) => errors.push(format!(
+                    "{}: {}: {}",
+                    self.members[i].id(),
+                    e.code(),
+                    e.message()
+                )),
+            }
+        }
+        panic!("no member answered Cluster.Status: {errors:?}");
     }
 
     /// A stale (local) list of `kind` in `namespace` from member `i`, parsed.
-    pub async fn stale_list(&self, i: usize, kind: &str, namespace: &str) -> Vec<serde_json::Value> {
+    pub async fn stale_list(
+        &self,
+        i: usize,
+        kind: &str,
+        namespace: &str,
+    ) -> Vec<serde_json::Value> {
         let resp = self
             .client
             .list_on(self.members[i].addr(), kind, namespace, true)
             .await
-            .unwrap_or_else(|e| panic!("stale list on member {}: {}: {}", self.members[i].id(), e.code(), e.message()));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "stale list on member {}: {}: {}",
+                    self.members[i].id(),
+                    e.code(),
+                    e.message()
+                )
+            });
         resp.objects_json
             .iter()
-            .map(|j| serde_json::from_str(j).unwrap_or_else(|e| panic!("invalid JSON from the server ({e}): {j}")))
+            .map(|j| {
+                serde_json::from_str(j)
+                    .unwrap_or_else(|e| panic!("invalid JSON from the server ({e}): {j}"))
+            })
             .collect()
     }
 }
@@ -311,7 +372,10 @@ fn agreed_leader(views: &[(usize, MemberStatus)]) -> Result<u64, String> {
     }
     match views.iter().find(|(_, v)| v.id == leader) {
         Some((_, v)) if v.state == "leader" => Ok(leader),
-        Some((_, v)) => Err(format!("{leader} is named leader but says it is {}", v.state)),
+        Some((_, v)) => Err(format!(
+            "{leader} is named leader but says it is {}",
+            v.state
+        )),
         None => Err(format!("leader {leader} is not running")),
     }
 }

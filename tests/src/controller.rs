@@ -130,11 +130,17 @@ impl Controller {
 
     /// The exit status, if the process has exited.
     pub fn exit_status(&mut self) -> Option<ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     fn spawn(&mut self) {
-        assert!(self.child.is_none(), "controller {} is already running", self.config.id);
+        assert!(
+            self.child.is_none(),
+            "controller {} is already running",
+            self.config.id
+        );
         self.starts += 1;
         let mut log = File::options()
             .create(true)
@@ -154,6 +160,8 @@ impl Controller {
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(stderr));
+        // Plain text logs: they are read in files, not terminals.
+        cmd.env("NO_COLOR", "1");
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info,openraft=warn");
         }
@@ -171,7 +179,10 @@ impl Controller {
 
     /// SIGTERM, then wait up to `timeout` for the process to exit. Returns its exit status, or
     /// `None` if it had to be killed after the timeout.
-    pub fn terminate(&mut self, timeout: Duration) -> Option<ExitStatus> {
+    ///
+    /// Async on purpose: a graceful stop needs this process's clients to answer the server's
+    /// GOAWAY, and their connection tasks run on the test's runtime, which must not be blocked.
+    pub async fn terminate(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
         let pid = child.id() as libc::pid_t;
         // SAFETY: sending a signal to our own child, which has not been reaped (so the pid
@@ -182,7 +193,7 @@ impl Controller {
             if let Ok(Some(status)) = child.try_wait() {
                 return Some(status);
             }
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let _ = child.kill();
         let _ = child.wait();

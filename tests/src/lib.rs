@@ -15,11 +15,19 @@
 //! - [`objects`] builds the JSON objects the tests apply and reads fields back;
 //! - [`tbctl`] runs the CLI and captures its exit code and output;
 //! - [`wait`] polls a condition until a deadline, so tests never sleep for a guessed time.
+//!
+//! When a test fails it prints its progress lines ([`step!`]), the last lines of every
+//! controller's log, and the path of its directory, which is kept (data directories and full
+//! logs). Knobs, all optional:
+//! - `TB_TEST_KEEP=1` keeps the directories of passing tests too;
+//! - `TB_TEST_BIN_DIR=DIR` uses prebuilt binaries from DIR instead of building them;
+//! - `RUST_LOG` is passed on to the controllers (default `info,openraft=warn`).
 
 pub mod bins;
 pub mod client;
 pub mod cluster;
 pub mod controller;
+pub mod lab;
 pub mod objects;
 pub mod ports;
 pub mod tbctl;
@@ -44,5 +52,8 @@ macro_rules! step {
 /// Seconds since the harness was first used in this process.
 pub fn elapsed_secs() -> f64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
 }

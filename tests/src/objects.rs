@@ -44,19 +44,10 @@ pub fn queue(name: &str) -> Value {
     })
 }
 
-/// A TrainingJob running `true`.
-pub fn training_job(namespace: &str, name: &str) -> Value {
-    json!({
-        "apiVersion": API_VERSION,
-        "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"command": ["true"]},
-    })
-}
-
 /// Parse an object the server returned; panics with the text when it is not one.
 pub fn parse(json: &str) -> Object {
-    Object::from_json(json).unwrap_or_else(|e| panic!("the server returned an invalid object ({e}): {json}"))
+    Object::from_json(json)
+        .unwrap_or_else(|e| panic!("the server returned an invalid object ({e}): {json}"))
 }
 
 /// A namespace name unique to one test run, so tests sharing a store never see each other.

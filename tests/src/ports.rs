@@ -36,10 +36,11 @@ pub fn free_port() -> u16 {
     let alloc = guard.get_or_insert_with(|| {
         // Start somewhere different in each process, so concurrent runs rarely probe the same
         // ports (they would skip each other's anyway, thanks to the locks).
-        let seed = std::process::id() as u64 ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos() as u64)
-            .unwrap_or(0);
+        let seed = std::process::id() as u64
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos() as u64)
+                .unwrap_or(0);
         Allocator {
             next: FIRST + (seed % u64::from(LAST - FIRST)) as u16,
             held: Vec::new(),

@@ -60,7 +60,8 @@ pub struct Tbctl {
 impl Tbctl {
     /// `servers` is passed as `--server` (comma-separated, in failover order).
     pub fn new(servers: &[String], home: &Path) -> Tbctl {
-        std::fs::create_dir_all(home).unwrap_or_else(|e| panic!("creating {}: {e}", home.display()));
+        std::fs::create_dir_all(home)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", home.display()));
         Tbctl {
             servers: servers.join(","),
             home: home.to_path_buf(),
@@ -86,11 +87,16 @@ impl Tbctl {
                 cmd.env_remove(k);
             }
         }
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("starting tbctl: {e}"));
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting tbctl: {e}"));
         let output = match tokio::time::timeout(RUN_TIMEOUT, child.wait_with_output()).await {
             Ok(Ok(o)) => o,
             Ok(Err(e)) => panic!("waiting for tbctl {}: {e}", full.join(" ")),
-            Err(_) => panic!("tbctl {} did not finish within {RUN_TIMEOUT:?}", full.join(" ")),
+            Err(_) => panic!(
+                "tbctl {} did not finish within {RUN_TIMEOUT:?}",
+                full.join(" ")
+            ),
         };
         TbctlOutput {
             args: full,

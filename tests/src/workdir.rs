@@ -19,7 +19,10 @@ impl TestDir {
             .tempdir()
             .unwrap_or_else(|e| panic!("creating a temporary directory: {e}"));
         let path = dir.path().to_path_buf();
-        TestDir { dir: Some(dir), path }
+        TestDir {
+            dir: Some(dir),
+            path,
+        }
     }
 
     pub fn path(&self) -> &Path {

@@ -4,6 +4,8 @@
 //! so that applying it is deterministic on every member) and carries the client's idempotency
 //! key, so a retried write whose outcome was unknown is applied once.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tb_api::{Object, ObjectKey};
@@ -107,15 +109,17 @@ pub enum Response {
         results: Vec<ApplyResult>,
         resource_version: u64,
     },
+    // Objects are shared with the store: the idempotency table keeps answers whole at the cost
+    // of a pointer, not a copy.
     Deleted {
-        object: Object,
+        object: Arc<Object>,
         resource_version: u64,
     },
     Status {
-        object: Object,
+        object: Arc<Object>,
     },
     Event {
-        object: Object,
+        object: Arc<Object>,
     },
     Planned {
         resource_version: u64,
@@ -145,7 +149,7 @@ impl Outcome {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApplyResult {
     pub outcome: Outcome,
-    pub object: Object,
+    pub object: Arc<Object>,
 }
 
 /// Why the store refused a command. Deterministic: every member refuses the same way.

@@ -72,7 +72,7 @@ impl State {
         if !cmd.request_id.is_empty()
             && let Some(previous) = self.dedup.get(&cmd.request_id)
         {
-            return (self.rehydrate(previous.clone()), Vec::new());
+            return (previous.clone(), Vec::new());
         }
         let (response, changes) = match &cmd.op {
             Op::Apply { objects } => match self.plan_apply(objects) {
@@ -243,7 +243,7 @@ impl State {
             };
             results.push(ApplyResult {
                 outcome: step.outcome,
-                object: (*stored).clone(),
+                object: stored,
             });
         }
         (
@@ -291,7 +291,7 @@ impl State {
         };
         (
             Response::Deleted {
-                object: (*gone).clone(),
+                object: gone,
                 resource_version: index,
             },
             vec![change],
@@ -317,12 +317,7 @@ impl State {
             return (Response::Rejected(err), Vec::new());
         }
         if &cur.status == status {
-            return (
-                Response::Status {
-                    object: (**cur).clone(),
-                },
-                Vec::new(),
-            );
+            return (Response::Status { object: cur.clone() }, Vec::new());
         }
         let mut obj = (**cur).clone();
         obj.status = status.clone();
@@ -330,9 +325,7 @@ impl State {
         let mut changes = Vec::new();
         let stored = self.insert(obj, ChangeKind::Modified, &mut changes);
         (
-            Response::Status {
-                object: (*stored).clone(),
-            },
+            Response::Status { object: stored },
             changes,
         )
     }
@@ -406,9 +399,7 @@ impl State {
             obj
         };
         (
-            Response::Event {
-                object: (*stored).clone(),
-            },
+            Response::Event { object: stored },
             changes,
         )
     }
@@ -527,9 +518,7 @@ impl State {
         self.node_credentials
             .insert(key.name.clone(), credential_hash.to_string());
         (
-            Response::Status {
-                object: (*stored).clone(),
-            },
+            Response::Status { object: stored },
             changes,
         )
     }
@@ -561,15 +550,13 @@ impl State {
         let mut changes = Vec::new();
         let stored = self.insert(obj, ChangeKind::Modified, &mut changes);
         (
-            Response::Status {
-                object: (*stored).clone(),
-            },
+            Response::Status { object: stored },
             changes,
         )
     }
 
     fn remember(&mut self, request_id: String, response: Response) {
-        if self.dedup.insert(request_id.clone(), slim(response)).is_none() {
+        if self.dedup.insert(request_id.clone(), response).is_none() {
             self.dedup_order.push_back(request_id);
         }
         while self.dedup_order.len() > MAX_DEDUP {
@@ -577,43 +564,6 @@ impl State {
                 self.dedup.remove(&old);
             }
         }
-    }
-}
-
-/// An answer as the idempotency table keeps it: objects without spec and status (the store
-/// holds those), so remembering 20,000 answers costs little.
-fn slim(mut response: Response) -> Response {
-    let strip = |o: &mut Object| {
-        o.spec = Value::Null;
-        o.status = Value::Null;
-    };
-    match &mut response {
-        Response::Applied { results, .. } => results.iter_mut().for_each(|r| strip(&mut r.object)),
-        Response::Status { object } | Response::Event { object } => strip(object),
-        // A deleted object is gone from the store: keep it whole.
-        _ => {}
-    }
-    response
-}
-
-impl State {
-    /// A remembered answer with its objects filled back in from the store, when they are
-    /// still the version the answer named.
-    fn rehydrate(&self, mut response: Response) -> Response {
-        let fill = |o: &mut Object| {
-            if let Some(cur) = self.get(&o.key())
-                && cur.metadata.resource_version == o.metadata.resource_version
-            {
-                o.spec = cur.spec.clone();
-                o.status = cur.status.clone();
-            }
-        };
-        match &mut response {
-            Response::Applied { results, .. } => results.iter_mut().for_each(|r| fill(&mut r.object)),
-            Response::Status { object } | Response::Event { object } => fill(object),
-            _ => {}
-        }
-        response
     }
 }
 
