@@ -13,8 +13,10 @@ import mlx.core as mx
 
 def main() -> int:
     want_size = int(os.environ.get("TB_WORLD_SIZE", "1"))
-    # strict: a multi-rank job without a working backend must fail, not run alone.
-    group = mx.distributed.init(strict=want_size > 1)
+    # tb sets MLX_IBV_DEVICES for JACCL and MLX_HOSTFILE for the ring. strict: a multi-rank job
+    # without a working backend must fail, not run alone.
+    backend = "jaccl" if "MLX_IBV_DEVICES" in os.environ else "ring"
+    group = mx.distributed.init(strict=want_size > 1, backend=backend)
     rank, size = group.rank(), group.size()
     if size != want_size:
         print(f"rank {rank}: MLX group has {size} ranks, tb started {want_size}", file=sys.stderr)
