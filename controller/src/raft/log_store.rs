@@ -1,12 +1,16 @@
 //! The Raft log and vote, durable in redb.
 //!
-//! Every append is one redb write transaction committed with `Durability::Immediate` on a
-//! blocking thread; openraft is told the entries are flushed only after that commit returns.
+//! Appends are handed to one writer thread that commits everything queued since its last commit
+//! in a single redb transaction with `Durability::Immediate` (group commit), then tells openraft
+//! the entries are flushed. Until then the entries are served from memory, so `append` returns
+//! at once and Raft replicates to followers while the leader's own fsync is under way.
+//! Truncations and purges go through the same queue, so the disk sees every change in order.
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, mpsc};
 
 use openraft::storage::{IOFlushed, RaftLogStorage};
 use openraft::{LogState, OptionalSend, RaftLogReader};
@@ -21,13 +25,56 @@ const VOTE: &str = "vote";
 const COMMITTED: &str = "committed";
 const LAST_PURGED: &str = "last_purged";
 
-#[derive(Clone)]
-pub struct LogStore {
-    db: Arc<Database>,
-}
-
 pub(super) fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
+}
+
+/// Run redb work on a blocking thread: commits fsync and must not stall the async runtime.
+pub(super) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(io_err)?
+}
+
+/// Work for the writer thread, applied in the order it was queued.
+enum Job {
+    Append {
+        seq: u64,
+        entries: Vec<(u64, Vec<u8>)>,
+        flushed: IOFlushed<TypeConfig>,
+    },
+    Truncate {
+        seq: u64,
+        from: u64,
+    },
+    Purge {
+        upto: u64,
+        log_id: Vec<u8>,
+    },
+    Committed(Vec<u8>),
+}
+
+/// What openraft has appended but the disk may not hold yet.
+#[derive(Default)]
+struct Pending {
+    /// Index → (the append's sequence number, the entry).
+    entries: BTreeMap<u64, (u64, Entry)>,
+    /// Entries on disk at or after this index were truncated; hidden until the disk agrees.
+    hide_from: Option<(u64, u64)>,
+    next_seq: u64,
+    last_log_id: Option<LogId>,
+    last_purged: Option<LogId>,
+}
+
+struct Shared {
+    db: Arc<Database>,
+    pending: Mutex<Pending>,
+    jobs: Mutex<mpsc::Sender<Job>>,
+}
+
+#[derive(Clone)]
+pub struct LogStore {
+    shared: Arc<Shared>,
 }
 
 impl LogStore {
@@ -36,42 +83,118 @@ impl LogStore {
         tx.open_table(LOG).map_err(io_err)?;
         tx.open_table(META).map_err(io_err)?;
         tx.commit().map_err(io_err)?;
-        Ok(LogStore { db })
+        let last_purged: Option<LogId> = get_meta(&db, LAST_PURGED)?;
+        let last_log_id = {
+            let tx = db.begin_read().map_err(io_err)?;
+            let table = tx.open_table(LOG).map_err(io_err)?;
+            match table.last().map_err(io_err)? {
+                Some((_, v)) => Some(serde_json::from_slice::<Entry>(v.value()).map_err(io_err)?.log_id),
+                None => last_purged,
+            }
+        };
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            db,
+            pending: Mutex::new(Pending {
+                last_log_id,
+                last_purged,
+                ..Default::default()
+            }),
+            jobs: Mutex::new(tx),
+        });
+        let writer = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name("tb-raft-log".into())
+            .spawn(move || write_loop(writer, rx))
+            .map_err(io_err)?;
+        Ok(LogStore { shared })
     }
 
-    fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &str) -> io::Result<Option<T>> {
-        let tx = self.db.begin_read().map_err(io_err)?;
-        let table = tx.open_table(META).map_err(io_err)?;
-        match table.get(key).map_err(io_err)? {
-            None => Ok(None),
-            Some(v) => serde_json::from_slice(v.value()).map(Some).map_err(io_err),
-        }
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.shared.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Write one metadata value, durably when `durable`.
-    async fn put_meta<T: serde::Serialize>(&self, key: &'static str, value: &T, durable: bool) -> io::Result<()> {
-        let bytes = serde_json::to_vec(value).map_err(io_err)?;
-        let db = self.db.clone();
-        blocking(move || {
-            let mut tx = db.begin_write().map_err(io_err)?;
-            if !durable {
-                tx.set_durability(Durability::None).map_err(io_err)?;
-            }
-            {
-                let mut table = tx.open_table(META).map_err(io_err)?;
-                table.insert(key, bytes.as_slice()).map_err(io_err)?;
-            }
-            tx.commit().map_err(io_err)
-        })
-        .await
+    fn queue(&self, job: Job) -> io::Result<()> {
+        let jobs = self.shared.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        jobs.send(job).map_err(|_| io_err("the raft log writer has stopped"))
     }
 }
 
-/// Run redb work on a blocking thread: commits fsync and must not stall the async runtime.
-pub(super) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> io::Result<T> + Send + 'static,
-) -> io::Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(io_err)?
+fn get_meta<T: serde::de::DeserializeOwned>(db: &Database, key: &str) -> io::Result<Option<T>> {
+    let tx = db.begin_read().map_err(io_err)?;
+    let table = tx.open_table(META).map_err(io_err)?;
+    match table.get(key).map_err(io_err)? {
+        None => Ok(None),
+        Some(v) => serde_json::from_slice(v.value()).map(Some).map_err(io_err),
+    }
+}
+
+/// The writer thread: take every queued job, apply them in one transaction, commit, report.
+fn write_loop(shared: std::sync::Weak<Shared>, rx: mpsc::Receiver<Job>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        batch.extend(rx.try_iter());
+        let Some(shared) = shared.upgrade() else { return };
+        let result = commit_batch(&shared.db, &batch);
+        let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for job in batch {
+            match job {
+                Job::Append { seq, entries, flushed } => {
+                    if result.is_ok() {
+                        for (index, _) in &entries {
+                            // A later append may have replaced the entry; keep that one.
+                            if pending.entries.get(index).is_some_and(|(s, _)| *s == seq) {
+                                pending.entries.remove(index);
+                            }
+                        }
+                    }
+                    flushed.io_completed(result.as_ref().map(|_| ()).map_err(io_err));
+                }
+                Job::Truncate { seq, .. } => {
+                    if result.is_ok() && pending.hide_from.is_some_and(|(_, s)| s == seq) {
+                        pending.hide_from = None;
+                    }
+                }
+                Job::Purge { .. } | Job::Committed(_) => {}
+            }
+        }
+        if let Err(e) = result {
+            tracing::error!("raft log write failed: {e}");
+        }
+    }
+}
+
+fn commit_batch(db: &Database, batch: &[Job]) -> io::Result<()> {
+    let mut tx = db.begin_write().map_err(io_err)?;
+    // Only appends must be durable before they are acknowledged; the rest can ride along with
+    // the next durable commit.
+    if !batch.iter().any(|j| matches!(j, Job::Append { .. })) {
+        tx.set_durability(Durability::None).map_err(io_err)?;
+    }
+    {
+        let mut log = tx.open_table(LOG).map_err(io_err)?;
+        let mut meta = tx.open_table(META).map_err(io_err)?;
+        for job in batch {
+            match job {
+                Job::Append { entries, .. } => {
+                    for (index, bytes) in entries {
+                        log.insert(*index, bytes.as_slice()).map_err(io_err)?;
+                    }
+                }
+                Job::Truncate { from, .. } => {
+                    log.retain_in::<u64, _>(*from.., |_, _| false).map_err(io_err)?;
+                }
+                Job::Purge { upto, log_id } => {
+                    meta.insert(LAST_PURGED, log_id.as_slice()).map_err(io_err)?;
+                    log.retain_in::<u64, _>(..=*upto, |_, _| false).map_err(io_err)?;
+                }
+                Job::Committed(bytes) => {
+                    meta.insert(COMMITTED, bytes.as_slice()).map_err(io_err)?;
+                }
+            }
+        }
+    }
+    tx.commit().map_err(io_err)
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -89,18 +212,31 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(x) => Bound::Excluded(*x),
             Bound::Unbounded => Bound::Unbounded,
         };
-        let tx = self.db.begin_read().map_err(io_err)?;
+        // Memory first: whatever the writer commits meanwhile is then in both, and memory wins.
+        let (mut found, hide_from): (BTreeMap<u64, Entry>, Option<u64>) = {
+            let p = self.pending();
+            let found = p
+                .entries
+                .range((Bound::Included(start), end))
+                .map(|(i, (_, e))| (*i, e.clone()))
+                .collect();
+            (found, p.hide_from.map(|(from, _)| from))
+        };
+        let tx = self.shared.db.begin_read().map_err(io_err)?;
         let table = tx.open_table(LOG).map_err(io_err)?;
-        let mut entries = Vec::new();
         for item in table.range::<u64>((Bound::Included(start), end)).map_err(io_err)? {
-            let (_, v) = item.map_err(io_err)?;
-            entries.push(serde_json::from_slice(v.value()).map_err(io_err)?);
+            let (k, v) = item.map_err(io_err)?;
+            let index = k.value();
+            if hide_from.is_some_and(|h| index >= h) || found.contains_key(&index) {
+                continue;
+            }
+            found.insert(index, serde_json::from_slice(v.value()).map_err(io_err)?);
         }
-        Ok(entries)
+        Ok(found.into_values().collect())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
-        self.get_meta(VOTE)
+        get_meta(&self.shared.db, VOTE)
     }
 }
 
@@ -108,19 +244,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
-        let last_purged: Option<LogId> = self.get_meta(LAST_PURGED)?;
-        let tx = self.db.begin_read().map_err(io_err)?;
-        let table = tx.open_table(LOG).map_err(io_err)?;
-        let last = match table.last().map_err(io_err)? {
-            Some((_, v)) => {
-                let e: Entry = serde_json::from_slice(v.value()).map_err(io_err)?;
-                Some(e.log_id)
-            }
-            None => last_purged,
-        };
+        let p = self.pending();
         Ok(LogState {
-            last_purged_log_id: last_purged,
-            last_log_id: last,
+            last_purged_log_id: p.last_purged,
+            last_log_id: p.last_log_id,
         })
     }
 
@@ -129,16 +256,28 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
-        self.put_meta(VOTE, vote, true).await
+        let bytes = serde_json::to_vec(vote).map_err(io_err)?;
+        let db = self.shared.db.clone();
+        // A vote must be on disk before it is acted on.
+        blocking(move || {
+            let tx = db.begin_write().map_err(io_err)?;
+            {
+                let mut meta = tx.open_table(META).map_err(io_err)?;
+                meta.insert(VOTE, bytes.as_slice()).map_err(io_err)?;
+            }
+            tx.commit().map_err(io_err)
+        })
+        .await
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
-        // Only a hint for replay after restart; the next durable append flushes it.
-        self.put_meta(COMMITTED, &committed, false).await
+        // Only a hint for replay after a restart: written with the next batch.
+        let bytes = serde_json::to_vec(&committed).map_err(io_err)?;
+        self.queue(Job::Committed(bytes))
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
-        Ok(self.get_meta::<Option<LogId>>(COMMITTED)?.flatten())
+        Ok(get_meta::<Option<LogId>>(&self.shared.db, COMMITTED)?.flatten())
     }
 
     async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<(), io::Error>
@@ -147,64 +286,62 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let mut encoded = Vec::new();
+        let mut kept = Vec::new();
         for e in entries {
             encoded.push((e.log_id.index, serde_json::to_vec(&e).map_err(io_err)?));
+            kept.push(e);
         }
-        let db = self.db.clone();
-        let res = blocking(move || {
-            let tx = db.begin_write().map_err(io_err)?;
-            {
-                let mut table = tx.open_table(LOG).map_err(io_err)?;
-                for (index, bytes) in &encoded {
-                    table.insert(*index, bytes.as_slice()).map_err(io_err)?;
-                }
+        let seq = {
+            let mut p = self.pending();
+            p.next_seq += 1;
+            let seq = p.next_seq;
+            if let Some(last) = kept.last() {
+                p.last_log_id = Some(last.log_id);
             }
-            tx.commit().map_err(io_err)
+            for e in kept {
+                p.entries.insert(e.log_id.index, (seq, e));
+            }
+            seq
+        };
+        self.queue(Job::Append {
+            seq,
+            entries: encoded,
+            flushed: callback,
         })
-        .await;
-        match res {
-            Ok(()) => {
-                callback.io_completed(Ok(()));
-                Ok(())
-            }
-            Err(e) => {
-                callback.io_completed(Err(io_err(&e)));
-                Err(e)
-            }
-        }
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
         let from = last_log_id.map(|l| l.index + 1).unwrap_or(0);
-        let db = self.db.clone();
-        blocking(move || {
-            let tx = db.begin_write().map_err(io_err)?;
-            {
-                let mut table = tx.open_table(LOG).map_err(io_err)?;
-                table.retain_in::<u64, _>(from.., |_, _| false).map_err(io_err)?;
+        let seq = {
+            let mut p = self.pending();
+            p.next_seq += 1;
+            let seq = p.next_seq;
+            p.entries.retain(|i, _| *i < from);
+            let hide = p.hide_from.map_or(from, |(h, _)| h.min(from));
+            p.hide_from = Some((hide, seq));
+            // Truncating after an index past the end removes nothing.
+            if p.last_log_id.is_some_and(|l| l.index >= from) {
+                p.last_log_id = last_log_id.or(p.last_purged);
             }
-            tx.commit().map_err(io_err)
-        })
-        .await
+            seq
+        };
+        self.queue(Job::Truncate { seq, from })
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
-        let upto = log_id.index;
-        let bytes = serde_json::to_vec(&log_id).map_err(io_err)?;
-        let db = self.db.clone();
-        blocking(move || {
-            let mut tx = db.begin_write().map_err(io_err)?;
-            // Purged entries are covered by a durable snapshot; losing this write on a crash
-            // only means purging them again.
-            tx.set_durability(Durability::None).map_err(io_err)?;
-            {
-                let mut meta = tx.open_table(META).map_err(io_err)?;
-                meta.insert(LAST_PURGED, bytes.as_slice()).map_err(io_err)?;
-                let mut table = tx.open_table(LOG).map_err(io_err)?;
-                table.retain_in::<u64, _>(..=upto, |_, _| false).map_err(io_err)?;
+        {
+            let mut p = self.pending();
+            p.entries.retain(|i, _| *i > log_id.index);
+            p.last_purged = Some(log_id);
+            if p.last_log_id.is_none_or(|l| l.index < log_id.index) {
+                p.last_log_id = Some(log_id);
             }
-            tx.commit().map_err(io_err)
+        }
+        // Purged entries are covered by a durable snapshot; losing this on a crash only means
+        // purging them again.
+        self.queue(Job::Purge {
+            upto: log_id.index,
+            log_id: serde_json::to_vec(&log_id).map_err(io_err)?,
         })
-        .await
     }
 }

@@ -267,20 +267,29 @@ impl State {
         obj
     }
 
-    fn delete(&mut self, index: u64, key: &ObjectKey, expected: u64) -> (Response, Vec<Change>) {
-        let storage_key = key.storage_key();
-        let Some(cur) = self.objects.get(&storage_key) else {
-            return (Response::Rejected(StoreError::NotFound(key.to_string())), Vec::new());
-        };
+    /// The stored object, if it exists and is at the `expected` version (0: any version).
+    fn current(&self, key: &ObjectKey, expected: u64) -> Result<Arc<Object>, StoreError> {
+        let cur = self
+            .objects
+            .get(&key.storage_key())
+            .ok_or_else(|| StoreError::NotFound(key.to_string()))?;
         if expected != 0 && expected != cur.metadata.resource_version {
-            let err = StoreError::Conflict {
+            return Err(StoreError::Conflict {
                 key: key.to_string(),
                 expected,
                 current: cur.metadata.resource_version,
-            };
-            return (Response::Rejected(err), Vec::new());
+            });
         }
-        let mut gone = (**cur).clone();
+        Ok(cur.clone())
+    }
+
+    fn delete(&mut self, index: u64, key: &ObjectKey, expected: u64) -> (Response, Vec<Change>) {
+        let storage_key = key.storage_key();
+        let cur = match self.current(key, expected) {
+            Ok(cur) => cur,
+            Err(e) => return (Response::Rejected(e), Vec::new()),
+        };
+        let mut gone = (*cur).clone();
         self.objects.remove(&storage_key);
         gone.metadata.resource_version = index;
         let gone = Arc::new(gone);
@@ -305,21 +314,14 @@ impl State {
         status: &Value,
         expected: u64,
     ) -> (Response, Vec<Change>) {
-        let Some(cur) = self.objects.get(&key.storage_key()) else {
-            return (Response::Rejected(StoreError::NotFound(key.to_string())), Vec::new());
+        let cur = match self.current(key, expected) {
+            Ok(cur) => cur,
+            Err(e) => return (Response::Rejected(e), Vec::new()),
         };
-        if expected != 0 && expected != cur.metadata.resource_version {
-            let err = StoreError::Conflict {
-                key: key.to_string(),
-                expected,
-                current: cur.metadata.resource_version,
-            };
-            return (Response::Rejected(err), Vec::new());
-        }
         if &cur.status == status {
             return (Response::Status { object: cur.clone() }, Vec::new());
         }
-        let mut obj = (**cur).clone();
+        let mut obj = (*cur).clone();
         obj.status = status.clone();
         obj.metadata.resource_version = index;
         let mut changes = Vec::new();
