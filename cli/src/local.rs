@@ -35,7 +35,10 @@ pub struct Proc {
 
 /// The data directory: the flag, else `$XDG_DATA_HOME/tb`, else `~/.local/share/tb`.
 pub fn data_dir(flag: Option<&Path>) -> Result<PathBuf> {
-    data_dir_from(flag, |k| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from))
+    let dir = data_dir_from(flag, |k| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from))?;
+    // The processes started from here, and the ranks they run, need paths that do not depend
+    // on the working directory.
+    Ok(std::path::absolute(&dir)?)
 }
 
 fn data_dir_from(flag: Option<&Path>, env: impl Fn(&str) -> Option<PathBuf>) -> Result<PathBuf> {

@@ -171,7 +171,8 @@ pub fn mlx_python() -> PathBuf {
             };
             panic!(
                 "the MLX tests need a Python that can `import mlx.core`, but {} cannot ({why}).\n\
-                 Create the venv with:\n    python3 -m venv {root}/.venv && {root}/.venv/bin/pip install 'mlx[cpu]'\n\
+                 Create the venv with `scripts/test.sh` (it makes {root}/.venv when missing), or by hand:\n    \
+                 python3 -m venv {root}/.venv && {root}/.venv/bin/pip install 'mlx[cpu]==0.32.*'\n\
                  or point TB_TEST_PYTHON at a python that has MLX.",
                 python.display(),
                 root = workspace_root().display()
@@ -418,10 +419,20 @@ pub fn kill_leftover_ranks(data_dir: &Path) -> usize {
             else {
                 continue;
             };
-            let marker = format!("TB_ALLOCATION_DIR={}", a.path().display());
-            let ours = std::fs::read(format!("/proc/{pid}/environ"))
-                .map(|env| env.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()))
-                .unwrap_or(false);
+            // The nodelet passes its data directory as given, possibly relative: match the
+            // allocation's own part of the path.
+            let suffix = format!(
+                "/allocs/{}/{}",
+                ns.file_name().to_string_lossy(),
+                a.file_name().to_string_lossy()
+            );
+            let ours = std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+                env.split(|b| *b == 0).any(|kv| {
+                    let kv = String::from_utf8_lossy(kv);
+                    kv.strip_prefix("TB_ALLOCATION_DIR=")
+                        .is_some_and(|dir| dir.ends_with(&suffix) || dir == &suffix[1..])
+                })
+            });
             if pid > 1 && ours {
                 // SAFETY: signals a process group whose leader was just checked to be this
                 // allocation's rank.
@@ -557,7 +568,9 @@ impl Lab {
                 args.extend(["--reserve".to_string(), r.clone()]);
             }
             let log = lab.dir.path().join(format!("{name}.log"));
-            let cwd = opts.relative_data_dirs.then(|| lab.dir.path().to_path_buf());
+            let cwd = opts
+                .relative_data_dirs
+                .then(|| lab.dir.path().to_path_buf());
             let proc = Proc::start_in(&name, &bin, args, log, cwd);
             lab.nodelets.push(Nodelet {
                 name,
@@ -988,8 +1001,10 @@ pub struct Watch {
 }
 
 impl Lab {
-    /// Start watching `kind`; returns once the initial listing has begun to arrive, so every
-    /// change after this call is seen.
+    /// Start watching `kind` (`allocs`, `nodes` or `tj`). When there is anything to list, returns
+    /// only once the initial listing has begun to arrive, so every change after the call is
+    /// seen; with nothing to list there is no such signal, so start the watch after the objects
+    /// of interest exist.
     pub async fn watch(&self, kind: &str) -> Watch {
         use tokio::io::AsyncBufReadExt;
         let mut child = self

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tb_tests::lab::{
-    Lab, LabOptions, NODE_GRACE, condition, process_alive, processes_of, rank_lines, stamp_millis,
-    wait_process_gone,
+    Lab, LabOptions, NODE_GRACE, NODELET_HEARTBEAT_MS, condition, process_alive, processes_of,
+    rank_lines, stamp_millis, wait_process_gone,
 };
 use tb_tests::step;
 
@@ -532,8 +532,11 @@ spec:
     let new_nodes = placement_nodes(&moved);
     assert!(!new_nodes.contains(&victim_name), "{new_nodes:?}");
     assert_eq!(moved["restarts"], 0, "{moved:#}");
+    // Not before the grace period (counted from its last heartbeat, at most one interval
+    // before the SIGSTOP) had passed.
+    let heartbeat = Duration::from_millis(NODELET_HEARTBEAT_MS);
     assert!(
-        stopped_at.elapsed() >= NODE_GRACE,
+        stopped_at.elapsed() + heartbeat >= NODE_GRACE,
         "the node was declared lost {:?} after it stopped, within the grace period",
         stopped_at.elapsed()
     );
@@ -785,9 +788,17 @@ spec:
     let allocs_watch = lab.watch("allocs").await;
     let nodes_watch = lab.watch("nodes").await;
     lab.kill_nodelet(victim);
-    assert!(process_alive(stale_pid), "killing a nodelet leaves its ranks running");
+    assert!(
+        process_alive(stale_pid),
+        "killing a nodelet leaves its ranks running"
+    );
     lab.restart_nodelet(victim);
-    wait_process_gone(stale_pid, "the rank of the previous nodelet", Duration::from_secs(10)).await;
+    wait_process_gone(
+        stale_pid,
+        "the rank of the previous nodelet",
+        Duration::from_secs(10),
+    )
+    .await;
     let lost = allocs_watch
         .wait_for(&format!("{stale_name} Lost"), JOB_TIMEOUT, |a| {
             a["metadata"]["name"] == stale_name.as_str() && a["status"]["phase"] == "Lost"
@@ -801,10 +812,19 @@ spec:
         "{lost:#}"
     );
 
-    let done = lab.wait_job_phase("phoenix", "Succeeded", JOB_TIMEOUT).await;
+    let done = lab
+        .wait_job_phase("phoenix", "Succeeded", JOB_TIMEOUT)
+        .await;
     assert_eq!(done["epoch"], 2, "placed again once: {done:#}");
-    assert_eq!(done["restarts"], 0, "a restarted nodelet costs the job no retry: {done:#}");
-    assert_eq!(processes_of(&stale_dir), Vec::<i64>::new(), "{stale_name} runs again");
+    assert_eq!(
+        done["restarts"], 0,
+        "a restarted nodelet costs the job no retry: {done:#}"
+    );
+    assert_eq!(
+        processes_of(&stale_dir),
+        Vec::<i64>::new(),
+        "{stale_name} runs again"
+    );
     let logs = lab.tbctl_ok(&["logs", "phoenix"]).await;
     for rank in 0..2 {
         assert_eq!(rank_lines(&logs.stdout, rank), ["done epoch=2"], "{logs}");
@@ -820,7 +840,10 @@ spec:
         .filter(|n| n["metadata"]["name"] == victim_name.as_str())
         .filter(|n| condition(&n["status"], "Ready") == Some("False"))
         .collect();
-    assert!(flapped.is_empty(), "{victim_name} went NotReady: {flapped:#?}");
+    assert!(
+        flapped.is_empty(),
+        "{victim_name} went NotReady: {flapped:#?}"
+    );
 }
 
 /// A nodelet started with a relative `--data-dir` (as `tbctl up --data-dir DIR` passes one on

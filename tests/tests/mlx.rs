@@ -25,7 +25,10 @@ const MLX_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// A TrainingJob of `ranks` ranks running `mlx_allreduce.py` over MLX's ring backend.
 fn allreduce_job(name: &str, ranks: u32, python: &Path) -> String {
-    let command = json!([python.display().to_string(), lab::manifest("mlx_allreduce.py").display().to_string()]);
+    let command = json!([
+        python.display().to_string(),
+        lab::manifest("mlx_allreduce.py").display().to_string()
+    ]);
     format!(
         "apiVersion: tb/v1
 kind: TrainingJob
@@ -68,7 +71,8 @@ async fn allreduce_runs_over_the_ring_tb_sets_up() {
             let out = lab
                 .tbctl_ok(&["logs", name, "--rank", &rank.to_string()])
                 .await;
-            let want = format!("rank {rank} of {ranks}: all_sum = {expected}, expected {expected}: ok");
+            let want =
+                format!("rank {rank} of {ranks}: all_sum = {expected}, expected {expected}: ok");
             assert!(
                 out.stdout.lines().any(|l| l == want),
                 "rank {rank} of {name} should print {want:?}: {out}"
@@ -116,7 +120,9 @@ spec:
 ",
     )
     .await;
-    let status = lab.wait_job_phase("placed", "Running", Duration::from_secs(30)).await;
+    let status = lab
+        .wait_job_phase("placed", "Running", Duration::from_secs(30))
+        .await;
     let allocs = lab.allocations("placed").await;
     let hosts: Vec<String> = allocs[0]["spec"]["mlx"]["hosts"]
         .as_array()
@@ -146,9 +152,14 @@ spec:
         assert_eq!(h["rdma"], json!([]), "no RDMA for the ring: {doc:#}");
     }
     // The ring form is exactly what each rank got as MLX_HOSTFILE.
-    let ring = lab.tbctl_ok(&["hostfile", "placed", "--format", "ring"]).await;
+    let ring = lab
+        .tbctl_ok(&["hostfile", "placed", "--format", "ring"])
+        .await;
     let ring: Value = serde_json::from_str(ring.stdout.trim()).expect("ring JSON");
-    assert_eq!(ring, json!(hosts.iter().map(|h| vec![h]).collect::<Vec<_>>()));
+    assert_eq!(
+        ring,
+        json!(hosts.iter().map(|h| vec![h]).collect::<Vec<_>>())
+    );
     for a in &allocs {
         let node = lab.nodelet(lab.index_of(a["spec"]["node"].as_str().expect("node")));
         let dir = node.alloc_dir("default", a["metadata"]["name"].as_str().expect("name"));
@@ -214,7 +225,10 @@ spec:
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     step!("mlx.launch exited {}:\n{stdout}{stderr}", out.status);
-    assert!(out.status.success(), "mlx.launch failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "mlx.launch failed:\n{stdout}\n{stderr}"
+    );
     for rank in 0..2 {
         let want = format!("launched rank {rank} of 2: 3");
         assert!(

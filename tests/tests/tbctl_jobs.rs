@@ -14,7 +14,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tb_tests::lab::{Lab, condition, kill_leftover_ranks, process_alive, rank_lines, wait_process_gone};
+use tb_tests::lab::{
+    Lab, condition, kill_leftover_ranks, process_alive, rank_lines, wait_process_gone,
+};
 use tb_tests::workdir::TestDir;
 use tb_tests::{TbctlOutput, step};
 
@@ -77,7 +79,12 @@ impl Local {
         let child = cmd.spawn().expect("starting tbctl");
         let out = tokio::time::timeout(RUN_TIMEOUT, child.wait_with_output())
             .await
-            .unwrap_or_else(|_| panic!("tbctl {} did not finish within {RUN_TIMEOUT:?}", args.join(" ")))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "tbctl {} did not finish within {RUN_TIMEOUT:?}",
+                    args.join(" ")
+                )
+            })
             .expect("waiting for tbctl");
         TbctlOutput {
             args: args.iter().map(|a| a.to_string()).collect(),
@@ -128,7 +135,11 @@ impl Local {
         let check = &check;
         tb_tests::wait::expect(&format!("tj/{name}: {what}"), JOB_TIMEOUT, || async move {
             let status = self.job(name).await["status"].clone();
-            if check(&status) { Ok(status) } else { Err(status.to_string()) }
+            if check(&status) {
+                Ok(status)
+            } else {
+                Err(status.to_string())
+            }
         })
         .await
     }
@@ -221,9 +232,22 @@ async fn up_run_cordon_drain_down() {
     let data = local.data_arg();
     let started = Instant::now();
     let up = local
-        .ok(&["up", "--nodelets", "2", "--data-dir", &data, "--port", &port])
+        .ok(&[
+            "up",
+            "--nodelets",
+            "2",
+            "--data-dir",
+            &data,
+            "--port",
+            &port,
+        ])
         .await;
-    step!("tbctl up took {:?}:\n{}{}", started.elapsed(), up.stdout, up.stderr);
+    step!(
+        "tbctl up took {:?}:\n{}{}",
+        started.elapsed(),
+        up.stdout,
+        up.stderr
+    );
     let server = format!("127.0.0.1:{port}");
     let config = std::fs::read_to_string(&local.config).expect("up writes the config file");
     assert!(
@@ -238,7 +262,10 @@ async fn up_run_cordon_drain_down() {
     }
 
     // The cluster as the context sees it: two Ready nodes.
-    assert_eq!(ready_nodes(&local.get_json(&["nodes"]).await), ["node-1", "node-2"]);
+    assert_eq!(
+        ready_nodes(&local.get_json(&["nodes"]).await),
+        ["node-1", "node-2"]
+    );
     let top = local.ok(&["top", "nodes"]).await;
     for node in ["node-1", "node-2"] {
         assert!(top.stdout.contains(node), "top nodes lists {node}: {top}");
@@ -248,7 +275,13 @@ async fn up_run_cordon_drain_down() {
     // A job, waited for, its output read back.
     local.apply("echo", ECHO).await;
     let wait = local
-        .ok(&["wait", "tj/echo", "--for=condition=Complete", "--timeout", "60s"])
+        .ok(&[
+            "wait",
+            "tj/echo",
+            "--for=condition=Complete",
+            "--timeout",
+            "60s",
+        ])
         .await;
     assert!(wait.stdout.contains("condition met"), "{wait}");
     let echo = local.job("echo").await;
@@ -262,7 +295,9 @@ async fn up_run_cordon_drain_down() {
             "{logs}"
         );
         let ring: Vec<Vec<String>> = serde_json::from_str(lines.get(1).expect("the hostfile line"))
-            .unwrap_or_else(|e| panic!("rank {rank}'s MLX_HOSTFILE is not a ring hostfile ({e}): {logs}"));
+            .unwrap_or_else(|e| {
+                panic!("rank {rank}'s MLX_HOSTFILE is not a ring hostfile ({e}): {logs}")
+            });
         assert_eq!(ring.len(), 3, "{logs}");
     }
 
@@ -283,7 +318,9 @@ spec:
 "#,
         )
         .await;
-    let status = local.wait_job("stacked", "Running", |s| s["phase"] == "Running").await;
+    let status = local
+        .wait_job("stacked", "Running", |s| s["phase"] == "Running")
+        .await;
     assert_eq!(nodes_of(&status), ["node-2", "node-2"], "{status:#}");
     let allocs = local.allocations("stacked").await;
     assert_eq!(allocs.len(), 2);
@@ -321,7 +358,10 @@ spec:
     let events = local.ok(&["events", "--for", "tj/stacked"]).await;
     assert!(events.stdout.contains("Evicted"), "{events}");
     let node2 = local.get_json(&["nodes", "node-2"]).await;
-    assert_eq!(node2["spec"]["unschedulable"], true, "drain cordons: {node2:#}");
+    assert_eq!(
+        node2["spec"]["unschedulable"], true,
+        "drain cordons: {node2:#}"
+    );
 
     // Deleting the job stops its ranks.
     let ranks: Vec<i64> = local
@@ -347,7 +387,10 @@ spec:
         );
         wait_process_gone(*pid, name, Duration::from_secs(5)).await;
     }
-    assert!(!local.data.join("pids").exists(), "down removes the pids file");
+    assert!(
+        !local.data.join("pids").exists(),
+        "down removes the pids file"
+    );
     let again = local.ok(&["down", "--data-dir", &data]).await;
     assert!(again.stdout.contains("no local cluster"), "{again}");
 }
@@ -371,18 +414,30 @@ spec:
     .await;
     let started = Instant::now();
     let out = lab
-        .tbctl(&["wait", "tj/nocmd", "--for=condition=Complete", "--timeout", "60s"])
+        .tbctl(&[
+            "wait",
+            "tj/nocmd",
+            "--for=condition=Complete",
+            "--timeout",
+            "60s",
+        ])
         .await;
     let took = started.elapsed();
     step!("wait took {took:?}: {out}");
     assert_eq!(out.code, Some(1), "{out}");
-    assert!(took < Duration::from_secs(20), "wait should fail at once, took {took:?}");
+    assert!(
+        took < Duration::from_secs(20),
+        "wait should fail at once, took {took:?}"
+    );
     let text = format!("{}{}", out.stdout, out.stderr);
     assert!(
         text.contains("error:") && text.contains("trainingjob/nocmd failed:"),
         "the failure is reported: {out}"
     );
-    assert!(text.contains("ExecNotFound") && text.contains("tb-no-such-trainer"), "{out}");
+    assert!(
+        text.contains("ExecNotFound") && text.contains("tb-no-such-trainer"),
+        "{out}"
+    );
     let status = lab.job_status("nocmd").await;
     assert_eq!(status["phase"], "Failed", "{status:#}");
 }

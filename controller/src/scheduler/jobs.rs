@@ -271,9 +271,8 @@ fn gang_progress(
             plan.events.push(event(job, true, "NodeLost", &status.message.clone()));
             return;
         }
-        status.restarts += 1;
         if let Some(limit) = shape.backoff_limit
-            && status.restarts > limit
+            && status.restarts >= limit
         {
             let message = format!(
                 "rank {} on {}: {}; backoffLimit {limit} reached",
@@ -283,6 +282,7 @@ fn gang_progress(
             plan.events.push(event(job, true, "BackoffLimitExceeded", &message));
             return;
         }
+        status.restarts += 1;
         let delay = backoff(status.restarts, cfg);
         status.phase = JobPhase::Pending;
         status.reason = "BackOff".into();

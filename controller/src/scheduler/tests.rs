@@ -239,6 +239,7 @@ fn failed_rank_restarts_the_gang_with_backoff_until_the_limit() {
     let status = sim.job("TrainingJob", "train");
     assert_eq!(status.phase, JobPhase::Failed);
     assert_eq!(status.reason, "BackoffLimitExceeded");
+    assert_eq!(status.restarts, 2, "restarts counts the restarts that happened");
 }
 
 #[test]

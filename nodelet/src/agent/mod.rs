@@ -38,8 +38,11 @@ pub struct Config {
     pub reserve_bytes: Option<u64>,
 }
 
-pub async fn run(cfg: Config) -> anyhow::Result<()> {
+pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
     tb_api::name::validate_name(&cfg.name).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
+    // Ranks run in their own working directories: every path handed to them must be absolute.
+    cfg.data_dir = std::path::absolute(&cfg.data_dir)
+        .with_context(|| format!("--data-dir {}", cfg.data_dir.display()))?;
     std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating {}", cfg.data_dir.display()))?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
