@@ -91,8 +91,7 @@ impl fmt::Display for Kind {
 }
 
 /// The kinds, as error messages list them.
-pub const KIND_LIST: &str =
-    "Model, InferenceService (isvc), TrainingJob (tj), Schedule, Queue, Node, Event, Allocation (alloc)";
+pub const KIND_LIST: &str = "Model, InferenceService (isvc), TrainingJob (tj), Schedule, Queue, Node, Event, Allocation (alloc)";
 
 /// An unknown kind, with the list of known ones for the error message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

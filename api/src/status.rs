@@ -94,13 +94,27 @@ impl JobStatus {
     }
 
     /// Set a condition, keeping its transition time when its status does not change.
-    pub fn set_condition(&mut self, type_: &str, status: bool, reason: &str, message: &str, now: &str) {
+    pub fn set_condition(
+        &mut self,
+        type_: &str,
+        status: bool,
+        reason: &str,
+        message: &str,
+        now: &str,
+    ) {
         set_condition(&mut self.conditions, type_, status, reason, message, now);
     }
 }
 
 /// Set a condition in a list, keeping `lastTransitionTime` when the status stays the same.
-pub fn set_condition(conditions: &mut Vec<Condition>, type_: &str, status: bool, reason: &str, message: &str, now: &str) {
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    now: &str,
+) {
     let status = if status { "True" } else { "False" };
     match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(c) => {
@@ -194,12 +208,17 @@ impl NodeStatus {
     }
 
     pub fn is_ready(&self) -> bool {
-        self.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+        self.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
     }
 
     /// The host part of the nodelet's address: where this Mac's ranks listen.
     pub fn host(&self) -> &str {
-        self.address.rsplit_once(':').map(|(h, _)| h).unwrap_or(&self.address)
+        self.address
+            .rsplit_once(':')
+            .map(|(h, _)| h)
+            .unwrap_or(&self.address)
     }
 }
 
@@ -212,9 +231,17 @@ mod tests {
         let mut s = JobStatus::default();
         s.set_condition("Complete", false, "Running", "", "t1");
         s.set_condition("Complete", false, "Running", "still", "t2");
-        assert_eq!(s.condition("Complete").map(|c| c.last_transition_time.as_str()), Some("t1"));
+        assert_eq!(
+            s.condition("Complete")
+                .map(|c| c.last_transition_time.as_str()),
+            Some("t1")
+        );
         s.set_condition("Complete", true, "Succeeded", "", "t3");
-        assert_eq!(s.condition("Complete").map(|c| c.last_transition_time.as_str()), Some("t3"));
+        assert_eq!(
+            s.condition("Complete")
+                .map(|c| c.last_transition_time.as_str()),
+            Some("t3")
+        );
     }
 
     #[test]

@@ -113,7 +113,12 @@ pub enum DryRun {
 #[derive(Debug, Args)]
 pub struct ApplyArgs {
     /// A YAML file, a directory of them, or `-` for stdin; may be repeated.
-    #[arg(short = 'f', long = "filename", value_name = "FILE|DIR|-", required = true)]
+    #[arg(
+        short = 'f',
+        long = "filename",
+        value_name = "FILE|DIR|-",
+        required = true
+    )]
     pub files: Vec<String>,
     /// `--dry-run` alone means `--dry-run=server`.
     #[arg(long, value_enum, value_name = "MODE", num_args = 0..=1, require_equals = true,
@@ -124,7 +129,12 @@ pub struct ApplyArgs {
 #[derive(Debug, Args)]
 pub struct DiffArgs {
     /// A YAML file, a directory of them, or `-` for stdin; may be repeated.
-    #[arg(short = 'f', long = "filename", value_name = "FILE|DIR|-", required = true)]
+    #[arg(
+        short = 'f',
+        long = "filename",
+        value_name = "FILE|DIR|-",
+        required = true
+    )]
     pub files: Vec<String>,
 }
 
@@ -358,7 +368,9 @@ pub struct CompletionArgs {
 /// `10s`, `500ms`, `2m`, `1h`, or a bare number of seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let n: f64 = num
         .parse()
@@ -427,14 +439,25 @@ mod tests {
             Err(e) => Err(e),
         };
         let a = logs(&["tbctl", "logs", "tj/x"]).expect("defaults");
-        assert_eq!((a.rank, a.follow, a.tail, a.since, a.stream), (None, false, -1, None, None));
-        let a = logs(&["tbctl", "logs", "x", "--rank", "2", "-f", "--tail", "50", "--since", "10m", "--stream", "stderr"])
-            .expect("all flags");
+        assert_eq!(
+            (a.rank, a.follow, a.tail, a.since, a.stream),
+            (None, false, -1, None, None)
+        );
+        let a = logs(&[
+            "tbctl", "logs", "x", "--rank", "2", "-f", "--tail", "50", "--since", "10m",
+            "--stream", "stderr",
+        ])
+        .expect("all flags");
         assert_eq!(
             (a.rank, a.follow, a.tail, a.since, a.stream),
             (Some(2), true, 50, Some(600), Some(LogStream::Stderr))
         );
-        assert_eq!(logs(&["tbctl", "logs", "x", "--tail", "-1"]).expect("tail -1").tail, -1);
+        assert_eq!(
+            logs(&["tbctl", "logs", "x", "--tail", "-1"])
+                .expect("tail -1")
+                .tail,
+            -1
+        );
         for bad in [
             &["tbctl", "logs", "x", "--tail", "-2"][..],
             &["tbctl", "logs", "x", "--rank", "-1"],
@@ -451,24 +474,40 @@ mod tests {
     fn timeout_is_optional_so_wait_and_drain_can_default_it() {
         let cli = Cli::try_parse_from(["tbctl", "get", "tj"]).expect("parse");
         assert_eq!(cli.global.timeout, None);
-        let cli = Cli::try_parse_from(["tbctl", "wait", "tj/x", "--for=delete", "--timeout", "90s"]).expect("parse");
+        let cli =
+            Cli::try_parse_from(["tbctl", "wait", "tj/x", "--for=delete", "--timeout", "90s"])
+                .expect("parse");
         assert_eq!(cli.global.timeout, Some(Duration::from_secs(90)));
         let cli = Cli::try_parse_from(["tbctl", "drain", "mac1", "--timeout=5m"]).expect("parse");
         assert_eq!(cli.global.timeout, Some(Duration::from_secs(300)));
-        assert!(Cli::try_parse_from(["tbctl", "wait", "tj/x"]).is_err(), "--for is required");
+        assert!(
+            Cli::try_parse_from(["tbctl", "wait", "tj/x"]).is_err(),
+            "--for is required"
+        );
     }
 
     #[test]
     fn token_and_local_cluster_flags() {
-        match Cli::try_parse_from(["tbctl", "token", "create"]).expect("parse").command {
+        match Cli::try_parse_from(["tbctl", "token", "create"])
+            .expect("parse")
+            .command
+        {
             Command::Token(TokenCommand::Create { ttl, description }) => {
                 assert_eq!((ttl, description), (86400, None));
             }
             _ => unreachable!("token"),
         }
-        match Cli::try_parse_from(["tbctl", "token", "create", "--ttl", "1h", "--description", "mac3"])
-            .expect("parse")
-            .command
+        match Cli::try_parse_from([
+            "tbctl",
+            "token",
+            "create",
+            "--ttl",
+            "1h",
+            "--description",
+            "mac3",
+        ])
+        .expect("parse")
+        .command
         {
             Command::Token(TokenCommand::Create { ttl, description }) => {
                 assert_eq!((ttl, description.as_deref()), (3600, Some("mac3")));
@@ -484,14 +523,19 @@ mod tests {
         assert!(Cli::try_parse_from(["tbctl", "down", "--purge", "--data-dir", "/tmp/x"]).is_ok());
         assert!(Cli::try_parse_from(["tbctl", "top", "nodes"]).is_ok());
         assert!(Cli::try_parse_from(["tbctl", "top", "no"]).is_ok());
-        assert!(Cli::try_parse_from(["tbctl", "hostfile", "x", "--format", "ring", "-o", "h.json"]).is_ok());
+        assert!(
+            Cli::try_parse_from(["tbctl", "hostfile", "x", "--format", "ring", "-o", "h.json"])
+                .is_ok()
+        );
         assert!(Cli::try_parse_from(["tbctl", "hostfile", "x", "--format", "mpi"]).is_err());
     }
 
     #[test]
     fn global_flags_go_anywhere() {
-        let cli = Cli::try_parse_from(["tbctl", "get", "isvc", "-n", "team", "--server", "a:1", "-o", "json"])
-            .expect("parse");
+        let cli = Cli::try_parse_from([
+            "tbctl", "get", "isvc", "-n", "team", "--server", "a:1", "-o", "json",
+        ])
+        .expect("parse");
         assert_eq!(cli.global.namespace.as_deref(), Some("team"));
         assert_eq!(cli.global.server.as_deref(), Some("a:1"));
     }
@@ -503,8 +547,14 @@ mod tests {
             _ => unreachable!("apply"),
         };
         assert_eq!(dry(&["tbctl", "apply", "-f", "x"]), DryRun::None);
-        assert_eq!(dry(&["tbctl", "apply", "-f", "x", "--dry-run"]), DryRun::Server);
-        assert_eq!(dry(&["tbctl", "apply", "--dry-run=client", "-f", "x"]), DryRun::Client);
+        assert_eq!(
+            dry(&["tbctl", "apply", "-f", "x", "--dry-run"]),
+            DryRun::Server
+        );
+        assert_eq!(
+            dry(&["tbctl", "apply", "--dry-run=client", "-f", "x"]),
+            DryRun::Client
+        );
     }
 
     #[test]

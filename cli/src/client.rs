@@ -16,9 +16,10 @@ use tb_api::proto::cluster_client::ClusterClient;
 use tb_api::proto::nodes_client::NodesClient;
 use tb_api::proto::objects_client::ObjectsClient;
 use tb_api::proto::{
-    AddMemberRequest, ApplyRequest, ApplyResponse, ClusterStatusRequest, ClusterStatusResponse, CreateTokenRequest,
-    CreateTokenResponse, DeleteRequest, DeleteResponse, GetRequest, GetResponse, ListRequest, ListResponse, LogLine,
-    LogsRequest, RemoveMemberRequest, WatchEvent, WatchRequest,
+    AddMemberRequest, ApplyRequest, ApplyResponse, ClusterStatusRequest, ClusterStatusResponse,
+    CreateTokenRequest, CreateTokenResponse, DeleteRequest, DeleteResponse, GetRequest,
+    GetResponse, ListRequest, ListResponse, LogLine, LogsRequest, RemoveMemberRequest, WatchEvent,
+    WatchRequest,
 };
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
@@ -49,7 +50,10 @@ impl RpcError {
         } else {
             s.message().to_string()
         };
-        RpcError { code: s.code(), message }
+        RpcError {
+            code: s.code(),
+            message,
+        }
     }
 }
 
@@ -183,7 +187,11 @@ impl Client {
                     Ok(Err(s)) if is_failover(&s) => {
                         tracing::debug!(server = %self.servers[idx], rpc, code = ?s.code(), message = s.message(), "failing over");
                         code = s.code();
-                        let why = if s.message().is_empty() { s.code().description() } else { s.message() };
+                        let why = if s.message().is_empty() {
+                            s.code().description()
+                        } else {
+                            s.message()
+                        };
                         failures.insert(idx, why.to_string());
                         self.fail_over();
                     }
@@ -260,7 +268,10 @@ impl Client {
         .await
     }
 
-    pub async fn create_token(&mut self, req: CreateTokenRequest) -> Result<CreateTokenResponse, RpcError> {
+    pub async fn create_token(
+        &mut self,
+        req: CreateTokenRequest,
+    ) -> Result<CreateTokenResponse, RpcError> {
         self.call("CreateToken", |ch, t| {
             let req = timed(req.clone(), t);
             async move { nodes(ch).create_token(req).await }
@@ -285,7 +296,10 @@ impl Client {
         .await
     }
 
-    pub async fn add_member(&mut self, req: AddMemberRequest) -> Result<Option<ClusterStatusResponse>, RpcError> {
+    pub async fn add_member(
+        &mut self,
+        req: AddMemberRequest,
+    ) -> Result<Option<ClusterStatusResponse>, RpcError> {
         self.call("AddMember", |ch, t| {
             let req = timed(req.clone(), t);
             async move { cluster(ch).add_member(req).await }
@@ -377,7 +391,9 @@ mod tests {
 
     #[test]
     fn rpc_error_shows_the_server_message_as_is() {
-        let e = RpcError::from_status(&Status::invalid_argument("spec.nodes.min: expected at least 1"));
+        let e = RpcError::from_status(&Status::invalid_argument(
+            "spec.nodes.min: expected at least 1",
+        ));
         assert_eq!(e.to_string(), "spec.nodes.min: expected at least 1");
         assert_eq!(e.code, Code::InvalidArgument);
         let e = RpcError::from_status(&Status::new(Code::NotFound, ""));
@@ -386,18 +402,39 @@ mod tests {
 
     #[test]
     fn attempts_share_the_budget_among_servers() {
-        let one = Client::new(parse_server_list("a:1").expect("list"), Duration::from_secs(10));
-        assert_eq!(one.attempt_budget(Duration::from_secs(7)), Duration::from_secs(7));
-        let three = Client::new(parse_server_list("a:1,b:1,c:1").expect("list"), Duration::from_secs(30));
-        assert_eq!(three.attempt_budget(Duration::from_secs(30)), Duration::from_secs(10));
-        assert_eq!(three.attempt_budget(Duration::from_secs(1)), Duration::from_secs(1));
-        let short = Client::new(parse_server_list("a:1,b:1,c:1").expect("list"), Duration::from_secs(3));
+        let one = Client::new(
+            parse_server_list("a:1").expect("list"),
+            Duration::from_secs(10),
+        );
+        assert_eq!(
+            one.attempt_budget(Duration::from_secs(7)),
+            Duration::from_secs(7)
+        );
+        let three = Client::new(
+            parse_server_list("a:1,b:1,c:1").expect("list"),
+            Duration::from_secs(30),
+        );
+        assert_eq!(
+            three.attempt_budget(Duration::from_secs(30)),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            three.attempt_budget(Duration::from_secs(1)),
+            Duration::from_secs(1)
+        );
+        let short = Client::new(
+            parse_server_list("a:1,b:1,c:1").expect("list"),
+            Duration::from_secs(3),
+        );
         assert_eq!(short.attempt_budget(Duration::from_secs(3)), MIN_ATTEMPT);
     }
 
     #[test]
     fn fail_over_cycles_through_servers() {
-        let mut c = Client::new(parse_server_list("a:1,b:1").expect("list"), Duration::from_secs(1));
+        let mut c = Client::new(
+            parse_server_list("a:1,b:1").expect("list"),
+            Duration::from_secs(1),
+        );
         assert_eq!(c.current_server().map(AsRef::as_ref), Some("a:1"));
         c.fail_over();
         assert_eq!(c.current_server().map(AsRef::as_ref), Some("b:1"));
@@ -410,7 +447,10 @@ mod tests {
         // Port 1 on localhost refuses connections.
         let servers = parse_server_list("127.0.0.1:1,[::1]:1").expect("list");
         let mut c = Client::new(servers, Duration::from_millis(400));
-        let e = c.list(ListRequest::default()).await.expect_err("nothing listens");
+        let e = c
+            .list(ListRequest::default())
+            .await
+            .expect_err("nothing listens");
         assert_eq!(e.code, Code::Unavailable);
         assert!(e.message.contains("127.0.0.1:1"), "{}", e.message);
         assert!(e.message.contains("within 400ms"), "{}", e.message);

@@ -98,12 +98,18 @@ fn kind_cells(kind: Kind, o: &Object) -> Vec<String> {
             cell(at(spec, &["ranks"]).or_else(|| at(spec, &["nodes"]))),
             cell(at(spec, &["executor"])),
             job_status(o),
-            at(status, &["restarts"]).and_then(Value::as_u64).unwrap_or(0).to_string(),
+            at(status, &["restarts"])
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+                .to_string(),
             cell(at(status, &["nodes"])),
         ],
         Kind::Schedule => vec![
             cell(at(spec, &["schedule"])),
-            at(spec, &["suspend"]).and_then(Value::as_bool).unwrap_or(false).to_string(),
+            at(spec, &["suspend"])
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+                .to_string(),
             at(status, &["lastScheduleTime"])
                 .and_then(Value::as_str)
                 .map(|t| age(t, Utc::now()))
@@ -115,7 +121,9 @@ fn kind_cells(kind: Kind, o: &Object) -> Vec<String> {
             vec![
                 node_ready(o),
                 match (mem.free, mem.total) {
-                    (Some(free), Some(total)) => format!("{}/{}", human_bytes(free), human_bytes(total)),
+                    (Some(free), Some(total)) => {
+                        format!("{}/{}", human_bytes(free), human_bytes(total))
+                    }
                     (None, Some(total)) => format!("?/{}", human_bytes(total)),
                     _ => NONE.into(),
                 },
@@ -179,13 +187,15 @@ pub struct NodeMemory {
 impl NodeMemory {
     pub fn of(o: &Object) -> NodeMemory {
         let bytes = |path: &[&str]| at(&o.status, path).and_then(Value::as_u64);
-        let total = bytes(&["capacity", "memoryBytes"]).filter(|b| *b > 0).or_else(|| {
-            at(&o.status, &["capacity", "memory"])
-                .and_then(Value::as_str)
-                .and_then(|q| Quantity::parse(q).ok())
-                .map(|q| q.bytes())
-                .filter(|b| *b > 0)
-        });
+        let total = bytes(&["capacity", "memoryBytes"])
+            .filter(|b| *b > 0)
+            .or_else(|| {
+                at(&o.status, &["capacity", "memory"])
+                    .and_then(Value::as_str)
+                    .and_then(|q| Quantity::parse(q).ok())
+                    .map(|q| q.bytes())
+                    .filter(|b| *b > 0)
+            });
         NodeMemory {
             total,
             allocatable: bytes(&["capacity", "allocatableBytes"]).filter(|b| *b > 0),
@@ -211,11 +221,21 @@ pub fn share(part: Option<u64>, whole: Option<u64>) -> String {
 /// Bytes for people, in binary units: `64Gi`, `9.5Gi`, `512Mi`, `1.5Ti`, `900`. Three
 /// significant figures at most: one decimal below 10 of a unit, none above.
 pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 5] = [("Pi", 1 << 50), ("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)];
+    const UNITS: [(&str, u64); 5] = [
+        ("Pi", 1 << 50),
+        ("Ti", 1 << 40),
+        ("Gi", 1 << 30),
+        ("Mi", 1 << 20),
+        ("Ki", 1 << 10),
+    ];
     for (suffix, unit) in UNITS {
         if bytes >= unit {
             let n = bytes as f64 / unit as f64;
-            let text = if n >= 9.95 { format!("{n:.0}") } else { format!("{n:.1}") };
+            let text = if n >= 9.95 {
+                format!("{n:.0}")
+            } else {
+                format!("{n:.1}")
+            };
             let text = text.strip_suffix(".0").unwrap_or(&text);
             return format!("{text}{suffix}");
         }
@@ -231,7 +251,11 @@ fn isvc_nodes(o: &Object) -> String {
     match placed {
         Some(list) if !list.is_empty() => list
             .iter()
-            .map(|n| n.as_str().map(str::to_string).unwrap_or_else(|| cell(at(n, &["name"]))))
+            .map(|n| {
+                n.as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| cell(at(n, &["name"])))
+            })
             .collect::<Vec<_>>()
             .join(","),
         _ => cell(at(&o.spec, &["nodes"])),
@@ -240,8 +264,13 @@ fn isvc_nodes(o: &Object) -> String {
 
 /// The phase, with the reason when pending for one: `Pending (Unschedulable)`.
 fn job_status(o: &Object) -> String {
-    if let Some(p) = at(&o.status, &["phase"]).and_then(Value::as_str).filter(|p| !p.is_empty()) {
-        let reason = at(&o.status, &["reason"]).and_then(Value::as_str).unwrap_or("");
+    if let Some(p) = at(&o.status, &["phase"])
+        .and_then(Value::as_str)
+        .filter(|p| !p.is_empty())
+    {
+        let reason = at(&o.status, &["reason"])
+            .and_then(Value::as_str)
+            .unwrap_or("");
         if p == "Pending" && !reason.is_empty() {
             return format!("{p} ({reason})");
         }
@@ -257,8 +286,12 @@ fn job_status(o: &Object) -> String {
 
 /// `Kind/name` of an Event's subject.
 pub fn involved_object(event_spec: &Value) -> String {
-    let kind = at(event_spec, &["involvedObject", "kind"]).and_then(Value::as_str).unwrap_or("");
-    let name = at(event_spec, &["involvedObject", "name"]).and_then(Value::as_str).unwrap_or("");
+    let kind = at(event_spec, &["involvedObject", "kind"])
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let name = at(event_spec, &["involvedObject", "name"])
+        .and_then(Value::as_str)
+        .unwrap_or("");
     if kind.is_empty() && name.is_empty() {
         NONE.into()
     } else {
@@ -290,7 +323,9 @@ fn labels(o: &Object) -> String {
 }
 
 pub fn at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
-    path.iter().try_fold(v, |cur, key| cur.get(key)).filter(|v| !v.is_null())
+    path.iter()
+        .try_fold(v, |cur, key| cur.get(key))
+        .filter(|v| !v.is_null())
 }
 
 /// A JSON value as a table cell.
@@ -302,7 +337,11 @@ pub fn cell(v: Option<&Value>) -> String {
         Some(Value::Bool(b)) => b.to_string(),
         Some(Value::Number(n)) => n.to_string(),
         Some(Value::Array(a)) if a.is_empty() => NONE.into(),
-        Some(Value::Array(a)) => a.iter().map(|x| cell(Some(x))).collect::<Vec<_>>().join(","),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| cell(Some(x)))
+            .collect::<Vec<_>>()
+            .join(","),
         Some(Value::Object(m)) => match (m.get("min"), m.get("max")) {
             // A range such as `nodes: {min: 2, max: 4}`.
             (Some(lo), Some(hi)) if lo == hi => cell(Some(lo)),
@@ -383,7 +422,9 @@ mod tests {
     }
 
     fn now() -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339("2025-06-01T12:00:00Z").expect("time").with_timezone(&Utc)
+        DateTime::parse_from_rfc3339("2025-06-01T12:00:00Z")
+            .expect("time")
+            .with_timezone(&Utc)
     }
 
     #[test]
@@ -433,11 +474,29 @@ mod tests {
         };
         assert_eq!(
             view.headers(),
-            ["NAMESPACE", "NAME", "MODEL", "PARALLELISM", "NODES", "READY", "AGE", "LABELS"]
+            [
+                "NAMESPACE",
+                "NAME",
+                "MODEL",
+                "PARALLELISM",
+                "NODES",
+                "READY",
+                "AGE",
+                "LABELS"
+            ]
         );
         assert_eq!(
             view.row(&o, now()),
-            ["team-a", "chat", "qwen3-235b", "pipeline", "2-4", "True", "60m", "app=chat,tier=gold"]
+            [
+                "team-a",
+                "chat",
+                "qwen3-235b",
+                "pipeline",
+                "2-4",
+                "True",
+                "60m",
+                "app=chat,tier=gold"
+            ]
         );
     }
 
@@ -448,12 +507,18 @@ mod tests {
             all_namespaces: true,
             wide: false,
         };
-        assert_eq!(view.headers(), ["NAME", "READY", "FREE/TOTAL", "CHIP", "AGE"]);
+        assert_eq!(
+            view.headers(),
+            ["NAME", "READY", "FREE/TOTAL", "CHIP", "AGE"]
+        );
         let o = obj(json!({
             "apiVersion": "tb/v1", "kind": "Node", "metadata": {"name": "mac1"},
             "status": {"capacity": {"memory": "512Gi"}}
         }));
-        assert_eq!(view.row(&o, now()), ["mac1", "Unknown", "?/512Gi", "<none>", "<unknown>"]);
+        assert_eq!(
+            view.row(&o, now()),
+            ["mac1", "Unknown", "?/512Gi", "<none>", "<unknown>"]
+        );
     }
 
     fn node() -> Object {
@@ -480,15 +545,36 @@ mod tests {
             all_namespaces: false,
             wide: false,
         };
-        assert_eq!(view.row(&node(), now()), ["mac-mini-1", "True", "41Gi/64Gi", "Apple M4 Pro", "120m"]);
+        assert_eq!(
+            view.row(&node(), now()),
+            ["mac-mini-1", "True", "41Gi/64Gi", "Apple M4 Pro", "120m"]
+        );
         let wide = View { wide: true, ..view };
         assert_eq!(
             wide.headers(),
-            ["NAME", "READY", "FREE/TOTAL", "CHIP", "AGE", "ADDRESS", "ALLOCATED", "LABELS"]
+            [
+                "NAME",
+                "READY",
+                "FREE/TOTAL",
+                "CHIP",
+                "AGE",
+                "ADDRESS",
+                "ALLOCATED",
+                "LABELS"
+            ]
         );
         assert_eq!(
             wide.row(&node(), now()),
-            ["mac-mini-1", "True", "41Gi/64Gi", "Apple M4 Pro", "120m", "10.0.0.2:7601", "24Gi (46%)", "rack=a"]
+            [
+                "mac-mini-1",
+                "True",
+                "41Gi/64Gi",
+                "Apple M4 Pro",
+                "120m",
+                "10.0.0.2:7601",
+                "24Gi (46%)",
+                "rack=a"
+            ]
         );
         assert_eq!(
             view.table(&[node()], now()).render(),
@@ -503,8 +589,10 @@ mod tests {
         assert_eq!(kind_cells(Kind::Node, &o), ["Unknown", "<none>", "<none>"]);
         assert_eq!(kind_wide_cells(Kind::Node, &o), ["<none>", "<none>"]);
         // A malformed field leaves the others readable.
-        let o = obj(json!({"apiVersion": "tb/v1", "kind": "Node", "metadata": {"name": "odd"},
-                           "status": {"freeBytes": "lots", "capacity": {"memoryBytes": 1073741824u64}}}));
+        let o = obj(
+            json!({"apiVersion": "tb/v1", "kind": "Node", "metadata": {"name": "odd"},
+                           "status": {"freeBytes": "lots", "capacity": {"memoryBytes": 1073741824u64}}}),
+        );
         assert_eq!(kind_cells(Kind::Node, &o)[1], "?/1Gi");
     }
 
@@ -552,7 +640,10 @@ mod tests {
             "spec": {"ranks": 4, "executor": "exec"},
             "status": {"conditions": [{"type": "Running", "status": "False"}, {"type": "Complete", "status": "True"}]}
         }));
-        assert_eq!(kind_cells(Kind::TrainingJob, &o), ["4", "exec", "Complete", "0", "<none>"]);
+        assert_eq!(
+            kind_cells(Kind::TrainingJob, &o),
+            ["4", "exec", "Complete", "0", "<none>"]
+        );
     }
 
     #[test]
@@ -563,17 +654,35 @@ mod tests {
                 "spec": {"nodes": 2, "executor": "exec"}, "status": status
             }))
         };
-        let pending = job(json!({"phase": "Pending", "reason": "Unschedulable", "message": "needs 2 Macs with 40Gi free"}));
-        assert_eq!(kind_cells(Kind::TrainingJob, &pending), ["2", "exec", "Pending (Unschedulable)", "0", "<none>"]);
-        let running = job(json!({"phase": "Running", "reason": "AllRanksRunning", "restarts": 2,
-                                 "nodes": ["mac1", "mac2"]}));
-        assert_eq!(kind_cells(Kind::TrainingJob, &running), ["2", "exec", "Running", "2", "mac1,mac2"]);
-        assert_eq!(kind_cells(Kind::TrainingJob, &job(json!({"phase": "Pending"})))[2], "Pending");
+        let pending = job(
+            json!({"phase": "Pending", "reason": "Unschedulable", "message": "needs 2 Macs with 40Gi free"}),
+        );
+        assert_eq!(
+            kind_cells(Kind::TrainingJob, &pending),
+            ["2", "exec", "Pending (Unschedulable)", "0", "<none>"]
+        );
+        let running = job(
+            json!({"phase": "Running", "reason": "AllRanksRunning", "restarts": 2,
+                                 "nodes": ["mac1", "mac2"]}),
+        );
+        assert_eq!(
+            kind_cells(Kind::TrainingJob, &running),
+            ["2", "exec", "Running", "2", "mac1,mac2"]
+        );
+        assert_eq!(
+            kind_cells(Kind::TrainingJob, &job(json!({"phase": "Pending"})))[2],
+            "Pending"
+        );
         let view = View {
             kind: Kind::TrainingJob,
             all_namespaces: false,
             wide: false,
         };
-        assert_eq!(view.headers(), ["NAME", "RANKS", "EXECUTOR", "STATUS", "RESTARTS", "NODES", "AGE"]);
+        assert_eq!(
+            view.headers(),
+            [
+                "NAME", "RANKS", "EXECUTOR", "STATUS", "RESTARTS", "NODES", "AGE"
+            ]
+        );
     }
 }

@@ -56,7 +56,8 @@ impl ConfigFile {
         if text.trim().is_empty() {
             return Ok(ConfigFile::default());
         }
-        serde_yaml::from_str(&text).with_context(|| format!("{}: not a tbctl config file", path.display()))
+        serde_yaml::from_str(&text)
+            .with_context(|| format!("{}: not a tbctl config file", path.display()))
     }
 
     /// Write the file atomically (a temporary file renamed over it), creating its directory,
@@ -68,7 +69,10 @@ impl ConfigFile {
         };
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let text = serde_yaml::to_string(self).context("encoding the config file")?;
-        let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or("config.yaml");
+        let file_name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("config.yaml");
         let tmp = dir.join(format!(".{file_name}.tmp.{}", std::process::id()));
         let write = || -> std::io::Result<()> {
             let mut f = std::fs::File::create(&tmp)?;
@@ -87,7 +91,11 @@ impl ConfigFile {
 /// Where the config file lives: `$TB_CONFIG`, else `$XDG_CONFIG_HOME/tb/config.yaml`, else
 /// `~/.config/tb/config.yaml`.
 pub fn config_path() -> Result<PathBuf> {
-    config_path_from(|k| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from))
+    config_path_from(|k| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    })
 }
 
 fn config_path_from(env: impl Fn(&str) -> Option<PathBuf>) -> Result<PathBuf> {
@@ -130,7 +138,10 @@ pub struct Target {
 /// (`-n` > context > `default`). The context is `--context`, else the file's current context.
 pub fn resolve(o: &Overrides, file: &ConfigFile) -> Result<Target> {
     let context = match (&o.context, &file.current_context) {
-        (Some(name), _) => Some(file.context(name).ok_or_else(|| unknown_context(name, file))?),
+        (Some(name), _) => Some(
+            file.context(name)
+                .ok_or_else(|| unknown_context(name, file))?,
+        ),
         // A current-context that no longer exists is ignored; `config use-context` fixes it.
         (None, Some(name)) => file.context(name),
         (None, None) => None,
@@ -163,9 +174,14 @@ pub fn resolve(o: &Overrides, file: &ConfigFile) -> Result<Target> {
 pub fn unknown_context(name: &str, file: &ConfigFile) -> anyhow::Error {
     let names: Vec<&str> = file.contexts.iter().map(|c| c.name.as_str()).collect();
     if names.is_empty() {
-        anyhow::anyhow!("context {name:?} not found: no contexts are defined (see `tbctl config set-context`)")
+        anyhow::anyhow!(
+            "context {name:?} not found: no contexts are defined (see `tbctl config set-context`)"
+        )
     } else {
-        anyhow::anyhow!("context {name:?} not found; defined contexts: {}", names.join(", "))
+        anyhow::anyhow!(
+            "context {name:?} not found; defined contexts: {}",
+            names.join(", ")
+        )
     }
 }
 
@@ -199,13 +215,18 @@ mod tests {
     fn round_trips_through_the_file() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("nested").join("config.yaml");
-        assert_eq!(ConfigFile::load(&path).expect("missing is empty"), ConfigFile::default());
+        assert_eq!(
+            ConfigFile::load(&path).expect("missing is empty"),
+            ConfigFile::default()
+        );
         sample().save(&path).expect("save");
         assert_eq!(ConfigFile::load(&path).expect("load"), sample());
         let text = std::fs::read_to_string(&path).expect("read");
         assert!(text.contains("current-context: lab"), "{text}");
         // No temporary file is left behind.
-        let entries = std::fs::read_dir(path.parent().expect("dir")).expect("ls").count();
+        let entries = std::fs::read_dir(path.parent().expect("dir"))
+            .expect("ls")
+            .count();
         assert_eq!(entries, 1);
     }
 
@@ -246,7 +267,10 @@ mod tests {
         assert_eq!(servers(&resolve(&o, &file).expect("env")), ["env:1"]);
 
         o.server_flag = Some("flag:1,flag:2".into());
-        assert_eq!(servers(&resolve(&o, &file).expect("flag")), ["flag:1", "flag:2"]);
+        assert_eq!(
+            servers(&resolve(&o, &file).expect("flag")),
+            ["flag:1", "flag:2"]
+        );
 
         o.namespace = Some("ns".into());
         let t = resolve(&o, &file).expect("-n");
@@ -277,16 +301,27 @@ mod tests {
             server_env: Some("nope".into()),
             ..Default::default()
         };
-        let e = format!("{:#}", resolve(&o, &ConfigFile::default()).expect_err("bad"));
+        let e = format!(
+            "{:#}",
+            resolve(&o, &ConfigFile::default()).expect_err("bad")
+        );
         assert!(e.starts_with("TB_SERVER"), "{e}");
     }
 
     #[test]
     fn config_path_precedence() {
         let env = |vars: &'static [(&'static str, &'static str)]| {
-            move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| PathBuf::from(v))
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| PathBuf::from(v))
+            }
         };
-        let p = config_path_from(env(&[("TB_CONFIG", "/x/c.yaml"), ("XDG_CONFIG_HOME", "/xdg"), ("HOME", "/h")]));
+        let p = config_path_from(env(&[
+            ("TB_CONFIG", "/x/c.yaml"),
+            ("XDG_CONFIG_HOME", "/xdg"),
+            ("HOME", "/h"),
+        ]));
         assert_eq!(p.expect("path"), PathBuf::from("/x/c.yaml"));
         let p = config_path_from(env(&[("XDG_CONFIG_HOME", "/xdg"), ("HOME", "/h")]));
         assert_eq!(p.expect("path"), PathBuf::from("/xdg/tb/config.yaml"));

@@ -23,7 +23,10 @@ pub fn diff_lines<'a>(old: &[&'a str], new: &[&'a str]) -> Vec<Op<'a>> {
         .zip(new[prefix..].iter().rev())
         .take_while(|(a, b)| a == b)
         .count();
-    let (a, b) = (&old[prefix..old.len() - suffix], &new[prefix..new.len() - suffix]);
+    let (a, b) = (
+        &old[prefix..old.len() - suffix],
+        &new[prefix..new.len() - suffix],
+    );
 
     let mut ops: Vec<Op<'a>> = old[..prefix].iter().map(|l| Op::Equal(l)).collect();
     if (a.len() + 1).saturating_mul(b.len() + 1) > MAX_CELLS {
@@ -119,7 +122,11 @@ pub fn unified(old: &str, new: &str, old_name: &str, new_name: &str, context: us
         let old_len = slice.iter().filter(|o| !matches!(o, Op::Insert(_))).count();
         let new_len = slice.iter().filter(|o| !matches!(o, Op::Delete(_))).count();
         let (sa, sb) = pos[start];
-        out.push_str(&format!("@@ -{} +{} @@\n", range(sa, old_len), range(sb, new_len)));
+        out.push_str(&format!(
+            "@@ -{} +{} @@\n",
+            range(sa, old_len),
+            range(sb, new_len)
+        ));
         for op in slice {
             let (mark, line) = match op {
                 Op::Equal(l) => (' ', l),
@@ -172,7 +179,10 @@ mod tests {
         let ops = {
             let a: Vec<&str> = "A B C B D A B".split(' ').collect();
             let b: Vec<&str> = "B D C A B A".split(' ').collect();
-            diff_lines(&a, &b).iter().filter(|o| matches!(o, Op::Equal(_))).count()
+            diff_lines(&a, &b)
+                .iter()
+                .filter(|o| matches!(o, Op::Equal(_)))
+                .count()
         };
         assert_eq!(ops, 4);
     }
@@ -203,6 +213,9 @@ mod tests {
 
     #[test]
     fn creation_diffs_against_nothing() {
-        assert_eq!(unified("", "a\nb\n", "o", "n", 3), "--- o\n+++ n\n@@ -0,0 +1,2 @@\n+a\n+b\n");
+        assert_eq!(
+            unified("", "a\nb\n", "o", "n", 3),
+            "--- o\n+++ n\n@@ -0,0 +1,2 @@\n+a\n+b\n"
+        );
     }
 }

@@ -35,7 +35,11 @@ pub struct Proc {
 
 /// The data directory: the flag, else `$XDG_DATA_HOME/tb`, else `~/.local/share/tb`.
 pub fn data_dir(flag: Option<&Path>) -> Result<PathBuf> {
-    let dir = data_dir_from(flag, |k| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from))?;
+    let dir = data_dir_from(flag, |k| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    })?;
     // The processes started from here, and the ranks they run, need paths that do not depend
     // on the working directory.
     Ok(std::path::absolute(&dir)?)
@@ -57,7 +61,10 @@ fn data_dir_from(flag: Option<&Path>, env: impl Fn(&str) -> Option<PathBuf>) -> 
 /// Find a binary next to tbctl's own executable, else on `PATH`.
 pub fn find_binary(name: &str, exe_dir: Option<&Path>, path: Option<&OsStr>) -> Option<PathBuf> {
     let beside = exe_dir.map(|d| d.join(name));
-    let on_path = path.into_iter().flat_map(std::env::split_paths).map(|d| d.join(name));
+    let on_path = path
+        .into_iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join(name));
     beside.into_iter().chain(on_path).find(|p| is_executable(p))
 }
 
@@ -68,10 +75,14 @@ fn is_executable(p: &Path) -> bool {
 
 /// [`find_binary`] for this process, with an error that says where it looked.
 pub fn locate(name: &str) -> Result<PathBuf> {
-    let exe_dir = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf));
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf));
     let path = std::env::var_os("PATH");
     find_binary(name, exe_dir.as_deref(), path.as_deref()).ok_or_else(|| {
-        let beside = exe_dir.map(|d| d.display().to_string()).unwrap_or_else(|| "<unknown>".into());
+        let beside = exe_dir
+            .map(|d| d.display().to_string())
+            .unwrap_or_else(|| "<unknown>".into());
         anyhow::anyhow!(
             "cannot find {name}: it is neither next to tbctl (in {beside}) nor on PATH; \
              build it (cargo build --workspace) or install it beside tbctl"
@@ -105,14 +116,19 @@ pub fn parse_pids(text: &str) -> Result<Vec<Proc>> {
 }
 
 pub fn format_pids(procs: &[Proc]) -> String {
-    procs.iter().map(|p| format!("{} {}\n", p.name, p.pid)).collect()
+    procs
+        .iter()
+        .map(|p| format!("{} {}\n", p.name, p.pid))
+        .collect()
 }
 
 /// The processes named in `dir`'s pids file; `None` when there is no such file.
 pub fn read_pids(dir: &Path) -> Result<Option<Vec<Proc>>> {
     let path = dir.join(PIDS_FILE);
     match std::fs::read_to_string(&path) {
-        Ok(text) => parse_pids(&text).with_context(|| path.display().to_string()).map(Some),
+        Ok(text) => parse_pids(&text)
+            .with_context(|| path.display().to_string())
+            .map(Some),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
     }
@@ -130,7 +146,9 @@ pub fn write_pids(dir: &Path, procs: &[Proc]) -> Result<()> {
 pub fn remove_pids(dir: &Path) -> Result<()> {
     let path = dir.join(PIDS_FILE);
     match std::fs::remove_file(&path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).with_context(|| format!("removing {}", path.display())),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", path.display()))
+        }
         _ => Ok(()),
     }
 }
@@ -202,13 +220,16 @@ pub async fn stop(procs: &[Proc], grace: Duration) -> Vec<(Proc, Stopped)> {
 pub fn check_purgeable(dir: &Path) -> Result<()> {
     let home = std::env::var_os("HOME").map(PathBuf::from);
     let canonical = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    if canonical.parent().is_none() || home.is_some_and(|h| h.canonicalize().unwrap_or(h) == canonical) {
+    if canonical.parent().is_none()
+        || home.is_some_and(|h| h.canonicalize().unwrap_or(h) == canonical)
+    {
         bail!("refusing to delete {}", dir.display());
     }
     let looks_like_ours = dir.join("controller").is_dir()
         || dir.join(PIDS_FILE).is_file()
         || std::fs::read_dir(dir).is_ok_and(|mut entries| {
-            entries.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("nodelet-")))
+            entries
+                .any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("nodelet-")))
         });
     if !looks_like_ours {
         bail!(
@@ -288,15 +309,25 @@ mod tests {
     #[test]
     fn data_dir_precedence() {
         let env = |vars: &'static [(&'static str, &'static str)]| {
-            move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| PathBuf::from(v))
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| PathBuf::from(v))
+            }
         };
         let flag = Path::new("/x/tb");
-        assert_eq!(data_dir_from(Some(flag), env(&[("HOME", "/h")])).expect("flag"), flag);
+        assert_eq!(
+            data_dir_from(Some(flag), env(&[("HOME", "/h")])).expect("flag"),
+            flag
+        );
         assert_eq!(
             data_dir_from(None, env(&[("XDG_DATA_HOME", "/xdg"), ("HOME", "/h")])).expect("xdg"),
             Path::new("/xdg/tb")
         );
-        assert_eq!(data_dir_from(None, env(&[("HOME", "/h")])).expect("home"), Path::new("/h/.local/share/tb"));
+        assert_eq!(
+            data_dir_from(None, env(&[("HOME", "/h")])).expect("home"),
+            Path::new("/h/.local/share/tb")
+        );
         assert!(data_dir_from(None, env(&[])).is_err());
     }
 
@@ -318,7 +349,10 @@ mod tests {
             find_binary("tb-controller", Some(&beside), Some(&path)),
             Some(beside.join("tb-controller"))
         );
-        assert_eq!(find_binary("tb-controller", None, Some(&path)), Some(on_path.join("tb-controller")));
+        assert_eq!(
+            find_binary("tb-controller", None, Some(&path)),
+            Some(on_path.join("tb-controller"))
+        );
         assert_eq!(find_binary("tb-nodelet", Some(&beside), Some(&path)), None);
     }
 
@@ -331,7 +365,10 @@ mod tests {
     #[test]
     fn purge_guard() {
         let dir = tempfile::tempdir().expect("tempdir");
-        assert!(check_purgeable(dir.path()).is_err(), "an unrelated directory");
+        assert!(
+            check_purgeable(dir.path()).is_err(),
+            "an unrelated directory"
+        );
         std::fs::create_dir(dir.path().join("nodelet-1")).expect("mkdir");
         assert!(check_purgeable(dir.path()).is_ok());
         assert!(check_purgeable(Path::new("/")).is_err());

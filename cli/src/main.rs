@@ -42,8 +42,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.global.log_format);
     // `diff` keeps 1 for "there are changes", so its errors exit 2.
-    let error_code = if matches!(cli.command, Command::Diff(_)) { 2 } else { 1 };
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let error_code = if matches!(cli.command, Command::Diff(_)) {
+        2
+    } else {
+        1
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             print_error(&format!("starting the async runtime: {e}"));

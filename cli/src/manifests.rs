@@ -95,7 +95,9 @@ pub fn namespace_omitted(text: &str) -> HashSet<(Kind, String)> {
     use serde::Deserialize;
     let mut out = HashSet::new();
     for doc in serde_yaml::Deserializer::from_str(text) {
-        let Ok(v) = serde_yaml::Value::deserialize(doc) else { continue };
+        let Ok(v) = serde_yaml::Value::deserialize(doc) else {
+            continue;
+        };
         let kind = v.get("kind").and_then(|k| k.as_str()).and_then(Kind::parse);
         let meta = v.get("metadata");
         let name = meta.and_then(|m| m.get("name")).and_then(|n| n.as_str());
@@ -123,7 +125,9 @@ pub fn default_namespaces(objects: &mut [Input], target: &Target) -> Result<(), 
     let mut errors = Vec::new();
     for input in objects.iter_mut() {
         let l = &mut input.loaded;
-        let Some(kind) = l.object.kind() else { continue };
+        let Some(kind) = l.object.kind() else {
+            continue;
+        };
         if !kind.is_namespaced() {
             continue;
         }
@@ -138,7 +142,11 @@ pub fn default_namespaces(objects: &mut [Input], target: &Target) -> Result<(), 
             ));
         }
     }
-    if errors.is_empty() { Ok(()) } else { Err(InputErrors(errors)) }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(InputErrors(errors))
+    }
 }
 
 /// Load, default namespaces and validate: the objects as they will be sent, or every problem.
@@ -159,7 +167,10 @@ pub fn load_valid(inputs: &[String], target: &Target) -> Result<Vec<LoadedObject
         return Err(InputErrors(errors));
     }
     if valid.is_empty() {
-        return Err(InputErrors(vec![format!("no objects found in {}", inputs.join(", "))]));
+        return Err(InputErrors(vec![format!(
+            "no objects found in {}",
+            inputs.join(", ")
+        )]));
     }
     Ok(valid)
 }
@@ -229,7 +240,10 @@ mod tests {
             input("Model", "o", "default", 12, true),
         ];
         default_namespaces(&mut objs, &target("team", false)).expect("ok");
-        let ns: Vec<&str> = objs.iter().map(|i| i.loaded.object.metadata.namespace.as_str()).collect();
+        let ns: Vec<&str> = objs
+            .iter()
+            .map(|i| i.loaded.object.metadata.namespace.as_str())
+            .collect();
         assert_eq!(ns, ["team", "", "x", "default"]);
     }
 
@@ -238,12 +252,20 @@ mod tests {
         let mut objs = vec![input("Model", "n", "x", 9, true)];
         let e = default_namespaces(&mut objs, &target("team", true)).expect_err("mismatch");
         assert_eq!(e.0.len(), 1);
-        assert!(e.0[0].starts_with("a.yaml:9: metadata.namespace"), "{}", e.0[0]);
+        assert!(
+            e.0[0].starts_with("a.yaml:9: metadata.namespace"),
+            "{}",
+            e.0[0]
+        );
     }
 
     #[test]
     fn repeats_are_reported_with_both_places() {
-        let objs = vec![loaded("Model", "m", "d", 1), loaded("Model", "m", "d", 7), loaded("Model", "m", "e", 9)];
+        let objs = vec![
+            loaded("Model", "m", "d", 1),
+            loaded("Model", "m", "d", 7),
+            loaded("Model", "m", "e", 9),
+        ];
         let e = repeats(&objs);
         assert_eq!(e, ["a.yaml:7: model/m is also defined at a.yaml:1"]);
     }

@@ -119,7 +119,10 @@ pub fn yaml_object(object: &Object) -> String {
 
 /// `kind/name` per object, one per line.
 pub fn names(objects: &[Object]) -> String {
-    objects.iter().map(|o| format!("{}\n", o.display_name())).collect()
+    objects
+        .iter()
+        .map(|o| format!("{}\n", o.display_name()))
+        .collect()
 }
 
 /// Write to stdout and flush, so a watch's lines reach a pipe as they happen.
@@ -182,12 +185,15 @@ mod tests {
     #[test]
     fn json_list_has_an_items_wrapper() {
         let objs = [obj("Model", "llama")];
-        let v: serde_json::Value = serde_json::from_str(&json_items(&objs).expect("json")).expect("parse");
+        let v: serde_json::Value =
+            serde_json::from_str(&json_items(&objs).expect("json")).expect("parse");
         assert_eq!(v["items"][0]["metadata"]["name"], "llama");
         assert_eq!(v["items"].as_array().map(Vec::len), Some(1));
-        let v: serde_json::Value = serde_json::from_str(&json_items(&[]).expect("json")).expect("parse");
+        let v: serde_json::Value =
+            serde_json::from_str(&json_items(&[]).expect("json")).expect("parse");
         assert_eq!(v, serde_json::json!({"items": []}));
-        let v: serde_json::Value = serde_json::from_str(&json_object(&objs[0]).expect("json")).expect("parse");
+        let v: serde_json::Value =
+            serde_json::from_str(&json_object(&objs[0]).expect("json")).expect("parse");
         assert_eq!(v["kind"], "Model");
     }
 

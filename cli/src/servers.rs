@@ -19,7 +19,6 @@ impl ServerAddr {
     pub fn uri(&self) -> String {
         format!("http://{}", self.0)
     }
-
 }
 
 impl AsRef<str> for ServerAddr {
@@ -101,23 +100,43 @@ mod tests {
     #[test]
     fn parses_lists_in_order() {
         assert_eq!(list("a:1"), ["a:1"]);
-        assert_eq!(list("mac1:7400, mac2:7400,10.0.0.3:7401"), ["mac1:7400", "mac2:7400", "10.0.0.3:7401"]);
+        assert_eq!(
+            list("mac1:7400, mac2:7400,10.0.0.3:7401"),
+            ["mac1:7400", "mac2:7400", "10.0.0.3:7401"]
+        );
         assert_eq!(list("http://a:1,[::1]:7400"), ["a:1", "[::1]:7400"]);
         assert_eq!(list("a:1,b:2,a:1"), ["a:1", "b:2"]);
     }
 
     #[test]
     fn uri_is_plain_http() {
-        assert_eq!(parse_server("mac1:7400").expect("valid").uri(), "http://mac1:7400");
+        assert_eq!(
+            parse_server("mac1:7400").expect("valid").uri(),
+            "http://mac1:7400"
+        );
     }
 
     #[test]
     fn rejects_bad_addresses() {
         for bad in [
-            "", "a", "a:", ":7400", "a:0", "a:70000", "a:b", "a:1,,b:2", "::1:7400", "[::1:7400", "https://a:1",
-            "ftp://a:1", "a b:1",
+            "",
+            "a",
+            "a:",
+            ":7400",
+            "a:0",
+            "a:70000",
+            "a:b",
+            "a:1,,b:2",
+            "::1:7400",
+            "[::1:7400",
+            "https://a:1",
+            "ftp://a:1",
+            "a b:1",
         ] {
-            assert!(parse_server_list(bad).is_err(), "{bad:?} should be rejected");
+            assert!(
+                parse_server_list(bad).is_err(),
+                "{bad:?} should be rejected"
+            );
         }
     }
 

@@ -4,8 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::Parser;
 use chrono::TimeDelta;
+use clap::Parser;
 use tb_controller::raft::RaftOptions;
 use tb_controller::scheduler::SchedulerConfig;
 use tb_controller::server::{ServerOptions, parse_initial_cluster, run};
@@ -62,7 +62,9 @@ struct Args {
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();
     } else {
@@ -77,7 +79,10 @@ async fn main() -> anyhow::Result<()> {
     if args.id == 0 {
         anyhow::bail!("--id: controller ids start at 1");
     }
-    let advertise = args.advertise.clone().unwrap_or_else(|| args.listen.to_string());
+    let advertise = args
+        .advertise
+        .clone()
+        .unwrap_or_else(|| args.listen.to_string());
     let opts = ServerOptions {
         id: args.id,
         listen: args.listen,

@@ -65,7 +65,10 @@ fn metrics() -> &'static Metrics {
 pub fn observe_request(method: &str, code: &str, elapsed: Duration) {
     let m = metrics();
     m.requests
-        .get_or_create(&vec![("method".into(), method.into()), ("code".into(), code.into())])
+        .get_or_create(&vec![
+            ("method".into(), method.into()),
+            ("code".into(), code.into()),
+        ])
         .inc();
     m.request_seconds
         .get_or_create(&vec![("method".into(), method.into())])

@@ -62,7 +62,10 @@ pub fn parse_initial_cluster(s: &str) -> Result<BTreeMap<NodeId, String>, String
 pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     if !opts.initial_cluster.is_empty() {
         match opts.initial_cluster.get(&opts.id) {
-            None => anyhow::bail!("--initial-cluster does not name this controller's id {}", opts.id),
+            None => anyhow::bail!(
+                "--initial-cluster does not name this controller's id {}",
+                opts.id
+            ),
             Some(a) if a != &opts.advertise => anyhow::bail!(
                 "--initial-cluster gives controller {} the address {a}, but it listens/advertises {}",
                 opts.id,
@@ -125,7 +128,9 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         } else {
             opts.initial_cluster.clone()
         };
-        node.bootstrap(&members).await.context("forming the cluster")?;
+        node.bootstrap(&members)
+            .await
+            .context("forming the cluster")?;
     }
     tokio::spawn(crate::reconciler::run(node.clone(), opts.scheduler.clone()));
     tracing::info!(id = opts.id, listen = %opts.listen, advertise = %opts.advertise, "tb-controller serving");
@@ -141,10 +146,11 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => return ctrl_c.await.unwrap_or(()),
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return ctrl_c.await.unwrap_or(()),
+            };
         tokio::select! {
             _ = ctrl_c => {},
             _ = term.recv() => {},

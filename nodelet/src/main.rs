@@ -54,7 +54,9 @@ struct Args {
 fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
     let mut labels = BTreeMap::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, v) = part.split_once('=').ok_or_else(|| format!("{part:?}: expected key=value"))?;
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?}: expected key=value"))?;
         tb_api::name::validate_label_key(k)?;
         tb_api::name::validate_label_value(v)?;
         labels.insert(k.to_string(), v.to_string());
@@ -63,9 +65,17 @@ fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
 }
 
 fn parse_port_range(s: &str) -> Result<PortRange, String> {
-    let (a, b) = s.split_once('-').ok_or_else(|| format!("{s:?}: expected START-END"))?;
-    let start: u16 = a.trim().parse().map_err(|_| format!("{a:?} is not a port"))?;
-    let end: u16 = b.trim().parse().map_err(|_| format!("{b:?} is not a port"))?;
+    let (a, b) = s
+        .split_once('-')
+        .ok_or_else(|| format!("{s:?}: expected START-END"))?;
+    let start: u16 = a
+        .trim()
+        .parse()
+        .map_err(|_| format!("{a:?} is not a port"))?;
+    let end: u16 = b
+        .trim()
+        .parse()
+        .map_err(|_| format!("{b:?} is not a port"))?;
     if start == 0 || end < start {
         return Err(format!("{s:?}: expected 1 <= START <= END"));
     }
@@ -75,7 +85,9 @@ fn parse_port_range(s: &str) -> Result<PortRange, String> {
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();
     } else {
@@ -88,7 +100,9 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_logging(&args.log_format);
     if args.topology.is_some() {
-        tracing::warn!("--topology is read by the topology discovery, which this release does not include yet");
+        tracing::warn!(
+            "--topology is read by the topology discovery, which this release does not include yet"
+        );
     }
     let cfg = Config {
         controllers: args.controller,

@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 
-use serde::ser::{SerializeSeq, Serializer};
 use serde::Serialize;
+use serde::ser::{SerializeSeq, Serializer};
 
 /// The most hosts a JACCL mesh supports (every pair needs its own cable).
 pub const MESH_MAX_HOSTS: usize = 8;

@@ -17,8 +17,8 @@ use crate::meta::ObjectMeta;
 use crate::object::{API_VERSION, Object};
 use crate::serde_util::render_path;
 use crate::specs::{
-    AllocationSpec, EventSpec, InferenceServiceSpec, ModelSpec, NodeSpec, QueueSpec, ScheduleSpec, Spec,
-    TrainingJobSpec,
+    AllocationSpec, EventSpec, InferenceServiceSpec, ModelSpec, NodeSpec, QueueSpec, ScheduleSpec,
+    Spec, TrainingJobSpec,
 };
 use crate::validate::{api_version_message, validate_object};
 

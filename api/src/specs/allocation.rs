@@ -100,7 +100,10 @@ impl AllocationSpec {
             return Err(ValidationError::new("node", "must name a Node"));
         }
         if self.executor == Executor::Exec && self.command.is_empty() {
-            return Err(ValidationError::new("command", "the exec executor needs a command"));
+            return Err(ValidationError::new(
+                "command",
+                "the exec executor needs a command",
+            ));
         }
         Ok(())
     }
@@ -186,7 +189,10 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(AllocationStatus::from_value(&s.to_value()), s);
-        assert_eq!(AllocationStatus::from_value(&serde_json::json!("junk")).phase, AllocationPhase::Pending);
+        assert_eq!(
+            AllocationStatus::from_value(&serde_json::json!("junk")).phase,
+            AllocationPhase::Pending
+        );
         assert!(AllocationPhase::Lost.is_terminal());
         assert!(!AllocationPhase::Running.is_terminal());
     }
@@ -194,7 +200,11 @@ mod tests {
     #[test]
     fn rank_must_be_below_world_size() {
         let spec = AllocationSpec {
-            job: JobRef { kind: "TrainingJob".into(), name: "j".into(), uid: String::new() },
+            job: JobRef {
+                kind: "TrainingJob".into(),
+                name: "j".into(),
+                uid: String::new(),
+            },
             node: "mac1".into(),
             rank: 2,
             world_size: 2,

@@ -14,7 +14,9 @@ pub mod training;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-pub use allocation::{AllocationPhase, AllocationSpec, AllocationStatus, Desired, JobRef, MlxAssignment};
+pub use allocation::{
+    AllocationPhase, AllocationSpec, AllocationStatus, Desired, JobRef, MlxAssignment,
+};
 pub use common::Executor;
 pub use event::{EventSpec, EventType, ObjectRef};
 pub use inference::{Endpoint, InferenceServiceSpec, NodeRange, Objective, Parallelism};

@@ -35,7 +35,10 @@ pub async fn run(ctx: &mut Ctx, cmd: ClusterCommand) -> Result<()> {
             emit(&out)
         }
         ClusterCommand::RemoveMember { id } => {
-            let status = ctx.client().remove_member(RemoveMemberRequest { id }).await?;
+            let status = ctx
+                .client()
+                .remove_member(RemoveMemberRequest { id })
+                .await?;
             let mut out = format!("member {id} removed\n");
             if let Some(s) = status {
                 out.push_str(&render(&s, None)?);
@@ -95,7 +98,9 @@ pub fn render(s: &ClusterStatusResponse, output: Option<ClusterOutput>) -> Resul
         return Ok(text);
     }
     let wide = output == Some(ClusterOutput::Wide);
-    let mut headers = vec!["ID", "ADDRESS", "ROLE", "STATE", "TERM", "COMMIT", "APPLIED", "LEADER"];
+    let mut headers = vec![
+        "ID", "ADDRESS", "ROLE", "STATE", "TERM", "COMMIT", "APPLIED", "LEADER",
+    ];
     if wide {
         headers.extend(["LAST LOG", "ERROR"]);
     }
@@ -111,11 +116,19 @@ pub fn render(s: &ClusterStatusResponse, output: Option<ClusterOutput>) -> Resul
             m.term.to_string(),
             m.commit_index.to_string(),
             m.applied_index.to_string(),
-            if leader == Some(m.id) { "*".into() } else { String::new() },
+            if leader == Some(m.id) {
+                "*".into()
+            } else {
+                String::new()
+            },
         ];
         if wide {
             row.push(m.last_log_index.to_string());
-            row.push(if m.error.is_empty() { "<none>".into() } else { m.error.clone() });
+            row.push(if m.error.is_empty() {
+                "<none>".into()
+            } else {
+                m.error.clone()
+            });
         }
         t.push(row);
     }
@@ -154,8 +167,9 @@ mod tests {
 
     #[test]
     fn json_names_the_leader() {
-        let v: serde_json::Value = serde_json::from_str(&render(&status(), Some(ClusterOutput::Json)).expect("json"))
-            .expect("parse");
+        let v: serde_json::Value =
+            serde_json::from_str(&render(&status(), Some(ClusterOutput::Json)).expect("json"))
+                .expect("parse");
         assert_eq!(v["leader"], 2);
         assert_eq!(v["members"][0]["commitIndex"], 10);
         assert_eq!(v["members"][0]["lastLogIndex"], 10);
@@ -163,7 +177,8 @@ mod tests {
         let mut s = status();
         s.has_leader = false;
         let v: serde_json::Value =
-            serde_json::from_str(&render(&s, Some(ClusterOutput::Json)).expect("json")).expect("parse");
+            serde_json::from_str(&render(&s, Some(ClusterOutput::Json)).expect("json"))
+                .expect("parse");
         assert!(v["leader"].is_null());
     }
 
@@ -172,7 +187,13 @@ mod tests {
         let text = render(&status(), None).expect("table");
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].starts_with("ID   ADDRESS"), "{text}");
-        assert!(lines[1].starts_with("1 ") && !lines[1].ends_with('*'), "{text}");
-        assert!(lines[2].starts_with("2 ") && lines[2].ends_with('*'), "{text}");
+        assert!(
+            lines[1].starts_with("1 ") && !lines[1].ends_with('*'),
+            "{text}"
+        );
+        assert!(
+            lines[2].starts_with("2 ") && lines[2].ends_with('*'),
+            "{text}"
+        );
     }
 }

@@ -19,18 +19,26 @@ mod tests {
 
     #[test]
     fn scripts_offer_every_verb() {
-        for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish] {
+        for shell in [
+            clap_complete::Shell::Bash,
+            clap_complete::Shell::Zsh,
+            clap_complete::Shell::Fish,
+        ] {
             let mut cmd = Cli::command();
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut cmd, "tbctl", &mut script);
             let script = String::from_utf8_lossy(&script);
             for verb in [
-                "logs", "events", "wait", "top", "hostfile", "cordon", "uncordon", "drain", "token", "up", "down",
+                "logs", "events", "wait", "top", "hostfile", "cordon", "uncordon", "drain",
+                "token", "up", "down",
             ] {
                 assert!(script.contains(verb), "{shell}: {verb}");
             }
             // Fish writes long options as `-l follow`.
-            assert!(script.contains("follow") && script.contains("nodelets"), "{shell}");
+            assert!(
+                script.contains("follow") && script.contains("nodelets"),
+                "{shell}"
+            );
         }
     }
 }

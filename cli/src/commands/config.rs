@@ -20,7 +20,12 @@ pub fn run(cmd: ConfigCommand, g: &Global) -> Result<()> {
             emit(&format!("Switched to context \"{name}\".\n"))
         }
         ConfigCommand::SetContext { name } => {
-            let msg = set_context(&mut file, &name, g.server.as_deref(), g.namespace.as_deref())?;
+            let msg = set_context(
+                &mut file,
+                &name,
+                g.server.as_deref(),
+                g.namespace.as_deref(),
+            )?;
             file.save(&path)?;
             emit(&msg)
         }
@@ -33,7 +38,12 @@ pub fn run(cmd: ConfigCommand, g: &Global) -> Result<()> {
 }
 
 /// Create or change a context; the first context made also becomes the current one.
-pub fn set_context(file: &mut ConfigFile, name: &str, server: Option<&str>, namespace: Option<&str>) -> Result<String> {
+pub fn set_context(
+    file: &mut ConfigFile,
+    name: &str,
+    server: Option<&str>,
+    namespace: Option<&str>,
+) -> Result<String> {
     if name.is_empty() {
         bail!("NAME: a context needs a name");
     }
@@ -90,15 +100,24 @@ mod tests {
     #[test]
     fn set_context_creates_then_modifies() {
         let mut f = ConfigFile::default();
-        assert!(set_context(&mut f, "lab", None, None).is_err(), "new context needs --server");
-        assert!(set_context(&mut f, "lab", Some("nope"), None).is_err(), "bad server");
+        assert!(
+            set_context(&mut f, "lab", None, None).is_err(),
+            "new context needs --server"
+        );
+        assert!(
+            set_context(&mut f, "lab", Some("nope"), None).is_err(),
+            "bad server"
+        );
         let m = set_context(&mut f, "lab", Some("a:1,b:2"), Some("team")).expect("create");
         assert_eq!(m, "Context \"lab\" created.\n");
         assert_eq!(f.current_context.as_deref(), Some("lab"));
         let m = set_context(&mut f, "lab", None, Some("other")).expect("modify");
         assert_eq!(m, "Context \"lab\" modified.\n");
         let c = f.context("lab").expect("lab");
-        assert_eq!((c.server.as_str(), c.namespace.as_deref()), ("a:1,b:2", Some("other")));
+        assert_eq!(
+            (c.server.as_str(), c.namespace.as_deref()),
+            ("a:1,b:2", Some("other"))
+        );
         set_context(&mut f, "home", Some("c:3"), None).expect("second");
         assert_eq!(f.current_context.as_deref(), Some("lab"), "current stays");
     }

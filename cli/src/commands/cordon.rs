@@ -89,7 +89,13 @@ pub fn marked_spec(spec: &Value, mark: Mark) -> Result<Value> {
 /// Whether two specs say the same (a missing spec is an empty one).
 fn same_spec(a: &Value, b: &Value) -> bool {
     let empty = Value::Object(Map::new());
-    let norm = |v: &Value| if v.is_null() { empty.clone() } else { v.clone() };
+    let norm = |v: &Value| {
+        if v.is_null() {
+            empty.clone()
+        } else {
+            v.clone()
+        }
+    };
     norm(a) == norm(b)
 }
 
@@ -151,7 +157,10 @@ mod tests {
             marked_spec(&spec, Mark::Cordon).expect("cordon"),
             json!({"address": "10.0.0.2", "unschedulable": true, "taints": ["gpu=busy:NoSchedule"]})
         );
-        assert_eq!(marked_spec(&Value::Null, Mark::Cordon).expect("cordon"), json!({"unschedulable": true}));
+        assert_eq!(
+            marked_spec(&Value::Null, Mark::Cordon).expect("cordon"),
+            json!({"unschedulable": true})
+        );
     }
 
     #[test]
@@ -174,7 +183,10 @@ mod tests {
     #[test]
     fn cordon_keeps_a_drain() {
         let drained = json!({"unschedulable": true, "taints": ["tb/drain=true:NoExecute"]});
-        assert_eq!(marked_spec(&drained, Mark::Cordon).expect("cordon"), drained);
+        assert_eq!(
+            marked_spec(&drained, Mark::Cordon).expect("cordon"),
+            drained
+        );
     }
 
     #[test]
@@ -186,8 +198,14 @@ mod tests {
             json!({"address": "mac1", "taints": ["gpu=busy:NoSchedule"]})
         );
         let only_drain = json!({"unschedulable": true, "taints": ["tb/drain=true:NoExecute"]});
-        assert_eq!(marked_spec(&only_drain, Mark::Uncordon).expect("uncordon"), json!({}));
-        assert!(same_spec(&marked_spec(&Value::Null, Mark::Uncordon).expect("noop"), &Value::Null));
+        assert_eq!(
+            marked_spec(&only_drain, Mark::Uncordon).expect("uncordon"),
+            json!({})
+        );
+        assert!(same_spec(
+            &marked_spec(&Value::Null, Mark::Uncordon).expect("noop"),
+            &Value::Null
+        ));
     }
 
     #[test]

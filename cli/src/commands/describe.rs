@@ -38,7 +38,11 @@ pub async fn run(ctx: &mut Ctx, args: &DescribeArgs) -> Result<()> {
             }
         };
         let events = events_of(ctx, kind, &object, args.stale).await;
-        let mut text = if i > 0 { "\n\n".to_string() } else { String::new() };
+        let mut text = if i > 0 {
+            "\n\n".to_string()
+        } else {
+            String::new()
+        };
         text.push_str(&render(&object, &events, Utc::now()));
         emit(&text)?;
     }
@@ -50,7 +54,12 @@ pub async fn run(ctx: &mut Ctx, args: &DescribeArgs) -> Result<()> {
 
 /// The object's most recent events, oldest first; an error message if they could not be read
 /// (the object itself is still worth showing).
-async fn events_of(ctx: &mut Ctx, kind: Kind, o: &Object, stale: bool) -> Result<Vec<Object>, String> {
+async fn events_of(
+    ctx: &mut Ctx,
+    kind: Kind,
+    o: &Object,
+    stale: bool,
+) -> Result<Vec<Object>, String> {
     let req = ListRequest {
         kind: Kind::Event.as_str().to_string(),
         // Events about a cluster-scoped object may be recorded in any namespace.
@@ -68,7 +77,15 @@ async fn events_of(ctx: &mut Ctx, kind: Kind, o: &Object, stale: bool) -> Result
 }
 
 pub fn select_events(mut events: Vec<Object>, kind: Kind, o: &Object) -> Vec<Object> {
-    events.retain(|e| involves(e, kind, &o.metadata.namespace, &o.metadata.name, &o.metadata.uid));
+    events.retain(|e| {
+        involves(
+            e,
+            kind,
+            &o.metadata.namespace,
+            &o.metadata.name,
+            &o.metadata.uid,
+        )
+    });
     sort_events(&mut events);
     let skip = events.len().saturating_sub(MAX_EVENTS);
     events.split_off(skip)
@@ -77,7 +94,11 @@ pub fn select_events(mut events: Vec<Object>, kind: Kind, o: &Object) -> Vec<Obj
 /// Whether an Event is about the object of this kind and name. An empty `namespace` or `uid`
 /// matches any; an Event that names no namespace or uid matches any too.
 pub fn involves(e: &Object, kind: Kind, namespace: &str, name: &str, uid: &str) -> bool {
-    let s = |f: &str| at(&e.spec, &["involvedObject", f]).and_then(Value::as_str).unwrap_or("");
+    let s = |f: &str| {
+        at(&e.spec, &["involvedObject", f])
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    };
     let (ev_ns, ev_uid) = (s("namespace"), s("uid"));
     Kind::parse(s("kind")) == Some(kind)
         && s("name") == name
@@ -88,7 +109,11 @@ pub fn involves(e: &Object, kind: Kind, namespace: &str, name: &str, uid: &str) 
 
 /// Oldest first, by when each was last seen (events never seen sort first).
 pub fn sort_events(events: &mut [Object]) {
-    events.sort_by_key(|e| last_seen(e).map(|t| t.timestamp_millis()).unwrap_or(i64::MIN));
+    events.sort_by_key(|e| {
+        last_seen(e)
+            .map(|t| t.timestamp_millis())
+            .unwrap_or(i64::MIN)
+    });
 }
 
 /// When an Event last happened: lastTimestamp, else firstTimestamp, else its creation.
@@ -97,7 +122,9 @@ pub fn last_seen(e: &Object) -> Option<DateTime<Utc>> {
         .or_else(|| at(&e.spec, &["firstTimestamp"]))
         .and_then(Value::as_str)
         .unwrap_or(&e.metadata.creation_timestamp);
-    DateTime::parse_from_rfc3339(t).ok().map(|t| t.with_timezone(&Utc))
+    DateTime::parse_from_rfc3339(t)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
 }
 
 pub fn render(o: &Object, events: &Result<Vec<Object>, String>, now: DateTime<Utc>) -> String {
@@ -112,7 +139,11 @@ pub fn render(o: &Object, events: &Result<Vec<Object>, String>, now: DateTime<Ut
     if !o.metadata.uid.is_empty() {
         field(&mut out, "UID", &o.metadata.uid);
     }
-    field(&mut out, "Resource Version", &o.metadata.resource_version.to_string());
+    field(
+        &mut out,
+        "Resource Version",
+        &o.metadata.resource_version.to_string(),
+    );
     field(&mut out, "Generation", &o.metadata.generation.to_string());
     let created = if o.metadata.creation_timestamp.is_empty() {
         "<unknown>".to_string()
@@ -128,11 +159,17 @@ pub fn render(o: &Object, events: &Result<Vec<Object>, String>, now: DateTime<Ut
     block(&mut out, "Spec", &o.spec);
     let mut status = o.status.clone();
     let conditions = status.as_object_mut().and_then(|m| m.remove("conditions"));
-    if status.as_object().is_some_and(|m| !m.is_empty()) || (!status.is_null() && !status.is_object()) {
+    if status.as_object().is_some_and(|m| !m.is_empty())
+        || (!status.is_null() && !status.is_object())
+    {
         block(&mut out, "Status", &status);
     }
 
-    match conditions.as_ref().and_then(Value::as_array).filter(|c| !c.is_empty()) {
+    match conditions
+        .as_ref()
+        .and_then(Value::as_array)
+        .filter(|c| !c.is_empty())
+    {
         None => field(&mut out, "Conditions", "<none>"),
         Some(list) => {
             out.push_str("Conditions:\n");
@@ -196,7 +233,11 @@ fn map_field(out: &mut String, label: &str, map: &std::collections::BTreeMap<Str
         return field(out, label, "<none>");
     }
     for (i, (k, v)) in map.iter().enumerate() {
-        let head = if i == 0 { format!("{label}:") } else { String::new() };
+        let head = if i == 0 {
+            format!("{label}:")
+        } else {
+            String::new()
+        };
         let _ = writeln!(out, "{head:<LABEL_WIDTH$}{k}={v}");
     }
 }
@@ -227,7 +268,9 @@ mod tests {
     }
 
     fn now() -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339("2025-06-01T12:00:00Z").expect("time").with_timezone(&Utc)
+        DateTime::parse_from_rfc3339("2025-06-01T12:00:00Z")
+            .expect("time")
+            .with_timezone(&Utc)
     }
 
     fn isvc() -> Object {
@@ -254,11 +297,46 @@ mod tests {
     #[test]
     fn events_are_filtered_and_ordered() {
         let events = vec![
-            event("e1", "InferenceService", "chat", "u1", "2025-06-01T11:59:00Z", "Late"),
-            event("e2", "InferenceService", "chat", "", "2025-06-01T11:58:00Z", "Early"),
-            event("e3", "InferenceService", "other", "u1", "2025-06-01T11:58:00Z", "OtherName"),
-            event("e4", "TrainingJob", "chat", "u1", "2025-06-01T11:58:00Z", "OtherKind"),
-            event("e5", "InferenceService", "chat", "u0", "2025-06-01T11:58:00Z", "OldObject"),
+            event(
+                "e1",
+                "InferenceService",
+                "chat",
+                "u1",
+                "2025-06-01T11:59:00Z",
+                "Late",
+            ),
+            event(
+                "e2",
+                "InferenceService",
+                "chat",
+                "",
+                "2025-06-01T11:58:00Z",
+                "Early",
+            ),
+            event(
+                "e3",
+                "InferenceService",
+                "other",
+                "u1",
+                "2025-06-01T11:58:00Z",
+                "OtherName",
+            ),
+            event(
+                "e4",
+                "TrainingJob",
+                "chat",
+                "u1",
+                "2025-06-01T11:58:00Z",
+                "OtherKind",
+            ),
+            event(
+                "e5",
+                "InferenceService",
+                "chat",
+                "u0",
+                "2025-06-01T11:58:00Z",
+                "OldObject",
+            ),
         ];
         let got = select_events(events, Kind::InferenceService, &isvc());
         let reasons: Vec<String> = got.iter().map(|e| cell(at(&e.spec, &["reason"]))).collect();
@@ -268,7 +346,16 @@ mod tests {
     #[test]
     fn keeps_the_last_twenty() {
         let events = (0..30)
-            .map(|i| event("e", "InferenceService", "chat", "u1", &format!("2025-06-01T11:{i:02}:00Z"), &format!("R{i}")))
+            .map(|i| {
+                event(
+                    "e",
+                    "InferenceService",
+                    "chat",
+                    "u1",
+                    &format!("2025-06-01T11:{i:02}:00Z"),
+                    &format!("R{i}"),
+                )
+            })
             .collect();
         let got = select_events(events, Kind::InferenceService, &isvc());
         assert_eq!(got.len(), MAX_EVENTS);
@@ -279,17 +366,33 @@ mod tests {
     fn renders_sections_and_ends_with_events() {
         let text = render(&isvc(), &Ok(vec![]), now());
         assert!(text.starts_with("Name:             chat\n"), "{text}");
-        assert!(text.contains("Labels:           a=1\n                  b=2\n"), "{text}");
+        assert!(
+            text.contains("Labels:           a=1\n                  b=2\n"),
+            "{text}"
+        );
         assert!(text.contains("Spec:\n  model: qwen\n"), "{text}");
-        assert!(text.contains("Status:\n  observedGeneration: 1\n"), "{text}");
+        assert!(
+            text.contains("Status:\n  observedGeneration: 1\n"),
+            "{text}"
+        );
         assert!(text.contains("Conditions:\n  TYPE "), "{text}");
         assert!(text.contains("Placed"), "{text}");
         assert!(text.ends_with("Events:           <none>\n"), "{text}");
 
-        let ev = event("e1", "InferenceService", "chat", "u1", "2025-06-01T11:59:00Z", "Scheduled");
+        let ev = event(
+            "e1",
+            "InferenceService",
+            "chat",
+            "u1",
+            "2025-06-01T11:59:00Z",
+            "Scheduled",
+        );
         let text = render(&isvc(), &Ok(vec![ev]), now());
         let tail: Vec<&str> = text.lines().rev().take(3).collect();
         assert_eq!(tail[2], "Events:");
-        assert!(tail[0].contains("Scheduled") && tail[0].contains("60s"), "{text}");
+        assert!(
+            tail[0].contains("Scheduled") && tail[0].contains("60s"),
+            "{text}"
+        );
     }
 }

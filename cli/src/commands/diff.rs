@@ -59,9 +59,17 @@ pub async fn run(ctx: &mut Ctx, args: &DiffArgs) -> Result<u8> {
 /// store, over the fields a user writes.
 pub fn object_diff(live: Option<&Object>, merged: &Object) -> String {
     let path = diff_path(merged);
-    let old = live.map(|o| tb_api::load::to_yaml(&user_fields(o))).unwrap_or_default();
+    let old = live
+        .map(|o| tb_api::load::to_yaml(&user_fields(o)))
+        .unwrap_or_default();
     let new = tb_api::load::to_yaml(&user_fields(merged));
-    unified(&old, &new, &format!("live/{path}"), &format!("merged/{path}"), CONTEXT_LINES)
+    unified(
+        &old,
+        &new,
+        &format!("live/{path}"),
+        &format!("merged/{path}"),
+        CONTEXT_LINES,
+    )
 }
 
 fn diff_path(o: &Object) -> String {
@@ -124,10 +132,16 @@ mod tests {
             "spec": {"format": "gguf", "layers": 40}
         }));
         let d = object_diff(Some(&live), &merged);
-        assert!(d.starts_with("--- live/model/d/m\n+++ merged/model/d/m\n@@ "), "{d}");
+        assert!(
+            d.starts_with("--- live/model/d/m\n+++ merged/model/d/m\n@@ "),
+            "{d}"
+        );
         assert!(d.contains("\n-  layers: 32\n+  layers: 40\n"), "{d}");
         let created = object_diff(None, &merged);
         assert!(created.contains("@@ -0,0 +1,"), "{created}");
-        assert!(created.lines().skip(3).all(|l| l.starts_with('+')), "{created}");
+        assert!(
+            created.lines().skip(3).all(|l| l.starts_with('+')),
+            "{created}"
+        );
     }
 }

@@ -27,10 +27,16 @@ pub fn report_line(p: &Proc, how: Stopped) -> String {
 pub async fn run(args: &DownArgs) -> Result<()> {
     let dir = local::data_dir(args.data_dir.as_deref())?;
     match local::read_pids(&dir)? {
-        None => emit(&format!("no local cluster is running from {}\n", dir.display()))?,
+        None => emit(&format!(
+            "no local cluster is running from {}\n",
+            dir.display()
+        ))?,
         Some(procs) => {
             let outcome = local::stop(&procs, GRACE).await;
-            let text: String = outcome.iter().map(|(p, how)| report_line(p, *how)).collect();
+            let text: String = outcome
+                .iter()
+                .map(|(p, how)| report_line(p, *how))
+                .collect();
             emit(&text)?;
             local::remove_pids(&dir)?;
         }
@@ -53,8 +59,14 @@ mod tests {
             name: "node-1".into(),
             pid: 41213,
         };
-        assert_eq!(report_line(&p, Stopped::Terminated), "node-1 (pid 41213) stopped\n");
-        assert_eq!(report_line(&p, Stopped::NotRunning), "node-1 (pid 41213) not running\n");
+        assert_eq!(
+            report_line(&p, Stopped::Terminated),
+            "node-1 (pid 41213) stopped\n"
+        );
+        assert_eq!(
+            report_line(&p, Stopped::NotRunning),
+            "node-1 (pid 41213) not running\n"
+        );
     }
 
     #[tokio::test]
@@ -64,7 +76,11 @@ mod tests {
         cmd.arg("30");
         // SAFETY: setsid only, as `up` does.
         unsafe {
-            cmd.pre_exec(|| nix::unistd::setsid().map(drop).map_err(std::io::Error::from));
+            cmd.pre_exec(|| {
+                nix::unistd::setsid()
+                    .map(drop)
+                    .map_err(std::io::Error::from)
+            });
         }
         let mut child = cmd.spawn().expect("sleep");
         let pid = i32::try_from(child.id()).expect("pid");

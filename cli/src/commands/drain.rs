@@ -41,17 +41,30 @@ pub fn still_running<'a>(allocations: impl IntoIterator<Item = &'a Object>) -> V
         .into_iter()
         .filter(|a| {
             // A missing `desired` means run (its default).
-            let desired = at(&a.spec, &["desired"]).and_then(Value::as_str).unwrap_or("run");
+            let desired = at(&a.spec, &["desired"])
+                .and_then(Value::as_str)
+                .unwrap_or("run");
             desired == "run" && !AllocationStatus::from_value(&a.status).phase.is_terminal()
         })
         .map(|a| {
-            let job_kind = at(&a.spec, &["job", "kind"]).and_then(Value::as_str).unwrap_or("");
-            let job_name = at(&a.spec, &["job", "name"]).and_then(Value::as_str).unwrap_or("");
+            let job_kind = at(&a.spec, &["job", "kind"])
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let job_name = at(&a.spec, &["job", "name"])
+                .and_then(Value::as_str)
+                .unwrap_or("");
             Running {
                 allocation: format!("{}/{}", a.metadata.namespace, a.metadata.name),
-                job: if job_name.is_empty() { "<none>".into() } else { display_name(job_kind, job_name) },
+                job: if job_name.is_empty() {
+                    "<none>".into()
+                } else {
+                    display_name(job_kind, job_name)
+                },
                 rank: cell(at(&a.spec, &["rank"])),
-                phase: at(&a.status, &["phase"]).and_then(Value::as_str).unwrap_or("Pending").to_string(),
+                phase: at(&a.status, &["phase"])
+                    .and_then(Value::as_str)
+                    .unwrap_or("Pending")
+                    .to_string(),
             }
         })
         .collect()
@@ -61,7 +74,12 @@ pub fn still_running<'a>(allocations: impl IntoIterator<Item = &'a Object>) -> V
 pub fn running_table(running: &[Running]) -> String {
     let mut t = Table::new(["ALLOCATION", "JOB", "RANK", "PHASE"]);
     for r in running {
-        t.push(vec![r.allocation.clone(), r.job.clone(), r.rank.clone(), r.phase.clone()]);
+        t.push(vec![
+            r.allocation.clone(),
+            r.job.clone(),
+            r.rank.clone(),
+            r.phase.clone(),
+        ]);
     }
     t.render().lines().map(|l| format!("  {l}\n")).collect()
 }
@@ -145,7 +163,12 @@ mod tests {
 
     #[test]
     fn timeout_table_is_indented() {
-        let text = running_table(&still_running(&[alloc("ft-e1-r0", 0, Some("run"), Some("Running"))]));
+        let text = running_table(&still_running(&[alloc(
+            "ft-e1-r0",
+            0,
+            Some("run"),
+            Some("Running"),
+        )]));
         assert_eq!(
             text,
             "  ALLOCATION         JOB              RANK   PHASE\n  default/ft-e1-r0   trainingjob/ft   0      Running\n"

@@ -166,7 +166,11 @@ pub async fn run(ctx: &mut Ctx, args: &EventsArgs) -> Result<()> {
             .filter(|c| c.type_ != "DELETED" && filter.wants(&c.object))
             .map(|c| (c.type_.as_str(), &c.object))
             .collect();
-        fresh.sort_by_key(|(_, e)| last_seen(e).map(|t| t.timestamp_millis()).unwrap_or(i64::MIN));
+        fresh.sort_by_key(|(_, e)| {
+            last_seen(e)
+                .map(|t| t.timestamp_millis())
+                .unwrap_or(i64::MIN)
+        });
         emit(&printer.watched(&fresh, Utc::now())?)?;
         Ok(None::<()>)
     })
@@ -188,10 +192,20 @@ mod tests {
     use serde_json::{Value, json};
 
     fn now() -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339("2025-06-01T12:00:00Z").expect("time").with_timezone(&Utc)
+        DateTime::parse_from_rfc3339("2025-06-01T12:00:00Z")
+            .expect("time")
+            .with_timezone(&Utc)
     }
 
-    fn event(name: &str, ns: &str, kind: &str, on: &str, last: &str, count: u32, reason: &str) -> Object {
+    fn event(
+        name: &str,
+        ns: &str,
+        kind: &str,
+        on: &str,
+        last: &str,
+        count: u32,
+        reason: &str,
+    ) -> Object {
         serde_json::from_value(json!({
             "apiVersion": "tb/v1", "kind": "Event", "metadata": {"name": name, "namespace": ns},
             "spec": {"type": "Normal", "reason": reason, "message": format!("{reason} happened"), "count": count,
@@ -204,27 +218,64 @@ mod tests {
     #[test]
     fn table_is_kubectl_style_and_oldest_first() {
         let mut events = vec![
-            event("e2", "default", "TrainingJob", "ft", "2025-06-01T11:59:00Z", 1, "Started"),
-            event("e1", "default", "TrainingJob", "ft", "2025-06-01T11:55:00Z", 3, "BackOff"),
+            event(
+                "e2",
+                "default",
+                "TrainingJob",
+                "ft",
+                "2025-06-01T11:59:00Z",
+                1,
+                "Started",
+            ),
+            event(
+                "e1",
+                "default",
+                "TrainingJob",
+                "ft",
+                "2025-06-01T11:55:00Z",
+                3,
+                "BackOff",
+            ),
         ];
         sort_events(&mut events);
-        let text = Printer::new(None, false).list(&events, now()).expect("table");
+        let text = Printer::new(None, false)
+            .list(&events, now())
+            .expect("table");
         assert_eq!(
             text,
             "LAST SEEN          TYPE     REASON    OBJECT           MESSAGE\n\
              5m (x3 over 20m)   Normal   BackOff   trainingjob/ft   BackOff happened\n\
              60s                Normal   Started   trainingjob/ft   Started happened\n"
         );
-        let wide = Printer::new(None, true).list(&events, now()).expect("table");
+        let wide = Printer::new(None, true)
+            .list(&events, now())
+            .expect("table");
         assert!(wide.starts_with("NAMESPACE   LAST SEEN"), "{wide}");
-        assert!(wide.lines().nth(1).is_some_and(|l| l.starts_with("default ")), "{wide}");
+        assert!(
+            wide.lines()
+                .nth(1)
+                .is_some_and(|l| l.starts_with("default ")),
+            "{wide}"
+        );
     }
 
     #[test]
     fn json_is_an_items_list() {
-        let events = vec![event("e1", "default", "Node", "mac1", "2025-06-01T11:55:00Z", 1, "NodeReady")];
-        let v: Value = serde_json::from_str(&Printer::new(Some(EventsOutput::Json), false).list(&events, now()).expect("json"))
-            .expect("parse");
+        let events = vec![event(
+            "e1",
+            "default",
+            "Node",
+            "mac1",
+            "2025-06-01T11:55:00Z",
+            1,
+            "NodeReady",
+        )];
+        let v: Value = serde_json::from_str(
+            &Printer::new(Some(EventsOutput::Json), false)
+                .list(&events, now())
+                .expect("json"),
+        )
+        .expect("parse");
         assert_eq!(v["items"][0]["spec"]["reason"], "NodeReady");
     }
 
@@ -253,18 +304,39 @@ mod tests {
     #[test]
     fn watch_rows_follow_the_first_header() {
         let mut p = Printer::new(None, false);
-        let first = event("e1", "default", "TrainingJob", "ft", "2025-06-01T11:55:00Z", 1, "Scheduled");
+        let first = event(
+            "e1",
+            "default",
+            "TrainingJob",
+            "ft",
+            "2025-06-01T11:55:00Z",
+            1,
+            "Scheduled",
+        );
         let text = p.watched(&[("ADDED", &first)], now()).expect("first");
         assert_eq!(text.lines().count(), 2);
         assert!(text.starts_with("LAST SEEN"), "{text}");
-        let next = event("e2", "default", "TrainingJob", "ft", "2025-06-01T11:59:00Z", 1, "Started");
+        let next = event(
+            "e2",
+            "default",
+            "TrainingJob",
+            "ft",
+            "2025-06-01T11:59:00Z",
+            1,
+            "Started",
+        );
         let text = p.watched(&[("ADDED", &next)], now()).expect("next");
         assert_eq!(text.lines().count(), 1);
         assert!(text.starts_with("60s "), "{text}");
 
         let mut p = Printer::new(Some(EventsOutput::Json), false);
-        let text = p.watched(&[("ADDED", &first), ("MODIFIED", &next)], now()).expect("json");
-        let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).expect("line")).collect();
+        let text = p
+            .watched(&[("ADDED", &first), ("MODIFIED", &next)], now())
+            .expect("json");
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("line"))
+            .collect();
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[0]["type"], "ADDED");
         assert_eq!(lines[1]["type"], "MODIFIED");

@@ -29,6 +29,9 @@ mod tests {
     #[test]
     fn splits_kind_from_path() {
         assert_eq!(split_target("isvc"), ("isvc", ""));
-        assert_eq!(split_target("isvc.spec.nodes.min"), ("isvc", "spec.nodes.min"));
+        assert_eq!(
+            split_target("isvc.spec.nodes.min"),
+            ("isvc", "spec.nodes.min")
+        );
     }
 }

@@ -51,9 +51,15 @@ pub async fn run(ctx: &mut Ctx, args: &GetArgs) -> Result<()> {
         }
     }
     if args.all_namespaces && !args.names.is_empty() {
-        bail!("--all-namespaces cannot be combined with names: an object is named within one namespace");
+        bail!(
+            "--all-namespaces cannot be combined with names: an object is named within one namespace"
+        );
     }
-    let namespace = if args.all_namespaces { String::new() } else { ctx.namespace_for(kind) };
+    let namespace = if args.all_namespaces {
+        String::new()
+    } else {
+        ctx.namespace_for(kind)
+    };
     let query = Query {
         kind,
         namespace,
@@ -99,7 +105,9 @@ pub async fn run(ctx: &mut Ctx, args: &GetArgs) -> Result<()> {
     if !found.is_empty() {
         let text = match (args.output, found.as_slice()) {
             // One object asked for by name prints as itself, not as a list.
-            (Some(OutputFormat::Json), [one]) if query.names.len() == 1 => output::json_object(one)?,
+            (Some(OutputFormat::Json), [one]) if query.names.len() == 1 => {
+                output::json_object(one)?
+            }
             (Some(OutputFormat::Yaml), [one]) if query.names.len() == 1 => output::yaml_object(one),
             _ => render_list(&found, args.output, view)?,
         };

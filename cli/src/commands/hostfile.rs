@@ -60,10 +60,16 @@ fn backend_name(b: Backend) -> String {
 /// `10.0.0.1` of `10.0.0.1:32323`, `::1` of `[::1]:32323`; a bare host as is.
 fn host_part(addr: &str) -> String {
     let host = match addr.rsplit_once(':') {
-        Some((h, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && !h.is_empty() => h,
+        Some((h, port))
+            if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && !h.is_empty() =>
+        {
+            h
+        }
         _ => addr,
     };
-    host.trim_start_matches('[').trim_end_matches(']').to_string()
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string()
 }
 
 /// The ranks, checked to be 0..n, each with the address it listens on.
@@ -73,7 +79,10 @@ fn listen_addresses(ranks: &[RankHost]) -> Result<Vec<&str>> {
         .enumerate()
         .map(|(i, r)| {
             if r.rank as usize != i {
-                bail!("the placement has no rank {i} (ranks must run 0..{})", ranks.len());
+                bail!(
+                    "the placement has no rank {i} (ranks must run 0..{})",
+                    ranks.len()
+                );
             }
             match r.mlx.hosts.get(i) {
                 Some(h) if !h.is_empty() => Ok(h.as_str()),
@@ -133,13 +142,21 @@ pub fn ring_hostfile(ranks: &[RankHost]) -> Result<String> {
     if ranks.is_empty() {
         bail!("the placement is empty");
     }
-    let rows: Vec<Vec<&str>> = listen_addresses(ranks)?.into_iter().map(|a| vec![a]).collect();
+    let rows: Vec<Vec<&str>> = listen_addresses(ranks)?
+        .into_iter()
+        .map(|a| vec![a])
+        .collect();
     let mut text = serde_json::to_string(&rows).context("encoding the hostfile")?;
     text.push('\n');
     Ok(text)
 }
 
-async fn get(ctx: &mut Ctx, kind: Kind, namespace: &str, name: &str) -> Result<Object, crate::client::RpcError> {
+async fn get(
+    ctx: &mut Ctx,
+    kind: Kind,
+    namespace: &str,
+    name: &str,
+) -> Result<Object, crate::client::RpcError> {
     let req = GetRequest {
         kind: kind.as_str().to_string(),
         namespace: namespace.to_string(),
@@ -164,7 +181,10 @@ async fn gather(ctx: &mut Ctx, job: &JobRef) -> Result<Vec<RankHost>> {
         } else {
             format!("{}: {}", status.phase.as_str(), status.reason)
         };
-        bail!("{} has not been placed yet ({why}): no hostfile", job.display());
+        bail!(
+            "{} has not been placed yet ({why}): no hostfile",
+            job.display()
+        );
     }
     let mut placement = status.placement.clone();
     placement.sort_by_key(|p| p.rank);
@@ -241,7 +261,9 @@ mod tests {
     use super::*;
 
     fn ring(n: u32) -> Vec<RankHost> {
-        let hosts: Vec<String> = (0..n).map(|i| format!("10.0.0.{}:{}", i + 1, 32323 + i)).collect();
+        let hosts: Vec<String> = (0..n)
+            .map(|i| format!("10.0.0.{}:{}", i + 1, 32323 + i))
+            .collect();
         (0..n)
             .map(|rank| RankHost {
                 rank,
@@ -313,7 +335,8 @@ mod tests {
                 r
             })
             .collect();
-        let v: Value = serde_json::from_str(&mlx_hostfile(&ranks).expect("hostfile")).expect("json");
+        let v: Value =
+            serde_json::from_str(&mlx_hostfile(&ranks).expect("hostfile")).expect("json");
         assert_eq!(v["backend"], "jaccl-ring");
         assert_eq!(v["hosts"][0]["rdma"], serde_json::json!([null, "rdma_en3"]));
         assert_eq!(v["hosts"][1]["rdma"], serde_json::json!(["rdma_en3", null]));
@@ -323,10 +346,20 @@ mod tests {
     fn gaps_and_disagreements_are_errors() {
         let mut gap = ring(3);
         gap.remove(1);
-        assert!(mlx_hostfile(&gap).expect_err("gap").to_string().contains("no rank 1"));
+        assert!(
+            mlx_hostfile(&gap)
+                .expect_err("gap")
+                .to_string()
+                .contains("no rank 1")
+        );
         let mut mixed = ring(2);
         mixed[1].mlx.backend = Backend::Jaccl;
-        assert!(mlx_hostfile(&mixed).expect_err("mixed").to_string().contains("disagree"));
+        assert!(
+            mlx_hostfile(&mixed)
+                .expect_err("mixed")
+                .to_string()
+                .contains("disagree")
+        );
         let mut short = ring(2);
         short[1].mlx.hosts.truncate(1);
         assert!(ring_hostfile(&short).is_err());

@@ -65,7 +65,9 @@ pub async fn run(ctx: &mut Ctx, args: &LogsArgs) -> Result<()> {
         kind: job.kind.as_str().to_string(),
         namespace,
         name: job.name.clone(),
-        rank: args.rank.map_or(-1, |r| i32::try_from(r).unwrap_or(i32::MAX)),
+        rank: args
+            .rank
+            .map_or(-1, |r| i32::try_from(r).unwrap_or(i32::MAX)),
         follow: args.follow,
         tail: args.tail,
         since_seconds: args.since.unwrap_or(0),
@@ -82,7 +84,11 @@ pub async fn run(ctx: &mut Ctx, args: &LogsArgs) -> Result<()> {
                 }
                 Ok(None) => return Ok(()),
                 Err(s) if args.follow && connection_lost(&s) => {
-                    let server = ctx.client().current_server().map(ToString::to_string).unwrap_or_default();
+                    let server = ctx
+                        .client()
+                        .current_server()
+                        .map(ToString::to_string)
+                        .unwrap_or_default();
                     eprintln!(
                         "warning: lost the log stream from {server} ({}); resuming with new lines, some may be missed",
                         s.message()
@@ -120,8 +126,14 @@ mod tests {
 
     #[test]
     fn lines_are_printed_as_is_or_prefixed() {
-        assert_eq!(format_line(&line(0, "stdout", "step 1 loss 2.31"), false), "step 1 loss 2.31\n");
-        assert_eq!(format_line(&line(2, "stderr", "warning: x\n"), true), "[rank 2] warning: x\n");
+        assert_eq!(
+            format_line(&line(0, "stdout", "step 1 loss 2.31"), false),
+            "step 1 loss 2.31\n"
+        );
+        assert_eq!(
+            format_line(&line(2, "stderr", "warning: x\n"), true),
+            "[rank 2] warning: x\n"
+        );
         assert_eq!(format_line(&line(1, "stdout", "crlf\r\n"), false), "crlf\n");
         assert_eq!(format_line(&line(1, "stdout", ""), true), "[rank 1] \n");
     }
@@ -137,7 +149,11 @@ mod tests {
 
     #[test]
     fn server_errors_do_not_look_like_lost_connections() {
-        assert!(!connection_lost(&Status::unavailable("rank 1: logs from nodelet at mac2:7601: refused")));
-        assert!(!connection_lost(&Status::not_found("TrainingJob/default/x not found")));
+        assert!(!connection_lost(&Status::unavailable(
+            "rank 1: logs from nodelet at mac2:7601: refused"
+        )));
+        assert!(!connection_lost(&Status::not_found(
+            "TrainingJob/default/x not found"
+        )));
     }
 }

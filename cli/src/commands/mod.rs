@@ -67,7 +67,8 @@ impl Ctx {
 
     pub fn client(&mut self) -> &mut Client {
         let (servers, timeout) = (&self.target.servers, self.timeout);
-        self.client.get_or_insert_with(|| Client::new(servers.clone(), timeout))
+        self.client
+            .get_or_insert_with(|| Client::new(servers.clone(), timeout))
     }
 
     /// The namespace a request about `kind` carries: none for cluster-scoped kinds.
@@ -98,7 +99,9 @@ pub async fn run(cli: Cli) -> Result<u8> {
     let file = ConfigFile::load(&path)?;
     let overrides = Overrides {
         server_flag: g.server.clone(),
-        server_env: std::env::var("TB_SERVER").ok().filter(|s| !s.trim().is_empty()),
+        server_env: std::env::var("TB_SERVER")
+            .ok()
+            .filter(|s| !s.trim().is_empty()),
         context: g.context.clone(),
         namespace: g.namespace.clone(),
     };
@@ -118,11 +121,19 @@ pub async fn run(cli: Cli) -> Result<u8> {
             .map(|()| 0),
         Command::Top(c) => top::run(&mut ctx, c).await.map(|()| 0),
         Command::Hostfile(a) => hostfile::run(&mut ctx, &a).await.map(|()| 0),
-        Command::Cordon(a) => cordon::run(&mut ctx, &a.node, cordon::Mark::Cordon).await.map(|_| 0),
-        Command::Uncordon(a) => cordon::run(&mut ctx, &a.node, cordon::Mark::Uncordon).await.map(|_| 0),
-        Command::Drain(a) => drain::run(&mut ctx, &a.node, g.timeout.unwrap_or(drain::DEFAULT_TIMEOUT))
+        Command::Cordon(a) => cordon::run(&mut ctx, &a.node, cordon::Mark::Cordon)
             .await
-            .map(|()| 0),
+            .map(|_| 0),
+        Command::Uncordon(a) => cordon::run(&mut ctx, &a.node, cordon::Mark::Uncordon)
+            .await
+            .map(|_| 0),
+        Command::Drain(a) => drain::run(
+            &mut ctx,
+            &a.node,
+            g.timeout.unwrap_or(drain::DEFAULT_TIMEOUT),
+        )
+        .await
+        .map(|()| 0),
         Command::Token(c) => token::run(&mut ctx, c).await.map(|()| 0),
         Command::Cluster(c) => cluster::run(&mut ctx, c).await.map(|()| 0),
         Command::Config(_)
@@ -177,7 +188,9 @@ pub fn parse_job_ref(s: &str) -> Result<JobRef> {
         Some((k, n)) => (parse_kind(k).with_context(|| format!("JOB {s:?}"))?, n),
     };
     if !matches!(kind, Kind::TrainingJob | Kind::InferenceService) {
-        bail!("JOB {s:?}: a {kind} is not a job; expected NAME (a TrainingJob), tj/NAME or isvc/NAME");
+        bail!(
+            "JOB {s:?}: a {kind} is not a job; expected NAME (a TrainingJob), tj/NAME or isvc/NAME"
+        );
     }
     check_name(s, name, "JOB", "NAME, tj/NAME or isvc/NAME")?;
     Ok(JobRef {
@@ -246,15 +259,36 @@ mod tests {
     #[test]
     fn job_arguments() {
         let job = |s: &str| parse_job_ref(s).map(|j| (j.kind, j.name));
-        assert_eq!(job("x").expect("bare"), (Kind::TrainingJob, "x".to_string()));
-        assert_eq!(job("tj/x").expect("tj"), (Kind::TrainingJob, "x".to_string()));
-        assert_eq!(job("trainingjob/x").expect("long"), (Kind::TrainingJob, "x".to_string()));
-        assert_eq!(job("TrainingJob/x").expect("canonical"), (Kind::TrainingJob, "x".to_string()));
-        assert_eq!(job("isvc/y").expect("isvc"), (Kind::InferenceService, "y".to_string()));
-        assert_eq!(parse_job_ref("isvc/y").expect("isvc").display(), "inferenceservice/y");
+        assert_eq!(
+            job("x").expect("bare"),
+            (Kind::TrainingJob, "x".to_string())
+        );
+        assert_eq!(
+            job("tj/x").expect("tj"),
+            (Kind::TrainingJob, "x".to_string())
+        );
+        assert_eq!(
+            job("trainingjob/x").expect("long"),
+            (Kind::TrainingJob, "x".to_string())
+        );
+        assert_eq!(
+            job("TrainingJob/x").expect("canonical"),
+            (Kind::TrainingJob, "x".to_string())
+        );
+        assert_eq!(
+            job("isvc/y").expect("isvc"),
+            (Kind::InferenceService, "y".to_string())
+        );
+        assert_eq!(
+            parse_job_ref("isvc/y").expect("isvc").display(),
+            "inferenceservice/y"
+        );
 
         let e = format!("{:#}", job("model/m").expect_err("not a job"));
-        assert!(e.contains("Model is not a job") && e.contains("tj/NAME"), "{e}");
+        assert!(
+            e.contains("Model is not a job") && e.contains("tj/NAME"),
+            "{e}"
+        );
         let e = format!("{:#}", job("pods/p").expect_err("unknown kind"));
         assert!(e.contains("unknown kind \"pods\""), "{e}");
         for bad in ["", "tj/", "tj/a/b", "a b", "/x"] {
@@ -264,8 +298,14 @@ mod tests {
 
     #[test]
     fn object_arguments() {
-        assert_eq!(parse_object_ref("node/mac1").expect("node"), (Kind::Node, "mac1".to_string()));
-        assert_eq!(parse_object_ref("tj/x").expect("tj"), (Kind::TrainingJob, "x".to_string()));
+        assert_eq!(
+            parse_object_ref("node/mac1").expect("node"),
+            (Kind::Node, "mac1".to_string())
+        );
+        assert_eq!(
+            parse_object_ref("tj/x").expect("tj"),
+            (Kind::TrainingJob, "x".to_string())
+        );
         let e = parse_object_ref("x").expect_err("no kind").to_string();
         assert!(e.contains("KIND/NAME"), "{e}");
         assert!(parse_object_ref("pods/x").is_err());

@@ -117,7 +117,12 @@ pub struct View<'a> {
 }
 
 /// Follow `scope` until `step` returns `Some`, or `deadline` passes (`Ok(None)`).
-pub async fn observe<T, F>(ctx: &mut Ctx, scope: &Scope, deadline: Option<Instant>, mut step: F) -> Result<Option<T>>
+pub async fn observe<T, F>(
+    ctx: &mut Ctx,
+    scope: &Scope,
+    deadline: Option<Instant>,
+    mut step: F,
+) -> Result<Option<T>>
 where
     F: FnMut(View<'_>) -> Result<Option<T>>,
 {
@@ -255,7 +260,11 @@ async fn pause(deadline: Option<Instant>) {
 }
 
 /// Record one watch event; the change it makes, or `None` for a replay of something seen.
-fn apply_event(ev: &WatchEvent, objects: &mut BTreeMap<Key, Object>, position: &mut Position) -> Result<Option<Change>> {
+fn apply_event(
+    ev: &WatchEvent,
+    objects: &mut BTreeMap<Key, Object>,
+    position: &mut Position,
+) -> Result<Option<Change>> {
     let o = parse_object(&ev.object_json)?;
     let version = if ev.resource_version != 0 {
         ev.resource_version
@@ -327,8 +336,20 @@ mod tests {
         let mut objects = BTreeMap::new();
         let mut pos = Position::listed(5);
         assert_eq!(pos.watch_from(), 5);
-        assert!(apply_event(&event("ADDED", &obj("old", 4), 4), &mut objects, &mut pos).expect("ok").is_none());
-        assert!(apply_event(&event("ADDED", &obj("listed", 5), 5), &mut objects, &mut pos).expect("ok").is_none());
+        assert!(
+            apply_event(&event("ADDED", &obj("old", 4), 4), &mut objects, &mut pos)
+                .expect("ok")
+                .is_none()
+        );
+        assert!(
+            apply_event(
+                &event("ADDED", &obj("listed", 5), 5),
+                &mut objects,
+                &mut pos
+            )
+            .expect("ok")
+            .is_none()
+        );
         let c = apply_event(&event("ADDED", &obj("a", 6), 6), &mut objects, &mut pos)
             .expect("ok")
             .expect("new");
@@ -344,12 +365,44 @@ mod tests {
         let mut objects = BTreeMap::new();
         let mut pos = Position::listed(70);
         // One Raft entry (79) changed two objects; the connection dropped after the first.
-        assert!(apply_event(&event("ADDED", &obj("evicted", 79), 79), &mut objects, &mut pos).expect("ok").is_some());
+        assert!(
+            apply_event(
+                &event("ADDED", &obj("evicted", 79), 79),
+                &mut objects,
+                &mut pos
+            )
+            .expect("ok")
+            .is_some()
+        );
         // The resumed watch asks from just before 79 and gets both again.
         assert_eq!(pos.watch_from(), 78);
-        assert!(apply_event(&event("ADDED", &obj("evicted", 79), 79), &mut objects, &mut pos).expect("ok").is_none());
-        assert!(apply_event(&event("ADDED", &obj("scheduled", 79), 79), &mut objects, &mut pos).expect("ok").is_some());
-        assert!(apply_event(&event("MODIFIED", &obj("started", 84), 84), &mut objects, &mut pos).expect("ok").is_some());
+        assert!(
+            apply_event(
+                &event("ADDED", &obj("evicted", 79), 79),
+                &mut objects,
+                &mut pos
+            )
+            .expect("ok")
+            .is_none()
+        );
+        assert!(
+            apply_event(
+                &event("ADDED", &obj("scheduled", 79), 79),
+                &mut objects,
+                &mut pos
+            )
+            .expect("ok")
+            .is_some()
+        );
+        assert!(
+            apply_event(
+                &event("MODIFIED", &obj("started", 84), 84),
+                &mut objects,
+                &mut pos
+            )
+            .expect("ok")
+            .is_some()
+        );
         assert_eq!(objects.len(), 3);
         // A resume after a list at a version repeats nothing from it.
         let listed = Position::listed(84);
@@ -358,16 +411,24 @@ mod tests {
 
     #[test]
     fn relisting_reports_differences() {
-        let mut objects: BTreeMap<Key, Object> = [obj("same", 1), obj("changed", 2), obj("gone", 3)]
-            .into_iter()
-            .map(|o| (key(&o), o))
-            .collect();
-        let changes = catch_up(&mut objects, vec![obj("same", 1), obj("changed", 5), obj("new", 6)]);
+        let mut objects: BTreeMap<Key, Object> =
+            [obj("same", 1), obj("changed", 2), obj("gone", 3)]
+                .into_iter()
+                .map(|o| (key(&o), o))
+                .collect();
+        let changes = catch_up(
+            &mut objects,
+            vec![obj("same", 1), obj("changed", 5), obj("new", 6)],
+        );
         let got: Vec<(String, String)> = changes
             .iter()
             .map(|c| (c.type_.clone(), c.object.metadata.name.clone()))
             .collect();
-        let want = [("MODIFIED", "changed"), ("ADDED", "new"), ("DELETED", "gone")];
+        let want = [
+            ("MODIFIED", "changed"),
+            ("ADDED", "new"),
+            ("DELETED", "gone"),
+        ];
         assert_eq!(got.len(), want.len(), "{got:?}");
         for (t, n) in want {
             assert!(got.contains(&(t.to_string(), n.to_string())), "{got:?}");

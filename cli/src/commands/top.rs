@@ -40,11 +40,22 @@ pub async fn run(ctx: &mut Ctx, cmd: TopCommand) -> Result<()> {
 
 pub fn nodes_table(mut nodes: Vec<Object>) -> Table {
     nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    let mut t = Table::new(["NAME", "READY", "MEMORY", "ALLOCATABLE", "ALLOCATED", "FREE", "CHIP", "ALLOCS"]);
+    let mut t = Table::new([
+        "NAME",
+        "READY",
+        "MEMORY",
+        "ALLOCATABLE",
+        "ALLOCATED",
+        "FREE",
+        "CHIP",
+        "ALLOCS",
+    ]);
     let size = |b: Option<u64>| b.map_or_else(|| "<none>".to_string(), human_bytes);
     for n in &nodes {
         let mem = NodeMemory::of(n);
-        let allocs = at(&n.status, &["allocations"]).and_then(Value::as_array).map_or(0, Vec::len);
+        let allocs = at(&n.status, &["allocations"])
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
         t.push(vec![
             n.metadata.name.clone(),
             node_ready(n),

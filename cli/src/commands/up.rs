@@ -19,8 +19,8 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use chrono::{DateTime, Utc};
 use nix::sys::signal::{Signal, kill};
-use serde_json::Value;
 use nix::unistd::Pid;
+use serde_json::Value;
 use tb_api::proto::{CreateTokenRequest, ListRequest};
 use tb_api::{Kind, Object};
 use tokio::time::Instant;
@@ -55,7 +55,13 @@ pub fn port_range(i: u32) -> Result<String> {
 }
 
 /// The nodelet's command line.
-pub fn nodelet_args(i: u32, dir: &Path, controller: &str, listen_port: u16, token: &str) -> Result<Vec<String>> {
+pub fn nodelet_args(
+    i: u32,
+    dir: &Path,
+    controller: &str,
+    listen_port: u16,
+    token: &str,
+) -> Result<Vec<String>> {
     Ok(vec![
         "--controller".into(),
         controller.into(),
@@ -99,9 +105,11 @@ pub fn not_ready<'a>(want: &'a [String], nodes: &[Object], since: DateTime<Utc>)
     };
     want.iter()
         .filter(|name| {
-            !nodes
-                .iter()
-                .any(|n| &n.metadata.name == *name && condition(n, "Ready").as_deref() == Some("True") && fresh(n))
+            !nodes.iter().any(|n| {
+                &n.metadata.name == *name
+                    && condition(n, "Ready").as_deref() == Some("True")
+                    && fresh(n)
+            })
         })
         .map(String::as_str)
         .collect()
@@ -129,15 +137,23 @@ impl Cluster {
             .append(true)
             .open(&log)
             .with_context(|| format!("opening {}", log.display()))?;
-        let err = out.try_clone().with_context(|| format!("opening {}", log.display()))?;
+        let err = out
+            .try_clone()
+            .with_context(|| format!("opening {}", log.display()))?;
         let mut cmd = std::process::Command::new(bin);
         cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
         // SAFETY: setsid is async-signal-safe and touches no memory of the parent; it detaches
         // the child from tbctl's session and terminal, so it outlives tbctl and ^C.
         unsafe {
-            cmd.pre_exec(|| nix::unistd::setsid().map(drop).map_err(std::io::Error::from));
+            cmd.pre_exec(|| {
+                nix::unistd::setsid()
+                    .map(drop)
+                    .map_err(std::io::Error::from)
+            });
         }
-        let child = cmd.spawn().with_context(|| format!("starting {}", bin.display()))?;
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
         let pid = i32::try_from(child.id()).context("process id out of range")?;
         self.started.push(Started {
             proc: Proc {
@@ -162,7 +178,11 @@ impl Cluster {
                 } else {
                     format!("; the end of its log:\n{tail}")
                 };
-                bail!("{} exited ({status}); see {}{quoted}", s.proc.name, s.log.display());
+                bail!(
+                    "{} exited ({status}); see {}{quoted}",
+                    s.proc.name,
+                    s.log.display()
+                );
             }
         }
         Ok(())
@@ -175,7 +195,8 @@ impl Cluster {
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            self.started.retain_mut(|s| !matches!(s.child.try_wait(), Ok(Some(_)) | Err(_)));
+            self.started
+                .retain_mut(|s| !matches!(s.child.try_wait(), Ok(Some(_)) | Err(_)));
             if self.started.is_empty() || Instant::now() >= deadline {
                 break;
             }
@@ -228,7 +249,9 @@ pub async fn run(args: &UpArgs) -> Result<()> {
         Ok(()) => {}
         Err(e) => {
             cluster.tear_down().await;
-            return Err(e.context("the local cluster did not start; what was started is stopped again"));
+            return Err(
+                e.context("the local cluster did not start; what was started is stopped again")
+            );
         }
     }
     let mut file_path_note = String::new();
@@ -237,8 +260,13 @@ pub async fn run(args: &UpArgs) -> Result<()> {
         point_context(&mut file, &server);
         file.save(&path).map(|()| path)
     }) {
-        Ok(path) => file_path_note.push_str(&format!("context \"{CONTEXT}\" ({server}) is now current in {}\n", path.display())),
-        Err(e) => file_path_note.push_str(&format!("could not set the context \"{CONTEXT}\": {e:#}; use --server {server}\n")),
+        Ok(path) => file_path_note.push_str(&format!(
+            "context \"{CONTEXT}\" ({server}) is now current in {}\n",
+            path.display()
+        )),
+        Err(e) => file_path_note.push_str(&format!(
+            "could not set the context \"{CONTEXT}\": {e:#}; use --server {server}\n"
+        )),
     }
     let mut t = Table::new(["NAME", "PID", "ADDRESS", "LOG"]);
     for s in &cluster.started {
@@ -257,7 +285,13 @@ pub async fn run(args: &UpArgs) -> Result<()> {
     ))
 }
 
-async fn start(cluster: &mut Cluster, args: &UpArgs, server: &str, controller_bin: &Path, nodelet_bin: &Path) -> Result<()> {
+async fn start(
+    cluster: &mut Cluster,
+    args: &UpArgs,
+    server: &str,
+    controller_bin: &Path,
+    nodelet_bin: &Path,
+) -> Result<()> {
     let dir = cluster.dir.clone();
     let controller_args: Vec<String> = vec![
         "--id".into(),
@@ -267,7 +301,12 @@ async fn start(cluster: &mut Cluster, args: &UpArgs, server: &str, controller_bi
         "--data-dir".into(),
         dir.join("controller").display().to_string(),
     ];
-    cluster.spawn("controller", controller_bin, &controller_args, server.into())?;
+    cluster.spawn(
+        "controller",
+        controller_bin,
+        &controller_args,
+        server.into(),
+    )?;
 
     let mut client = Client::new(parse_server_list(server)?, Duration::from_secs(1));
     let deadline = Instant::now() + START_TIMEOUT;
@@ -304,7 +343,12 @@ async fn start(cluster: &mut Cluster, args: &UpArgs, server: &str, controller_bi
     for i in 1..=args.nodelets {
         let port = free_port()?;
         let nodelet_args = nodelet_args(i, &dir, server, port, &token)?;
-        cluster.spawn(&node_name(i), nodelet_bin, &nodelet_args, format!("127.0.0.1:{port}"))?;
+        cluster.spawn(
+            &node_name(i),
+            nodelet_bin,
+            &nodelet_args,
+            format!("127.0.0.1:{port}"),
+        )?;
     }
 
     let deadline = Instant::now() + START_TIMEOUT;
@@ -367,12 +411,23 @@ mod tests {
 
     #[test]
     fn nodelet_command_line() {
-        let args = nodelet_args(2, Path::new("/d"), "127.0.0.1:7400", 40001, "tbjoin-x").expect("args");
+        let args =
+            nodelet_args(2, Path::new("/d"), "127.0.0.1:7400", 40001, "tbjoin-x").expect("args");
         assert_eq!(
             args,
             [
-                "--controller", "127.0.0.1:7400", "--name", "node-2", "--data-dir", "/d/nodelet-2", "--listen",
-                "127.0.0.1:40001", "--join-token", "tbjoin-x", "--port-range", "32423-32522",
+                "--controller",
+                "127.0.0.1:7400",
+                "--name",
+                "node-2",
+                "--data-dir",
+                "/d/nodelet-2",
+                "--listen",
+                "127.0.0.1:40001",
+                "--join-token",
+                "tbjoin-x",
+                "--port-range",
+                "32423-32522",
             ]
         );
     }
@@ -398,7 +453,10 @@ mod tests {
         assert_eq!(file.current_context.as_deref(), Some("local"));
         assert_eq!(file.contexts.len(), 2);
         let local = file.context("local").expect("local");
-        assert_eq!((local.server.as_str(), local.namespace.as_deref()), ("127.0.0.1:7400", None));
+        assert_eq!(
+            (local.server.as_str(), local.namespace.as_deref()),
+            ("127.0.0.1:7400", None)
+        );
     }
 
     #[test]
@@ -409,21 +467,38 @@ mod tests {
                                                      "conditions": [{"type": "Ready", "status": ready}]}}))
             .expect("node")
         };
-        let since = DateTime::parse_from_rfc3339("2025-06-01T12:00:00Z").expect("time").with_timezone(&Utc);
+        let since = DateTime::parse_from_rfc3339("2025-06-01T12:00:00Z")
+            .expect("time")
+            .with_timezone(&Utc);
         let now = "2025-06-01T12:00:01.250Z";
         let want = vec!["node-1".to_string(), "node-2".to_string()];
         assert_eq!(not_ready(&want, &[], since), ["node-1", "node-2"]);
         assert_eq!(
-            not_ready(&want, &[node("node-1", "True", now), node("node-2", "False", now)], since),
+            not_ready(
+                &want,
+                &[node("node-1", "True", now), node("node-2", "False", now)],
+                since
+            ),
             ["node-2"]
         );
         assert!(
-            not_ready(&want, &[node("node-2", "True", now), node("node-1", "True", now), node("other", "False", now)], since)
-                .is_empty()
+            not_ready(
+                &want,
+                &[
+                    node("node-2", "True", now),
+                    node("node-1", "True", now),
+                    node("other", "False", now)
+                ],
+                since
+            )
+            .is_empty()
         );
         // Ready from before the restart does not count.
         let stale = node("node-1", "True", "2025-06-01T11:59:59Z");
         assert_eq!(not_ready(&want[..1], &[stale], since), ["node-1"]);
-        assert_eq!(not_ready(&want[..1], &[node("node-1", "True", "")], since), ["node-1"]);
+        assert_eq!(
+            not_ready(&want[..1], &[node("node-1", "True", "")], since),
+            ["node-1"]
+        );
     }
 }

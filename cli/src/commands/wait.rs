@@ -54,7 +54,9 @@ impl WaitFor {
     /// Whether the wait is for a failure itself, so that failing is success.
     fn awaits_failure(&self) -> bool {
         match self {
-            WaitFor::Condition { type_, status } => type_.eq_ignore_ascii_case("Failed") && status == "True",
+            WaitFor::Condition { type_, status } => {
+                type_.eq_ignore_ascii_case("Failed") && status == "True"
+            }
             WaitFor::Phase(p) => p.eq_ignore_ascii_case("Failed"),
             WaitFor::Delete => true,
         }
@@ -70,7 +72,11 @@ pub fn parse_wait_for(s: &str) -> Result<WaitFor, String> {
     let Some((what, rest)) = s.split_once('=') else {
         return Err(bad("unknown condition"));
     };
-    let word = |w: &str| !w.is_empty() && w.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    let word = |w: &str| {
+        !w.is_empty()
+            && w.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
     match what.to_ascii_lowercase().as_str() {
         "condition" => {
             let (type_, status) = match rest.split_once('=') {
@@ -80,7 +86,11 @@ pub fn parse_wait_for(s: &str) -> Result<WaitFor, String> {
                         "true" => "True",
                         "false" => "False",
                         "unknown" => "Unknown",
-                        _ => return Err(bad(&format!("condition status {v:?} is not True, False or Unknown"))),
+                        _ => {
+                            return Err(bad(&format!(
+                                "condition status {v:?} is not True, False or Unknown"
+                            )));
+                        }
                     };
                     (t, status)
                 }
@@ -113,13 +123,16 @@ pub enum Verdict {
 
 pub fn judge(object: Option<&Object>, want: &WaitFor) -> Verdict {
     let Some(o) = object else {
-        return if *want == WaitFor::Delete { Verdict::Met } else { Verdict::Absent };
+        return if *want == WaitFor::Delete {
+            Verdict::Met
+        } else {
+            Verdict::Absent
+        };
     };
     let met = match want {
         WaitFor::Delete => false,
-        WaitFor::Condition { type_, status } => {
-            condition(o, type_).is_some_and(|c| at(c, &["status"]).and_then(Value::as_str) == Some(status.as_str()))
-        }
+        WaitFor::Condition { type_, status } => condition(o, type_)
+            .is_some_and(|c| at(c, &["status"]).and_then(Value::as_str) == Some(status.as_str())),
         WaitFor::Phase(p) => phase(o).is_some_and(|have| have.eq_ignore_ascii_case(p)),
     };
     if met {
@@ -144,20 +157,39 @@ fn condition<'a>(o: &'a Object, type_: &str) -> Option<&'a Value> {
     at(&o.status, &["conditions"])?
         .as_array()?
         .iter()
-        .find(|c| at(c, &["type"]).and_then(Value::as_str).is_some_and(|t| t.eq_ignore_ascii_case(type_)))
+        .find(|c| {
+            at(c, &["type"])
+                .and_then(Value::as_str)
+                .is_some_and(|t| t.eq_ignore_ascii_case(type_))
+        })
 }
 
 /// Why a job failed, if it did: its Failed condition's reason and message, else the status's.
 fn failure(o: &Object) -> Option<String> {
-    let text = |v: &Value, f: &str| at(v, &[f]).and_then(Value::as_str).unwrap_or("").to_string();
-    let failed_condition = condition(o, "Failed").filter(|c| at(c, &["status"]).and_then(Value::as_str) == Some("True"));
+    let text = |v: &Value, f: &str| {
+        at(v, &[f])
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let failed_condition = condition(o, "Failed")
+        .filter(|c| at(c, &["status"]).and_then(Value::as_str) == Some("True"));
     let (reason, message) = match failed_condition {
         Some(c) => (text(c, "reason"), text(c, "message")),
-        None if phase(o) == Some("Failed") => (text(&o.status, "reason"), text(&o.status, "message")),
+        None if phase(o) == Some("Failed") => {
+            (text(&o.status, "reason"), text(&o.status, "message"))
+        }
         None => return None,
     };
-    let parts: Vec<String> = [reason, message].into_iter().filter(|s| !s.is_empty()).collect();
-    Some(if parts.is_empty() { "phase Failed".to_string() } else { parts.join(": ") })
+    let parts: Vec<String> = [reason, message]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect();
+    Some(if parts.is_empty() {
+        "phase Failed".to_string()
+    } else {
+        parts.join(": ")
+    })
 }
 
 pub async fn run(ctx: &mut Ctx, args: &WaitArgs, timeout: Duration) -> Result<()> {
@@ -176,7 +208,10 @@ pub async fn run(ctx: &mut Ctx, args: &WaitArgs, timeout: Duration) -> Result<()
             Verdict::Met => Some(Ok(())),
             Verdict::Failed(why) => Some(Err(anyhow!("{shown} failed: {why}"))),
             Verdict::Absent if view.initial => Some(Err(anyhow!("{shown} not found"))),
-            Verdict::Absent => Some(Err(anyhow!("{shown} was deleted while waiting for {}", args.for_))),
+            Verdict::Absent => Some(Err(anyhow!(
+                "{shown} was deleted while waiting for {}",
+                args.for_
+            ))),
             Verdict::Waiting => None,
         })
     })
@@ -212,10 +247,22 @@ mod tests {
 
     #[test]
     fn parses_the_for_flag() {
-        assert_eq!(parse_wait_for("condition=Complete"), Ok(cond("Complete", "True")));
-        assert_eq!(parse_wait_for("condition=Ready=false"), Ok(cond("Ready", "False")));
-        assert_eq!(parse_wait_for("Condition=Ready=Unknown"), Ok(cond("Ready", "Unknown")));
-        assert_eq!(parse_wait_for("phase=Running"), Ok(WaitFor::Phase("Running".into())));
+        assert_eq!(
+            parse_wait_for("condition=Complete"),
+            Ok(cond("Complete", "True"))
+        );
+        assert_eq!(
+            parse_wait_for("condition=Ready=false"),
+            Ok(cond("Ready", "False"))
+        );
+        assert_eq!(
+            parse_wait_for("Condition=Ready=Unknown"),
+            Ok(cond("Ready", "Unknown"))
+        );
+        assert_eq!(
+            parse_wait_for("phase=Running"),
+            Ok(WaitFor::Phase("Running".into()))
+        );
         assert_eq!(parse_wait_for("delete"), Ok(WaitFor::Delete));
         assert_eq!(parse_wait_for("Delete"), Ok(WaitFor::Delete));
         for bad in [
@@ -231,32 +278,55 @@ mod tests {
             "jsonpath={.status.phase}=Running",
         ] {
             let e = parse_wait_for(bad).expect_err(bad);
-            assert!(e.contains("expected condition=TYPE[=STATUS], phase=PHASE or delete"), "{e}");
+            assert!(
+                e.contains("expected condition=TYPE[=STATUS], phase=PHASE or delete"),
+                "{e}"
+            );
             assert!(e.contains(&format!("{bad:?}")), "{e}");
         }
-        assert!(parse_wait_for("condition=Ready=maybe").expect_err("bad").contains("\"maybe\""));
+        assert!(
+            parse_wait_for("condition=Ready=maybe")
+                .expect_err("bad")
+                .contains("\"maybe\"")
+        );
     }
 
     #[test]
     fn the_flag_works_through_clap() {
         use clap::Parser;
-        let cli = crate::args::Cli::try_parse_from(["tbctl", "wait", "tj/x", "--for=condition=Complete"]).expect("parse");
+        let cli =
+            crate::args::Cli::try_parse_from(["tbctl", "wait", "tj/x", "--for=condition=Complete"])
+                .expect("parse");
         match cli.command {
             crate::args::Command::Wait(a) => assert_eq!(a.for_, cond("Complete", "True")),
             _ => unreachable!("wait"),
         }
-        let e = crate::args::Cli::try_parse_from(["tbctl", "wait", "tj/x", "--for=ready"]).expect_err("bad");
+        let e = crate::args::Cli::try_parse_from(["tbctl", "wait", "tj/x", "--for=ready"])
+            .expect_err("bad");
         assert!(e.to_string().contains("phase=PHASE"), "{e}");
     }
 
     #[test]
     fn conditions_and_phases() {
-        let running = job(json!({"phase": "Running", "conditions": [{"type": "Complete", "status": "False"}]}));
-        assert_eq!(judge(Some(&running), &cond("Complete", "True")), Verdict::Waiting);
-        assert_eq!(judge(Some(&running), &cond("complete", "False")), Verdict::Met);
-        assert_eq!(judge(Some(&running), &WaitFor::Phase("running".into())), Verdict::Met);
+        let running = job(
+            json!({"phase": "Running", "conditions": [{"type": "Complete", "status": "False"}]}),
+        );
+        assert_eq!(
+            judge(Some(&running), &cond("Complete", "True")),
+            Verdict::Waiting
+        );
+        assert_eq!(
+            judge(Some(&running), &cond("complete", "False")),
+            Verdict::Met
+        );
+        assert_eq!(
+            judge(Some(&running), &WaitFor::Phase("running".into())),
+            Verdict::Met
+        );
         assert_eq!(judge(Some(&running), &WaitFor::Delete), Verdict::Waiting);
-        let done = job(json!({"phase": "Succeeded", "conditions": [{"type": "Complete", "status": "True"}]}));
+        let done = job(
+            json!({"phase": "Succeeded", "conditions": [{"type": "Complete", "status": "True"}]}),
+        );
         assert_eq!(judge(Some(&done), &cond("Complete", "True")), Verdict::Met);
         assert_eq!(judge(None, &WaitFor::Delete), Verdict::Met);
         assert_eq!(judge(None, &cond("Complete", "True")), Verdict::Absent);
@@ -264,21 +334,32 @@ mod tests {
 
     #[test]
     fn a_failed_job_ends_the_wait() {
-        let failed = job(json!({"phase": "Failed", "reason": "BackoffLimitExceeded", "message": "rank 1 exited 1",
+        let failed = job(
+            json!({"phase": "Failed", "reason": "BackoffLimitExceeded", "message": "rank 1 exited 1",
                                 "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                                                "message": "rank 1 exited 1 (3 restarts)"}]}));
+                                                "message": "rank 1 exited 1 (3 restarts)"}]}),
+        );
         assert_eq!(
             judge(Some(&failed), &cond("Complete", "True")),
             Verdict::Failed("BackoffLimitExceeded: rank 1 exited 1 (3 restarts)".into())
         );
-        assert!(matches!(judge(Some(&failed), &WaitFor::Phase("Running".into())), Verdict::Failed(_)));
+        assert!(matches!(
+            judge(Some(&failed), &WaitFor::Phase("Running".into())),
+            Verdict::Failed(_)
+        ));
         // Waiting for the failure itself, or for deletion, is not cut short.
         assert_eq!(judge(Some(&failed), &cond("Failed", "True")), Verdict::Met);
-        assert_eq!(judge(Some(&failed), &WaitFor::Phase("Failed".into())), Verdict::Met);
+        assert_eq!(
+            judge(Some(&failed), &WaitFor::Phase("Failed".into())),
+            Verdict::Met
+        );
         assert_eq!(judge(Some(&failed), &WaitFor::Delete), Verdict::Waiting);
         // Phase alone is enough; without a reason the phase is the explanation.
         let bare = job(json!({"phase": "Failed"}));
-        assert_eq!(judge(Some(&bare), &cond("Complete", "True")), Verdict::Failed("phase Failed".into()));
+        assert_eq!(
+            judge(Some(&bare), &cond("Complete", "True")),
+            Verdict::Failed("phase Failed".into())
+        );
         let reason_only = job(json!({"phase": "Failed", "reason": "DeadlineExceeded"}));
         assert_eq!(
             judge(Some(&reason_only), &cond("Complete", "True")),

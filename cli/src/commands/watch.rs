@@ -56,7 +56,10 @@ pub fn json_event_line(type_: &str, object: &Object) -> Result<String> {
 
 /// One watch event as a YAML document.
 pub fn yaml_event_doc(type_: &str, object: &Object) -> Result<String> {
-    Ok(format!("---\n{}", serde_yaml::to_string(&EventLine { type_, object })?))
+    Ok(format!(
+        "---\n{}",
+        serde_yaml::to_string(&EventLine { type_, object })?
+    ))
 }
 
 impl Printer {
@@ -117,7 +120,12 @@ struct Shown {
     position: Position,
 }
 
-pub async fn run(ctx: &mut Ctx, query: &Query, view: View, format: Option<OutputFormat>) -> Result<()> {
+pub async fn run(
+    ctx: &mut Ctx,
+    query: &Query,
+    view: View,
+    format: Option<OutputFormat>,
+) -> Result<()> {
     let mut printer = Printer::new(format, view);
     let (objects, version) = list(ctx, query).await?;
     emit(&printer.initial(&objects)?)?;
@@ -148,7 +156,11 @@ pub async fn run(ctx: &mut Ctx, query: &Query, view: View, format: Option<Output
             match stream.message().await {
                 Ok(Some(ev)) => emit(&handle(&ev, query, &mut shown, &mut printer)?)?,
                 Ok(None) => {
-                    let server = ctx.client().current_server().map(ToString::to_string).unwrap_or_default();
+                    let server = ctx
+                        .client()
+                        .current_server()
+                        .map(ToString::to_string)
+                        .unwrap_or_default();
                     tracing::info!(%server, "the server ended the watch; resuming elsewhere");
                     ctx.client().fail_over();
                     tokio::time::sleep(REOPEN_DELAY).await;
@@ -160,7 +172,11 @@ pub async fn run(ctx: &mut Ctx, query: &Query, view: View, format: Option<Output
                     break;
                 }
                 Err(s) if is_failover(&s) => {
-                    let server = ctx.client().current_server().map(ToString::to_string).unwrap_or_default();
+                    let server = ctx
+                        .client()
+                        .current_server()
+                        .map(ToString::to_string)
+                        .unwrap_or_default();
                     tracing::info!(%server, code = ?s.code(), message = s.message(), "watch lost; resuming elsewhere");
                     ctx.client().fail_over();
                     tokio::time::sleep(REOPEN_DELAY).await;
@@ -179,7 +195,12 @@ pub async fn run(ctx: &mut Ctx, query: &Query, view: View, format: Option<Output
 }
 
 /// Record one event; the text to print for it (empty if it is not to be shown).
-fn handle(ev: &WatchEvent, query: &Query, shown: &mut Shown, printer: &mut Printer) -> Result<String> {
+fn handle(
+    ev: &WatchEvent,
+    query: &Query,
+    shown: &mut Shown,
+    printer: &mut Printer,
+) -> Result<String> {
     let o = parse_object(&ev.object_json)?;
     let version = if ev.resource_version != 0 {
         ev.resource_version
@@ -202,13 +223,23 @@ fn handle(ev: &WatchEvent, query: &Query, shown: &mut Shown, printer: &mut Print
 }
 
 /// List again and print what changed since the last thing shown.
-async fn relist(ctx: &mut Ctx, query: &Query, shown: &mut Shown, printer: &mut Printer) -> Result<()> {
+async fn relist(
+    ctx: &mut Ctx,
+    query: &Query,
+    shown: &mut Shown,
+    printer: &mut Printer,
+) -> Result<()> {
     let (objects, version) = list(ctx, query).await?;
     emit(&catch_up(shown, objects, version, printer)?)
 }
 
 /// Replace what was shown with a fresh list; the events that turn one into the other.
-fn catch_up(shown: &mut Shown, objects: Vec<Object>, version: u64, printer: &mut Printer) -> Result<String> {
+fn catch_up(
+    shown: &mut Shown,
+    objects: Vec<Object>,
+    version: u64,
+    printer: &mut Printer,
+) -> Result<String> {
     let fresh: BTreeMap<Key, Object> = objects.into_iter().map(|o| (key(&o), o)).collect();
     let mut out = String::new();
     for (k, o) in &fresh {
@@ -299,12 +330,34 @@ mod tests {
             position: Position::listed(5),
         };
         let mut p = Printer::new(Some(OutputFormat::Name), view());
-        handle(&event("ADDED", &obj("old", 4), 4), &query(), &mut shown, &mut p).expect("handle");
+        handle(
+            &event("ADDED", &obj("old", 4), 4),
+            &query(),
+            &mut shown,
+            &mut p,
+        )
+        .expect("handle");
         assert!(shown.objects.is_empty());
-        handle(&event("ADDED", &obj("new", 6), 6), &query(), &mut shown, &mut p).expect("handle");
+        handle(
+            &event("ADDED", &obj("new", 6), 6),
+            &query(),
+            &mut shown,
+            &mut p,
+        )
+        .expect("handle");
         assert_eq!(shown.position.version(), 6);
-        assert!(shown.objects.contains_key(&(String::new(), "new".to_string())));
-        handle(&event("DELETED", &obj("new", 6), 7), &query(), &mut shown, &mut p).expect("handle");
+        assert!(
+            shown
+                .objects
+                .contains_key(&(String::new(), "new".to_string()))
+        );
+        handle(
+            &event("DELETED", &obj("new", 6), 7),
+            &query(),
+            &mut shown,
+            &mut p,
+        )
+        .expect("handle");
         assert!(shown.objects.is_empty());
         assert_eq!(shown.position.version(), 7);
     }
@@ -316,12 +369,30 @@ mod tests {
             position: Position::listed(5),
         };
         let mut p = Printer::new(Some(OutputFormat::Name), view());
-        let a = handle(&event("ADDED", &obj("a", 6), 6), &query(), &mut shown, &mut p).expect("handle");
-        let b = handle(&event("ADDED", &obj("b", 6), 6), &query(), &mut shown, &mut p).expect("handle");
+        let a = handle(
+            &event("ADDED", &obj("a", 6), 6),
+            &query(),
+            &mut shown,
+            &mut p,
+        )
+        .expect("handle");
+        let b = handle(
+            &event("ADDED", &obj("b", 6), 6),
+            &query(),
+            &mut shown,
+            &mut p,
+        )
+        .expect("handle");
         assert_eq!((a.as_str(), b.as_str()), ("queue/a\n", "queue/b\n"));
         // Resumed from just before 6, the server sends both again: neither prints twice.
         assert_eq!(shown.position.watch_from(), 5);
-        let again = handle(&event("ADDED", &obj("a", 6), 6), &query(), &mut shown, &mut p).expect("handle");
+        let again = handle(
+            &event("ADDED", &obj("a", 6), 6),
+            &query(),
+            &mut shown,
+            &mut p,
+        )
+        .expect("handle");
         assert!(again.is_empty());
     }
 
@@ -343,11 +414,18 @@ mod tests {
                 let v: serde_json::Value = serde_json::from_str(l).expect("json line");
                 (
                     v["type"].as_str().unwrap_or_default().to_string(),
-                    v["object"]["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                    v["object"]["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
                 )
             })
             .collect();
-        let want = [("MODIFIED", "changed"), ("ADDED", "new"), ("DELETED", "gone")];
+        let want = [
+            ("MODIFIED", "changed"),
+            ("ADDED", "new"),
+            ("DELETED", "gone"),
+        ];
         assert_eq!(events.len(), want.len(), "{text}");
         for (t, n) in want {
             assert!(events.contains(&(t.to_string(), n.to_string())), "{text}");

@@ -88,7 +88,11 @@ impl LogStore {
             let tx = db.begin_read().map_err(io_err)?;
             let table = tx.open_table(LOG).map_err(io_err)?;
             match table.last().map_err(io_err)? {
-                Some((_, v)) => Some(serde_json::from_slice::<Entry>(v.value()).map_err(io_err)?.log_id),
+                Some((_, v)) => Some(
+                    serde_json::from_slice::<Entry>(v.value())
+                        .map_err(io_err)?
+                        .log_id,
+                ),
                 None => last_purged,
             }
         };
@@ -111,12 +115,16 @@ impl LogStore {
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
-        self.shared.pending.lock().unwrap_or_else(|e| e.into_inner())
+        self.shared
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     fn queue(&self, job: Job) -> io::Result<()> {
         let jobs = self.shared.jobs.lock().unwrap_or_else(|e| e.into_inner());
-        jobs.send(job).map_err(|_| io_err("the raft log writer has stopped"))
+        jobs.send(job)
+            .map_err(|_| io_err("the raft log writer has stopped"))
     }
 }
 
@@ -134,12 +142,18 @@ fn write_loop(shared: std::sync::Weak<Shared>, rx: mpsc::Receiver<Job>) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         batch.extend(rx.try_iter());
-        let Some(shared) = shared.upgrade() else { return };
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
         let result = commit_batch(&shared.db, &batch);
         let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
         for job in batch {
             match job {
-                Job::Append { seq, entries, flushed } => {
+                Job::Append {
+                    seq,
+                    entries,
+                    flushed,
+                } => {
                     if result.is_ok() {
                         for (index, _) in &entries {
                             // A later append may have replaced the entry; keep that one.
@@ -182,11 +196,14 @@ fn commit_batch(db: &Database, batch: &[Job]) -> io::Result<()> {
                     }
                 }
                 Job::Truncate { from, .. } => {
-                    log.retain_in::<u64, _>(*from.., |_, _| false).map_err(io_err)?;
+                    log.retain_in::<u64, _>(*from.., |_, _| false)
+                        .map_err(io_err)?;
                 }
                 Job::Purge { upto, log_id } => {
-                    meta.insert(LAST_PURGED, log_id.as_slice()).map_err(io_err)?;
-                    log.retain_in::<u64, _>(..=*upto, |_, _| false).map_err(io_err)?;
+                    meta.insert(LAST_PURGED, log_id.as_slice())
+                        .map_err(io_err)?;
+                    log.retain_in::<u64, _>(..=*upto, |_, _| false)
+                        .map_err(io_err)?;
                 }
                 Job::Committed(bytes) => {
                     meta.insert(COMMITTED, bytes.as_slice()).map_err(io_err)?;
@@ -224,7 +241,10 @@ impl RaftLogReader<TypeConfig> for LogStore {
         };
         let tx = self.shared.db.begin_read().map_err(io_err)?;
         let table = tx.open_table(LOG).map_err(io_err)?;
-        for item in table.range::<u64>((Bound::Included(start), end)).map_err(io_err)? {
+        for item in table
+            .range::<u64>((Bound::Included(start), end))
+            .map_err(io_err)?
+        {
             let (k, v) = item.map_err(io_err)?;
             let index = k.value();
             if hide_from.is_some_and(|h| index >= h) || found.contains_key(&index) {
@@ -280,7 +300,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(get_meta::<Option<LogId>>(&self.shared.db, COMMITTED)?.flatten())
     }
 
-    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<(), io::Error>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), io::Error>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,

@@ -19,7 +19,9 @@ use openraft::errors::{ClientWriteError, RaftError};
 use openraft::raft::linearizable_read::{Linearizer, ReadLogId};
 use openraft::{BasicNode, ChangeMembers, ReadPolicy, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
-use tb_api::proto::{ClusterStatusResponse, MemberStatus, MemberStatusRequest, RaftPayload, ReadIndexRequest};
+use tb_api::proto::{
+    ClusterStatusResponse, MemberStatus, MemberStatusRequest, RaftPayload, ReadIndexRequest,
+};
 
 pub use network::MAX_MESSAGE;
 pub use service::RaftService;
@@ -115,9 +117,15 @@ pub struct RaftNode {
 
 impl RaftNode {
     /// Open (or create) the member's redb database in `data_dir` and start Raft.
-    pub async fn start(id: NodeId, addr: String, data_dir: &Path, opts: &RaftOptions) -> anyhow::Result<Arc<RaftNode>> {
+    pub async fn start(
+        id: NodeId,
+        addr: String,
+        data_dir: &Path,
+        opts: &RaftOptions,
+    ) -> anyhow::Result<Arc<RaftNode>> {
         use anyhow::Context;
-        std::fs::create_dir_all(data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
+        std::fs::create_dir_all(data_dir)
+            .with_context(|| format!("creating data dir {}", data_dir.display()))?;
         let path = data_dir.join("tb.redb");
         // redb caches up to 1 GiB by default; the store keeps its own copy of every object in
         // memory, so a small page cache is enough for the log and snapshots.
@@ -234,19 +242,25 @@ impl RaftNode {
         match self.raft.client_write(cmd).await {
             Ok(resp) => Ok(ProposeReply::Done(Box::new(resp.data))),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
-            | Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => Ok(ProposeReply::NotLeader(f.leader_id)),
+            | Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => {
+                Ok(ProposeReply::NotLeader(f.leader_id))
+            }
             Err(RaftError::APIError(e)) => Ok(ProposeReply::Failed(e.to_string())),
             Err(RaftError::Fatal(e)) => Err(Unavailable::Fatal(e.to_string())),
         }
     }
 
     async fn forward(&self, addr: &str, cmd: &Command) -> Result<ProposeReply, Unavailable> {
-        let unreachable = |e: &dyn std::fmt::Display| Unavailable::LeaderUnreachable(format!("{addr}: {e}"));
+        let unreachable =
+            |e: &dyn std::fmt::Display| Unavailable::LeaderUnreachable(format!("{addr}: {e}"));
         let data = serde_json::to_vec(cmd).map_err(|e| Unavailable::Other(e.to_string()))?;
         let mut client = self.peers.client(addr).map_err(|e| unreachable(&e))?;
         let mut req = tonic::Request::new(RaftPayload { data });
         req.set_timeout(Duration::from_secs(5));
-        let reply = client.propose(req).await.map_err(|e| unreachable(&e.message()))?;
+        let reply = client
+            .propose(req)
+            .await
+            .map_err(|e| unreachable(&e.message()))?;
         serde_json::from_slice(&reply.into_inner().data).map_err(|e| unreachable(&e))
     }
 
@@ -272,13 +286,16 @@ impl RaftNode {
                 .await
                 .map_err(|e| Unavailable::LeaderUnreachable(format!("{addr}: {}", e.message())))?;
             let r: Result<ReadIndexReply, String> =
-                serde_json::from_slice(&reply.into_inner().data).map_err(|e| Unavailable::Other(e.to_string()))?;
+                serde_json::from_slice(&reply.into_inner().data)
+                    .map_err(|e| Unavailable::Other(e.to_string()))?;
             let r = r.map_err(Unavailable::Other)?;
             Linearizer::new(r.node_id, r.read_log_id, r.applied)
         };
         tokio::time::timeout(Duration::from_secs(5), linearizer.await_ready(&self.raft))
             .await
-            .map_err(|_| Unavailable::Other("timed out waiting for this controller to catch up".into()))?
+            .map_err(|_| {
+                Unavailable::Other("timed out waiting for this controller to catch up".into())
+            })?
             .map_err(|e| Unavailable::Fatal(e.to_string()))?;
         Ok(())
     }
@@ -323,7 +340,11 @@ impl RaftNode {
                 continue;
             }
             let (id, addr, peers) = (*id, node.addr.clone(), self.peers.clone());
-            let role = if voters.contains(&id) { "voter" } else { "learner" };
+            let role = if voters.contains(&id) {
+                "voter"
+            } else {
+                "learner"
+            };
             asks.push(async move {
                 let mut status = MemberStatus {
                     id,
@@ -336,7 +357,10 @@ impl RaftNode {
                     let mut client = peers.client(&addr).map_err(|e| e.to_string())?;
                     let mut req = tonic::Request::new(MemberStatusRequest {});
                     req.set_timeout(Duration::from_millis(800));
-                    client.member_status(req).await.map_err(|e| e.message().to_string())
+                    client
+                        .member_status(req)
+                        .await
+                        .map_err(|e| e.message().to_string())
                 };
                 match answer.await {
                     Ok(r) => {

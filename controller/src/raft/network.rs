@@ -9,7 +9,9 @@ use std::io::Cursor;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use openraft::errors::{NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::errors::{
+    NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
+};
 use openraft::network::{RPCOption, RaftNetworkFactory, v2::RaftNetworkV2};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
@@ -83,7 +85,9 @@ struct PeerError {
 type Call = fn(
     RaftClient<Channel>,
     tonic::Request<RaftPayload>,
-) -> std::pin::Pin<Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>>;
+) -> std::pin::Pin<
+    Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>,
+>;
 
 impl PeerClient {
     fn error(&self, message: impl std::fmt::Display) -> PeerError {
@@ -94,12 +98,18 @@ impl PeerClient {
         }
     }
 
-    async fn call<Req, Resp>(&self, call: Call, req: &Req, timeout: Duration) -> Result<Resp, RPCError<TypeConfig>>
+    async fn call<Req, Resp>(
+        &self,
+        call: Call,
+        req: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, RPCError<TypeConfig>>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
     {
-        let data = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&self.error(e))))?;
+        let data = serde_json::to_vec(req)
+            .map_err(|e| RPCError::Network(NetworkError::new(&self.error(e))))?;
         let client = self
             .peers
             .client(&self.addr)
@@ -109,14 +119,15 @@ impl PeerClient {
         let reply = call(client, request).await.map_err(|status| {
             let err = self.error(format!("{}: {}", status.code(), status.message()));
             match status.code() {
-                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
-                    RPCError::Unreachable(Unreachable::new(&err))
-                }
+                tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Cancelled => RPCError::Unreachable(Unreachable::new(&err)),
                 _ => RPCError::Network(NetworkError::new(&err)),
             }
         })?;
-        let result: Result<Resp, RaftError<TypeConfig>> = serde_json::from_slice(&reply.into_inner().data)
-            .map_err(|e| RPCError::Network(NetworkError::new(&self.error(e))))?;
+        let result: Result<Resp, RaftError<TypeConfig>> =
+            serde_json::from_slice(&reply.into_inner().data)
+                .map_err(|e| RPCError::Network(NetworkError::new(&self.error(e))))?;
         result.map_err(|e| RPCError::Unreachable(Unreachable::new(&self.error(e))))
     }
 }
@@ -124,25 +135,33 @@ impl PeerClient {
 fn append(
     mut c: RaftClient<Channel>,
     r: tonic::Request<RaftPayload>,
-) -> std::pin::Pin<Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>> {
+) -> std::pin::Pin<
+    Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>,
+> {
     Box::pin(async move { c.append(r).await })
 }
 fn vote(
     mut c: RaftClient<Channel>,
     r: tonic::Request<RaftPayload>,
-) -> std::pin::Pin<Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>> {
+) -> std::pin::Pin<
+    Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>,
+> {
     Box::pin(async move { c.vote(r).await })
 }
 fn snapshot(
     mut c: RaftClient<Channel>,
     r: tonic::Request<RaftPayload>,
-) -> std::pin::Pin<Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>> {
+) -> std::pin::Pin<
+    Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>,
+> {
     Box::pin(async move { c.snapshot(r).await })
 }
 fn transfer_leader(
     mut c: RaftClient<Channel>,
     r: tonic::Request<RaftPayload>,
-) -> std::pin::Pin<Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>> {
+) -> std::pin::Pin<
+    Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>,
+> {
     Box::pin(async move { c.transfer_leader(r).await })
 }
 

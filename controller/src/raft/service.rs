@@ -39,7 +39,10 @@ fn encode<T: Serialize>(value: &T) -> Result<TonicResponse<RaftPayload>, Status>
 
 #[tonic::async_trait]
 impl RaftRpc for RaftService {
-    async fn append(&self, req: Request<RaftPayload>) -> Result<TonicResponse<RaftPayload>, Status> {
+    async fn append(
+        &self,
+        req: Request<RaftPayload>,
+    ) -> Result<TonicResponse<RaftPayload>, Status> {
         let rpc = decode(req)?;
         encode(&self.node.raft.append_entries(rpc).await)
     }
@@ -49,7 +52,10 @@ impl RaftRpc for RaftService {
         encode(&self.node.raft.vote(rpc).await)
     }
 
-    async fn snapshot(&self, req: Request<RaftPayload>) -> Result<TonicResponse<RaftPayload>, Status> {
+    async fn snapshot(
+        &self,
+        req: Request<RaftPayload>,
+    ) -> Result<TonicResponse<RaftPayload>, Status> {
         let (vote, meta, data): (super::Vote, super::SnapshotMeta, Vec<u8>) = decode(req)?;
         let snapshot = Snapshot {
             meta,
@@ -64,14 +70,24 @@ impl RaftRpc for RaftService {
         encode(&res)
     }
 
-    async fn transfer_leader(&self, req: Request<RaftPayload>) -> Result<TonicResponse<RaftPayload>, Status> {
+    async fn transfer_leader(
+        &self,
+        req: Request<RaftPayload>,
+    ) -> Result<TonicResponse<RaftPayload>, Status> {
         let rpc = decode(req)?;
-        let res: Result<TransferLeaderResponse<TypeConfig>, RaftError<TypeConfig>> =
-            self.node.raft.handle_transfer_leader(rpc).await.map_err(RaftError::Fatal);
+        let res: Result<TransferLeaderResponse<TypeConfig>, RaftError<TypeConfig>> = self
+            .node
+            .raft
+            .handle_transfer_leader(rpc)
+            .await
+            .map_err(RaftError::Fatal);
         encode(&res)
     }
 
-    async fn propose(&self, req: Request<RaftPayload>) -> Result<TonicResponse<RaftPayload>, Status> {
+    async fn propose(
+        &self,
+        req: Request<RaftPayload>,
+    ) -> Result<TonicResponse<RaftPayload>, Status> {
         let cmd: Command = decode(req)?;
         let reply = match self.node.propose_local(cmd).await {
             Ok(r) => r,
@@ -80,8 +96,16 @@ impl RaftRpc for RaftService {
         encode(&reply)
     }
 
-    async fn read_index(&self, _req: Request<ReadIndexRequest>) -> Result<TonicResponse<RaftPayload>, Status> {
-        let reply: Result<ReadIndexReply, String> = match self.node.raft.get_read_linearizer(ReadPolicy::ReadIndex).await {
+    async fn read_index(
+        &self,
+        _req: Request<ReadIndexRequest>,
+    ) -> Result<TonicResponse<RaftPayload>, Status> {
+        let reply: Result<ReadIndexReply, String> = match self
+            .node
+            .raft
+            .get_read_linearizer(ReadPolicy::ReadIndex)
+            .await
+        {
             Ok(l) => Ok(ReadIndexReply {
                 node_id: *l.node_id(),
                 read_log_id: *l.read_log_id(),
@@ -92,7 +116,10 @@ impl RaftRpc for RaftService {
         encode(&reply)
     }
 
-    async fn member_status(&self, _req: Request<MemberStatusRequest>) -> Result<TonicResponse<MemberStatus>, Status> {
+    async fn member_status(
+        &self,
+        _req: Request<MemberStatusRequest>,
+    ) -> Result<TonicResponse<MemberStatus>, Status> {
         Ok(TonicResponse::new(self.node.member_status()))
     }
 }

@@ -93,7 +93,11 @@ fn read_snapshot(db: &Database) -> io::Result<Option<StoredSnapshot>> {
 }
 
 /// Write a snapshot durably; the data buffer is handed back for the caller to use.
-async fn write_snapshot(db: Arc<Database>, meta: &SnapshotMeta, data: Vec<u8>) -> io::Result<Vec<u8>> {
+async fn write_snapshot(
+    db: Arc<Database>,
+    meta: &SnapshotMeta,
+    data: Vec<u8>,
+) -> io::Result<Vec<u8>> {
     let meta = serde_json::to_vec(meta).map_err(io_err)?;
     blocking(move || {
         let tx = db.begin_write().map_err(io_err)?;

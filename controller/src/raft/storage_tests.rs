@@ -19,7 +19,9 @@ fn storage_error(e: impl std::error::Error + 'static) -> StorageError<TypeConfig
 }
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for RedbBuilder {
-    async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<TypeConfig>> {
+    async fn build(
+        &self,
+    ) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<TypeConfig>> {
         let dir = tempfile::tempdir().map_err(storage_error)?;
         let db = redb::Database::create(dir.path().join("tb.redb")).map_err(storage_error)?;
         let db = Arc::new(db);

@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 
 use tb_api::specs::{
-    AllocationPhase, AllocationSpec, Backend, Desired, Executor, InferenceServiceSpec, JobRef, MlxAssignment,
-    TrainingJobSpec, allocation, parse_spec,
+    AllocationPhase, AllocationSpec, Backend, Desired, Executor, InferenceServiceSpec, JobRef,
+    MlxAssignment, TrainingJobSpec, allocation, parse_spec,
 };
 use tb_api::status::{JobPhase, JobStatus, RankPlacement};
 use tb_api::{Kind, Object, ObjectKey, ObjectMeta};
@@ -46,7 +46,10 @@ fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
                 kind: Kind::TrainingJob,
                 executor: s.executor,
                 ranks: s.ranks,
-                memory_bytes: s.memory.as_ref().map_or(cfg.default_memory_bytes, |q| q.bytes()),
+                memory_bytes: s
+                    .memory
+                    .as_ref()
+                    .map_or(cfg.default_memory_bytes, |q| q.bytes()),
                 backoff_limit: Some(s.backoff_limit()),
                 command: s.command,
                 env: s.env,
@@ -64,7 +67,10 @@ fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
                 kind: Kind::InferenceService,
                 executor: s.executor,
                 ranks: s.nodes.min,
-                memory_bytes: s.memory.as_ref().map_or(cfg.default_memory_bytes, |q| q.bytes()),
+                memory_bytes: s
+                    .memory
+                    .as_ref()
+                    .map_or(cfg.default_memory_bytes, |q| q.bytes()),
                 command: s.command,
                 env: s.env,
                 working_dir: None,
@@ -85,7 +91,12 @@ const PERMANENT: &[&str] = &["ExecNotFound", "ExecPermissionDenied", "InvalidSpe
 
 /// Reconcile one job against the cluster; placements it makes are taken out of `view` so the
 /// next job in the same pass sees them.
-pub fn reconcile_job(job: &Object, view: &mut ClusterView, clock: &Clock, cfg: &SchedulerConfig) -> Option<Plan> {
+pub fn reconcile_job(
+    job: &Object,
+    view: &mut ClusterView,
+    clock: &Clock,
+    cfg: &SchedulerConfig,
+) -> Option<Plan> {
     let shape = shape(job, cfg)?;
     let mut status = JobStatus::from_value(&job.status);
     let before = status.clone();
@@ -95,10 +106,10 @@ pub fn reconcile_job(job: &Object, view: &mut ClusterView, clock: &Clock, cfg: &
     let ns = job.metadata.namespace.as_str();
     let name = job.metadata.name.as_str();
 
-    let (current, stale): (Vec<Alloc>, Vec<Alloc>) = view
-        .allocations_of(ns, kind, name)
-        .cloned()
-        .partition(|a| a.spec.epoch == status.epoch && status.epoch > 0 && a.spec.job.uid == job.metadata.uid);
+    let (current, stale): (Vec<Alloc>, Vec<Alloc>) =
+        view.allocations_of(ns, kind, name).cloned().partition(|a| {
+            a.spec.epoch == status.epoch && status.epoch > 0 && a.spec.job.uid == job.metadata.uid
+        });
     for a in &stale {
         retire(a, &mut plan);
     }
@@ -106,7 +117,8 @@ pub fn reconcile_job(job: &Object, view: &mut ClusterView, clock: &Clock, cfg: &
     if shape.executor == Executor::Builtin {
         status.phase = JobPhase::Pending;
         status.reason = "ExecutorUnavailable".into();
-        status.message = "the built-in executor is not part of this release; use executor: exec".into();
+        status.message =
+            "the built-in executor is not part of this release; use executor: exec".into();
         return finish(job, status, &before, plan);
     }
 
@@ -114,29 +126,42 @@ pub fn reconcile_job(job: &Object, view: &mut ClusterView, clock: &Clock, cfg: &
         for a in &current {
             stop(a, &mut plan);
         }
-        if let (Some(ttl), Some(done)) = (shape.ttl_seconds_after_finished, parse_time(&status.completion_time))
-            && clock.now >= done + chrono::TimeDelta::seconds(ttl as i64)
+        if let (Some(ttl), Some(done)) = (
+            shape.ttl_seconds_after_finished,
+            parse_time(&status.completion_time),
+        ) && clock.now >= done + chrono::TimeDelta::seconds(ttl as i64)
         {
             for a in view.allocations_of(ns, kind, name) {
-                plan.guards.push((a.object.key(), a.object.metadata.resource_version));
-                plan.writes.push(PlanWrite::Delete { key: a.object.key() });
+                plan.guards
+                    .push((a.object.key(), a.object.metadata.resource_version));
+                plan.writes.push(PlanWrite::Delete {
+                    key: a.object.key(),
+                });
             }
             plan.writes.push(PlanWrite::Delete { key: job.key() });
-            plan.events.push(event(job, false, "Deleted", &format!("finished {ttl}s ago (ttlSecondsAfterFinished)")));
+            plan.events.push(event(
+                job,
+                false,
+                "Deleted",
+                &format!("finished {ttl}s ago (ttlSecondsAfterFinished)"),
+            ));
             return Some(plan);
         }
         return finish(job, status, &before, plan);
     }
 
-    if let (Some(deadline), Some(start)) = (shape.active_deadline_seconds, parse_time(&status.start_time))
-        && clock.now >= start + chrono::TimeDelta::seconds(deadline as i64)
+    if let (Some(deadline), Some(start)) = (
+        shape.active_deadline_seconds,
+        parse_time(&status.start_time),
+    ) && clock.now >= start + chrono::TimeDelta::seconds(deadline as i64)
     {
         for a in &current {
             stop(a, &mut plan);
         }
         let message = format!("ran longer than activeDeadlineSeconds ({deadline}s)");
         fail(&mut status, "DeadlineExceeded", &message, clock);
-        plan.events.push(event(job, true, "DeadlineExceeded", &message));
+        plan.events
+            .push(event(job, true, "DeadlineExceeded", &message));
         return finish(job, status, &before, plan);
     }
 
@@ -151,9 +176,13 @@ pub fn reconcile_job(job: &Object, view: &mut ClusterView, clock: &Clock, cfg: &
         }
         status.phase = JobPhase::Pending;
         status.reason = "SpecChanged".into();
-        status.message = format!("generation {} replaces the running ranks", job.metadata.generation);
+        status.message = format!(
+            "generation {} replaces the running ranks",
+            job.metadata.generation
+        );
         status.next_retry_time.clear();
-        plan.events.push(event(job, false, "SpecChanged", &status.message));
+        plan.events
+            .push(event(job, false, "SpecChanged", &status.message));
     } else if let Some(a) = live
         .iter()
         .find(|a| view.nodes.get(&a.spec.node).is_none_or(|n| n.draining()))
@@ -164,10 +193,15 @@ pub fn reconcile_job(job: &Object, view: &mut ClusterView, clock: &Clock, cfg: &
         }
         status.phase = JobPhase::Pending;
         status.reason = "Evicted".into();
-        status.message = format!("node {} is being drained; placing the gang again", a.spec.node);
+        status.message = format!(
+            "node {} is being drained; placing the gang again",
+            a.spec.node
+        );
         status.next_retry_time.clear();
-        plan.events.push(event(job, false, "Evicted", &status.message.clone()));
-    } else if matches!(status.phase, JobPhase::Scheduled | JobPhase::Running) && !current.is_empty() {
+        plan.events
+            .push(event(job, false, "Evicted", &status.message.clone()));
+    } else if matches!(status.phase, JobPhase::Scheduled | JobPhase::Running) && !current.is_empty()
+    {
         // Pending means the gang's end was already handled (backing off, or re-placing).
         gang_progress(job, &shape, &current, &mut status, &mut plan, clock, cfg);
         if status.phase.is_terminal() {
@@ -209,16 +243,27 @@ pub fn reconcile_job(job: &Object, view: &mut ClusterView, clock: &Clock, cfg: &
                     .collect();
                 status.nodes = slots.iter().map(|s| s.node.clone()).collect();
                 status.set_condition("Scheduled", true, "Scheduled", "", &clock.stamp);
-                let message = format!("epoch {epoch}: {} rank(s) on {}", slots.len(), status.nodes.join(","));
+                let message = format!(
+                    "epoch {epoch}: {} rank(s) on {}",
+                    slots.len(),
+                    status.nodes.join(",")
+                );
                 plan.events.push(event(job, false, "Scheduled", &message));
             }
             Err(why) => {
                 status.reason = "Unschedulable".into();
                 if status.message != why.message {
-                    plan.events.push(event(job, true, "FailedScheduling", &why.message));
+                    plan.events
+                        .push(event(job, true, "FailedScheduling", &why.message));
                 }
                 status.message = why.message;
-                status.set_condition("Scheduled", false, "Unschedulable", &status.message.clone(), &clock.stamp);
+                status.set_condition(
+                    "Scheduled",
+                    false,
+                    "Unschedulable",
+                    &status.message.clone(),
+                    &clock.stamp,
+                );
             }
         }
     }
@@ -239,14 +284,22 @@ fn gang_progress(
     let phase_count = |p: AllocationPhase| current.iter().filter(|a| a.status.phase == p).count();
     let failed = current
         .iter()
-        .filter(|a| matches!(a.status.phase, AllocationPhase::Failed | AllocationPhase::Lost | AllocationPhase::Stopped))
+        .filter(|a| {
+            matches!(
+                a.status.phase,
+                AllocationPhase::Failed | AllocationPhase::Lost | AllocationPhase::Stopped
+            )
+        })
         .min_by_key(|a| a.spec.rank);
-    let succeeded_service = shape.kind == Kind::InferenceService && phase_count(AllocationPhase::Succeeded) > 0;
+    let succeeded_service =
+        shape.kind == Kind::InferenceService && phase_count(AllocationPhase::Succeeded) > 0;
 
     if let Some(a) = failed.or_else(|| {
         // A service that exits, even cleanly, is down: treat as a failure to restart.
         if succeeded_service {
-            current.iter().find(|a| a.status.phase == AllocationPhase::Succeeded)
+            current
+                .iter()
+                .find(|a| a.status.phase == AllocationPhase::Succeeded)
         } else {
             None
         }
@@ -259,16 +312,21 @@ fn gang_progress(
         if PERMANENT.contains(&a.status.reason.as_str()) {
             let message = format!("rank {} on {}: {}", a.spec.rank, a.spec.node, what);
             fail(status, &a.status.reason, &message, clock);
-            plan.events.push(event(job, true, &a.status.reason, &message));
+            plan.events
+                .push(event(job, true, &a.status.reason, &message));
             return;
         }
         if lost {
             // Losing a Mac is not the job's fault: place again now, without using a retry.
             status.phase = JobPhase::Pending;
             status.reason = "NodeLost".into();
-            status.message = format!("rank {} lost with node {}; placing the gang again", a.spec.rank, a.spec.node);
+            status.message = format!(
+                "rank {} lost with node {}; placing the gang again",
+                a.spec.rank, a.spec.node
+            );
             status.next_retry_time.clear();
-            plan.events.push(event(job, true, "NodeLost", &status.message.clone()));
+            plan.events
+                .push(event(job, true, "NodeLost", &status.message.clone()));
             return;
         }
         if let Some(limit) = shape.backoff_limit
@@ -279,7 +337,8 @@ fn gang_progress(
                 a.spec.rank, a.spec.node, what
             );
             fail(status, "BackoffLimitExceeded", &message, clock);
-            plan.events.push(event(job, true, "BackoffLimitExceeded", &message));
+            plan.events
+                .push(event(job, true, "BackoffLimitExceeded", &message));
             return;
         }
         status.restarts += 1;
@@ -295,17 +354,28 @@ fn gang_progress(
             status.restarts
         );
         status.next_retry_time = super::stamp(clock.now + delay);
-        plan.events.push(event(job, true, "BackOff", &status.message.clone()));
+        plan.events
+            .push(event(job, true, "BackOff", &status.message.clone()));
         return;
     }
 
-    if shape.kind == Kind::TrainingJob && phase_count(AllocationPhase::Succeeded) == world && current.len() == world {
+    if shape.kind == Kind::TrainingJob
+        && phase_count(AllocationPhase::Succeeded) == world
+        && current.len() == world
+    {
         status.phase = JobPhase::Succeeded;
         status.reason = "Succeeded".into();
         status.message = format!("all {world} rank(s) exited 0");
         status.completion_time = clock.stamp.clone();
-        status.set_condition("Complete", true, "Succeeded", &status.message.clone(), &clock.stamp);
-        plan.events.push(event(job, false, "Completed", &status.message.clone()));
+        status.set_condition(
+            "Complete",
+            true,
+            "Succeeded",
+            &status.message.clone(),
+            &clock.stamp,
+        );
+        plan.events
+            .push(event(job, false, "Completed", &status.message.clone()));
         return;
     }
     let running = phase_count(AllocationPhase::Running) + phase_count(AllocationPhase::Succeeded);
@@ -316,7 +386,8 @@ fn gang_progress(
         if shape.kind == Kind::InferenceService {
             status.set_condition("Ready", true, "Running", "", &clock.stamp);
         }
-        plan.events.push(event(job, false, "Started", &status.message.clone()));
+        plan.events
+            .push(event(job, false, "Started", &status.message.clone()));
     }
 }
 
@@ -358,28 +429,37 @@ fn fail(status: &mut JobStatus, reason: &str, message: &str, clock: &Clock) {
 
 /// 10 s, doubling, capped (the base and cap are configurable for tests).
 fn backoff(restarts: u32, cfg: &SchedulerConfig) -> chrono::TimeDelta {
-    let factor = 1i32.checked_shl(restarts.saturating_sub(1).min(20)).unwrap_or(i32::MAX);
+    let factor = 1i32
+        .checked_shl(restarts.saturating_sub(1).min(20))
+        .unwrap_or(i32::MAX);
     (cfg.backoff_base * factor).min(cfg.backoff_cap)
 }
 
 /// Ask the nodelet to stop a rank (kept until it reports how the process ended).
 fn stop(a: &Alloc, plan: &mut Plan) {
-    if a.spec.desired == Desired::Stop || a.status.phase.is_terminal() || plan_touches(plan, &a.object.key()) {
+    if a.spec.desired == Desired::Stop
+        || a.status.phase.is_terminal()
+        || plan_touches(plan, &a.object.key())
+    {
         return;
     }
     let mut obj = (*a.object).clone();
     let mut spec = a.spec.clone();
     spec.desired = Desired::Stop;
     obj.spec = serde_json::to_value(&spec).unwrap_or_default();
-    plan.guards.push((a.object.key(), a.object.metadata.resource_version));
+    plan.guards
+        .push((a.object.key(), a.object.metadata.resource_version));
     plan.writes.push(PlanWrite::Put(obj));
 }
 
 /// An allocation of an older epoch: stopped, then deleted once it has ended.
 fn retire(a: &Alloc, plan: &mut Plan) {
     if a.status.phase.is_terminal() {
-        plan.guards.push((a.object.key(), a.object.metadata.resource_version));
-        plan.writes.push(PlanWrite::Delete { key: a.object.key() });
+        plan.guards
+            .push((a.object.key(), a.object.metadata.resource_version));
+        plan.writes.push(PlanWrite::Delete {
+            key: a.object.key(),
+        });
     } else {
         stop(a, plan);
     }
@@ -396,7 +476,14 @@ fn plan_stops_all(plan: &Plan, current: &[Alloc]) -> bool {
         .all(|a| plan_touches(plan, &a.object.key()))
 }
 
-fn create_gang(job: &Object, shape: &JobShape, slots: &[RankSlot], epoch: u64, view: &mut ClusterView, plan: &mut Plan) {
+fn create_gang(
+    job: &Object,
+    shape: &JobShape,
+    slots: &[RankSlot],
+    epoch: u64,
+    view: &mut ClusterView,
+    plan: &mut Plan,
+) {
     let host = |node: &str| {
         view.nodes
             .get(node)
@@ -404,7 +491,10 @@ fn create_gang(job: &Object, shape: &JobShape, slots: &[RankSlot], epoch: u64, v
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "127.0.0.1".into())
     };
-    let hosts: Vec<String> = slots.iter().map(|s| format!("{}:{}", host(&s.node), s.port)).collect();
+    let hosts: Vec<String> = slots
+        .iter()
+        .map(|s| format!("{}:{}", host(&s.node), s.port))
+        .collect();
     let mlx = MlxAssignment {
         backend: shape.backend,
         coordinator: match shape.backend {
@@ -438,7 +528,10 @@ fn create_gang(job: &Object, shape: &JobShape, slots: &[RankSlot], epoch: u64, v
         };
         let labels = BTreeMap::from([
             (allocation::LABEL_JOB.to_string(), name.to_string()),
-            (allocation::LABEL_JOB_KIND.to_string(), shape.kind.as_str().to_ascii_lowercase()),
+            (
+                allocation::LABEL_JOB_KIND.to_string(),
+                shape.kind.as_str().to_ascii_lowercase(),
+            ),
             (allocation::LABEL_NODE.to_string(), slot.node.clone()),
         ]);
         let obj = Object {

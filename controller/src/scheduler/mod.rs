@@ -67,7 +67,9 @@ pub fn stamp(t: DateTime<Utc>) -> String {
 }
 
 pub fn parse_time(s: &str) -> Option<DateTime<Utc>> {
-    DateTime::parse_from_rfc3339(s).ok().map(|t| t.with_timezone(&Utc))
+    DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
 }
 
 /// Everything the scheduler wants done, as independent plans (one per node, one per job), so
@@ -106,14 +108,19 @@ fn orphans(state: &State, view: &ClusterView) -> Vec<Plan> {
             namespace: a.object.metadata.namespace.clone(),
             name: a.spec.job.name.clone(),
         };
-        let alive = state.get(&key).is_some_and(|j| j.metadata.uid == a.spec.job.uid);
+        let alive = state
+            .get(&key)
+            .is_some_and(|j| j.metadata.uid == a.spec.job.uid);
         if alive {
             continue;
         }
         let mut plan = Plan::default();
-        plan.guards.push((a.object.key(), a.object.metadata.resource_version));
+        plan.guards
+            .push((a.object.key(), a.object.metadata.resource_version));
         if a.status.phase.is_terminal() {
-            plan.writes.push(PlanWrite::Delete { key: a.object.key() });
+            plan.writes.push(PlanWrite::Delete {
+                key: a.object.key(),
+            });
         } else if a.spec.desired == Desired::Run {
             let mut obj = (*a.object).clone();
             let mut spec = a.spec.clone();

@@ -17,7 +17,9 @@ pub fn reconcile_nodes(view: &ClusterView, clock: &Clock, cfg: &SchedulerConfig)
     for node in view.nodes.values() {
         let mut plan = Plan::default();
         let stale = match parse_time(&node.status.last_heartbeat_time) {
-            Some(t) => clock.now.signed_duration_since(t) > cfg.node_grace && clock.now >= trusted_since,
+            Some(t) => {
+                clock.now.signed_duration_since(t) > cfg.node_grace && clock.now >= trusted_since
+            }
             None => clock.now >= trusted_since,
         };
         let mut ready = node.ready;
@@ -26,13 +28,22 @@ pub fn reconcile_nodes(view: &ClusterView, clock: &Clock, cfg: &SchedulerConfig)
             let mut status: NodeStatus = node.status.clone();
             let silent = since(&node.status.last_heartbeat_time, clock.now);
             let message = format!("no heartbeat for {silent}");
-            set_condition(&mut status.conditions, "Ready", false, "NodeStatusUnknown", &message, &clock.stamp);
-            plan.guards.push((node.object.key(), node.object.metadata.resource_version));
+            set_condition(
+                &mut status.conditions,
+                "Ready",
+                false,
+                "NodeStatusUnknown",
+                &message,
+                &clock.stamp,
+            );
+            plan.guards
+                .push((node.object.key(), node.object.metadata.resource_version));
             plan.writes.push(PlanWrite::Status {
                 key: node.object.key(),
                 status: status.to_value(),
             });
-            plan.events.push(event(&node.object, true, "NodeNotReady", &message));
+            plan.events
+                .push(event(&node.object, true, "NodeNotReady", &message));
         }
         if !ready {
             for a in view.allocations.iter().filter(|a| a.spec.node == node.name) {
@@ -44,7 +55,8 @@ pub fn reconcile_nodes(view: &ClusterView, clock: &Clock, cfg: &SchedulerConfig)
                 status.reason = "NodeLost".into();
                 status.message = format!("node {} is not Ready", node.name);
                 status.finished_at = clock.stamp.clone();
-                plan.guards.push((a.object.key(), a.object.metadata.resource_version));
+                plan.guards
+                    .push((a.object.key(), a.object.metadata.resource_version));
                 plan.writes.push(PlanWrite::Status {
                     key: a.object.key(),
                     status: status.to_value(),

@@ -32,7 +32,10 @@ pub struct Unplaceable {
     pub message: String,
 }
 
-pub fn place(req: &GangRequest, nodes: &BTreeMap<String, NodeView>) -> Result<Vec<RankSlot>, Unplaceable> {
+pub fn place(
+    req: &GangRequest,
+    nodes: &BTreeMap<String, NodeView>,
+) -> Result<Vec<RankSlot>, Unplaceable> {
     let mut why_not: Vec<String> = Vec::new();
     let mut free: Vec<(String, u64, Vec<u16>)> = Vec::new();
     for n in nodes.values() {
@@ -128,7 +131,12 @@ fn unplaceable(
 
 /// Bytes as people read them: 1.5Gi, 512Mi.
 pub fn human(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)];
+    const UNITS: [(&str, u64); 4] = [
+        ("Ti", 1 << 40),
+        ("Gi", 1 << 30),
+        ("Mi", 1 << 20),
+        ("Ki", 1 << 10),
+    ];
     for (unit, size) in UNITS {
         if bytes >= size {
             let v = bytes as f64 / size as f64;
@@ -173,7 +181,10 @@ mod tests {
                     allocatable_bytes: 64 * GI,
                     ..Default::default()
                 },
-                port_range: PortRange { start: 30000, end: 30003 },
+                port_range: PortRange {
+                    start: 30000,
+                    end: 30003,
+                },
                 ..Default::default()
             },
             ready,
@@ -213,7 +224,11 @@ mod tests {
         let err = place(&req(2, 8), &n).unwrap_err();
         assert!(err.message.contains("b is not Ready"), "{}", err.message);
         assert!(err.message.contains("c is cordoned"), "{}", err.message);
-        assert!(err.message.contains("a has 2Gi free (6Gi short)"), "{}", err.message);
+        assert!(
+            err.message.contains("a has 2Gi free (6Gi short)"),
+            "{}",
+            err.message
+        );
     }
 
     #[test]
@@ -221,7 +236,12 @@ mod tests {
         let n = nodes(vec![node("a", 64, true), node("b", 64, true)]);
         let mut r = req(2, 1);
         r.node_selector.insert("chip".into(), "m3".into());
-        assert!(place(&r, &n).unwrap_err().message.contains("does not have label chip=m3"));
+        assert!(
+            place(&r, &n)
+                .unwrap_err()
+                .message
+                .contains("does not have label chip=m3")
+        );
         let mut r = req(3, 1);
         r.exclusive = true;
         assert!(place(&r, &n).is_err(), "3 exclusive ranks need 3 Macs");

@@ -22,7 +22,9 @@ struct Sim {
 
 impl Sim {
     fn new() -> Sim {
-        let start = DateTime::parse_from_rfc3339("2026-06-01T00:00:00Z").map(|t| t.with_timezone(&Utc)).unwrap();
+        let start = DateTime::parse_from_rfc3339("2026-06-01T00:00:00Z")
+            .map(|t| t.with_timezone(&Utc))
+            .unwrap();
         Sim {
             state: State::default(),
             index: 0,
@@ -48,7 +50,12 @@ impl Sim {
 
     /// Let time pass while every node keeps heartbeating.
     fn run_for(&mut self, secs: i64) {
-        let names: Vec<String> = self.state.list("Node", "").iter().map(|n| n.metadata.name.clone()).collect();
+        let names: Vec<String> = self
+            .state
+            .list("Node", "")
+            .iter()
+            .map(|n| n.metadata.name.clone())
+            .collect();
         let mut left = secs;
         while left > 0 {
             let step = left.min(2);
@@ -86,30 +93,59 @@ impl Sim {
                 allocatable_bytes: allocatable_gi * GI,
                 ..Default::default()
             },
-            port_range: PortRange { start: 32323, end: 32330 },
+            port_range: PortRange {
+                start: 32323,
+                end: 32330,
+            },
             ..Default::default()
         };
-        set_condition(&mut status.conditions, "Ready", true, "NodeletReady", "", &stamp(self.now));
+        set_condition(
+            &mut status.conditions,
+            "Ready",
+            true,
+            "NodeletReady",
+            "",
+            &stamp(self.now),
+        );
         let node = Object {
             api_version: "tb/v1".into(),
             kind: "Node".into(),
-            metadata: ObjectMeta { name: name.into(), ..Default::default() },
+            metadata: ObjectMeta {
+                name: name.into(),
+                ..Default::default()
+            },
             spec: json!({}),
             status: status.to_value(),
         };
-        self.commit(Op::CreateToken { token_hash: "t".into(), expires_at: "2099-01-01T00:00:00.000Z".into(), description: String::new() });
-        let r = self.commit(Op::Join { token_hash: "t".into(), node, credential_hash: format!("c-{name}") });
+        self.commit(Op::CreateToken {
+            token_hash: "t".into(),
+            expires_at: "2099-01-01T00:00:00.000Z".into(),
+            description: String::new(),
+        });
+        let r = self.commit(Op::Join {
+            token_hash: "t".into(),
+            node,
+            credential_hash: format!("c-{name}"),
+        });
         assert!(matches!(r, Response::Status { .. }), "{r:?}");
     }
 
     fn heartbeat(&mut self, name: &str) {
         let status = self.node(name).status.clone();
-        let r = self.commit(Op::Heartbeat { node: name.into(), credential_hash: format!("c-{name}"), status });
+        let r = self.commit(Op::Heartbeat {
+            node: name.into(),
+            credential_hash: format!("c-{name}"),
+            status,
+        });
         assert!(matches!(r, Response::Status { .. }), "{r:?}");
     }
 
     fn node(&self, name: &str) -> Object {
-        let key = ObjectKey { kind: "Node".into(), namespace: String::new(), name: name.into() };
+        let key = ObjectKey {
+            kind: "Node".into(),
+            namespace: String::new(),
+            name: name.into(),
+        };
         (**self.state.get(&key).unwrap()).clone()
     }
 
@@ -117,7 +153,11 @@ impl Sim {
         let obj = Object {
             api_version: "tb/v1".into(),
             kind: kind.into(),
-            metadata: ObjectMeta { name: name.into(), namespace: "default".into(), ..Default::default() },
+            metadata: ObjectMeta {
+                name: name.into(),
+                namespace: "default".into(),
+                ..Default::default()
+            },
             spec,
             status: Value::Null,
         };
@@ -127,7 +167,11 @@ impl Sim {
     }
 
     fn job(&self, kind: &str, name: &str) -> JobStatus {
-        let key = ObjectKey { kind: kind.into(), namespace: "default".into(), name: name.into() };
+        let key = ObjectKey {
+            kind: kind.into(),
+            namespace: "default".into(),
+            name: name.into(),
+        };
         JobStatus::from_value(&self.state.get(&key).expect("job exists").status)
     }
 
@@ -144,7 +188,13 @@ impl Sim {
     }
 
     /// Play the nodelets: set the phase of every allocation matching `pick`.
-    fn set_phase(&mut self, pick: impl Fn(&AllocationSpec) -> bool, phase: AllocationPhase, exit: Option<i32>, reason: &str) {
+    fn set_phase(
+        &mut self,
+        pick: impl Fn(&AllocationSpec) -> bool,
+        phase: AllocationPhase,
+        exit: Option<i32>,
+        reason: &str,
+    ) {
         for (obj, spec, mut status) in self.allocs() {
             if !pick(&spec) {
                 continue;
@@ -152,18 +202,31 @@ impl Sim {
             status.phase = phase;
             status.exit_code = exit;
             status.reason = reason.into();
-            let r = self.commit(Op::UpdateStatus { key: obj.key(), status: status.to_value(), resource_version: 0 });
+            let r = self.commit(Op::UpdateStatus {
+                key: obj.key(),
+                status: status.to_value(),
+                resource_version: 0,
+            });
             assert!(matches!(r, Response::Status { .. }));
         }
     }
 
     /// Nodelets stop what they are told to stop.
     fn obey_stops(&mut self) {
-        self.set_phase(|s| s.desired == Desired::Stop, AllocationPhase::Stopped, None, "Stopped");
+        self.set_phase(
+            |s| s.desired == Desired::Stop,
+            AllocationPhase::Stopped,
+            None,
+            "Stopped",
+        );
     }
 
     fn events(&self) -> Vec<String> {
-        self.state.events.iter().map(|e| e.spec["reason"].as_str().unwrap_or("").to_string()).collect()
+        self.state
+            .events
+            .iter()
+            .map(|e| e.spec["reason"].as_str().unwrap_or("").to_string())
+            .collect()
     }
 }
 
@@ -186,7 +249,11 @@ fn gang_runs_to_completion() {
     assert_eq!(allocs.len(), 3);
     let mut nodes: Vec<_> = allocs.iter().map(|a| a.1.node.clone()).collect();
     nodes.sort();
-    assert_eq!(nodes, ["a", "b", "c"], "one rank per Mac while they have room");
+    assert_eq!(
+        nodes,
+        ["a", "b", "c"],
+        "one rank per Mac while they have room"
+    );
     let mlx = allocs[0].1.mlx.clone().unwrap();
     assert_eq!(mlx.hosts.len(), 3);
     assert!(mlx.hosts.iter().all(|h| h.ends_with(":32323")));
@@ -198,7 +265,10 @@ fn gang_runs_to_completion() {
     sim.settle();
     let status = sim.job("TrainingJob", "train");
     assert_eq!(status.phase, JobPhase::Succeeded);
-    assert_eq!(status.condition("Complete").map(|c| c.status.as_str()), Some("True"));
+    assert_eq!(
+        status.condition("Complete").map(|c| c.status.as_str()),
+        Some("True")
+    );
     assert_eq!(sim.settle(), 0, "nothing left to do");
     assert!(sim.events().contains(&"Completed".to_string()));
 }
@@ -212,8 +282,18 @@ fn failed_rank_restarts_the_gang_with_backoff_until_the_limit() {
     sim.apply_job("TrainingJob", "train", exec_job(2, "1Gi"));
     sim.settle();
     for restart in 1..=2u32 {
-        sim.set_phase(|s| s.desired == Desired::Run, AllocationPhase::Running, None, "");
-        sim.set_phase(|s| s.rank == 1 && s.desired == Desired::Run, AllocationPhase::Failed, Some(1), "Error");
+        sim.set_phase(
+            |s| s.desired == Desired::Run,
+            AllocationPhase::Running,
+            None,
+            "",
+        );
+        sim.set_phase(
+            |s| s.rank == 1 && s.desired == Desired::Run,
+            AllocationPhase::Failed,
+            Some(1),
+            "Error",
+        );
         sim.settle();
         let status = sim.job("TrainingJob", "train");
         assert_eq!(status.phase, JobPhase::Pending, "restart {restart}");
@@ -221,25 +301,41 @@ fn failed_rank_restarts_the_gang_with_backoff_until_the_limit() {
         assert_eq!(status.restarts, restart);
         let epoch = status.epoch;
         // Rank 0 is told to stop too: the gang restarts whole.
-        assert!(sim.allocs().iter().all(|a| a.1.epoch != epoch || a.1.desired == Desired::Stop || a.2.phase.is_terminal()));
+        assert!(sim.allocs().iter().all(|a| a.1.epoch != epoch
+            || a.1.desired == Desired::Stop
+            || a.2.phase.is_terminal()));
         sim.obey_stops();
         let wait = 10 * 2i64.pow(restart - 1);
         sim.run_for(wait - 1);
         sim.settle();
-        assert_eq!(sim.job("TrainingJob", "train").epoch, epoch, "still backing off");
+        assert_eq!(
+            sim.job("TrainingJob", "train").epoch,
+            epoch,
+            "still backing off"
+        );
         sim.run_for(1);
         sim.settle();
         let status = sim.job("TrainingJob", "train");
-        assert_eq!(status.epoch, epoch + 1, "placed again after {wait}s: {status:?}");
+        assert_eq!(
+            status.epoch,
+            epoch + 1,
+            "placed again after {wait}s: {status:?}"
+        );
         assert_eq!(status.phase, JobPhase::Scheduled);
-        assert!(sim.allocs().iter().all(|a| a.1.epoch == epoch + 1), "old epoch deleted once stopped");
+        assert!(
+            sim.allocs().iter().all(|a| a.1.epoch == epoch + 1),
+            "old epoch deleted once stopped"
+        );
     }
     sim.set_phase(|_| true, AllocationPhase::Failed, Some(1), "Error");
     sim.settle();
     let status = sim.job("TrainingJob", "train");
     assert_eq!(status.phase, JobPhase::Failed);
     assert_eq!(status.reason, "BackoffLimitExceeded");
-    assert_eq!(status.restarts, 2, "restarts counts the restarts that happened");
+    assert_eq!(
+        status.restarts, 2,
+        "restarts counts the restarts that happened"
+    );
 }
 
 #[test]
@@ -273,16 +369,26 @@ fn lost_node_moves_the_gang_without_using_a_retry() {
         sim.heartbeat("c");
         sim.settle();
     }
-    assert!(!NodeStatus::from_value(&sim.node("b").status).is_ready(), "b is NotReady after the grace");
+    assert!(
+        !NodeStatus::from_value(&sim.node("b").status).is_ready(),
+        "b is NotReady after the grace"
+    );
     assert!(NodeStatus::from_value(&sim.node("a").status).is_ready());
     sim.obey_stops();
     sim.settle();
     let status = sim.job("TrainingJob", "train");
     assert_eq!(status.epoch, 2, "{status:?}");
     assert_eq!(status.restarts, 0);
-    let live: Vec<_> = sim.allocs().into_iter().filter(|a| a.1.epoch == 2).collect();
+    let live: Vec<_> = sim
+        .allocs()
+        .into_iter()
+        .filter(|a| a.1.epoch == 2)
+        .collect();
     assert_eq!(live.len(), 3);
-    assert!(live.iter().all(|a| a.1.node != "b"), "nothing placed on the lost Mac");
+    assert!(
+        live.iter().all(|a| a.1.node != "b"),
+        "nothing placed on the lost Mac"
+    );
     assert!(sim.events().contains(&"NodeNotReady".to_string()));
 }
 
@@ -293,7 +399,10 @@ fn new_leader_waits_a_grace_before_judging_nodes() {
     sim.advance(600);
     sim.leader_since = sim.now;
     sim.settle();
-    assert!(NodeStatus::from_value(&sim.node("a").status).is_ready(), "no heartbeat was due to this leader yet");
+    assert!(
+        NodeStatus::from_value(&sim.node("a").status).is_ready(),
+        "no heartbeat was due to this leader yet"
+    );
     sim.advance(11);
     sim.settle();
     assert!(!NodeStatus::from_value(&sim.node("a").status).is_ready());
@@ -309,11 +418,26 @@ fn too_big_stays_pending_with_the_reason() {
     let status = sim.job("TrainingJob", "big");
     assert_eq!(status.phase, JobPhase::Pending);
     assert_eq!(status.reason, "Unschedulable");
-    assert!(status.message.contains("a has 8Gi free (4Gi short)"), "{}", status.message);
+    assert!(
+        status.message.contains("a has 8Gi free (4Gi short)"),
+        "{}",
+        status.message
+    );
     assert!(sim.allocs().is_empty(), "all or nothing");
-    let events = sim.events().iter().filter(|r| *r == "FailedScheduling").count();
+    let events = sim
+        .events()
+        .iter()
+        .filter(|r| *r == "FailedScheduling")
+        .count();
     sim.settle();
-    assert_eq!(sim.events().iter().filter(|r| *r == "FailedScheduling").count(), events, "no repeat while unchanged");
+    assert_eq!(
+        sim.events()
+            .iter()
+            .filter(|r| *r == "FailedScheduling")
+            .count(),
+        events,
+        "no repeat while unchanged"
+    );
 }
 
 #[test]
@@ -327,7 +451,11 @@ fn memory_is_never_overcommitted() {
     assert_eq!(sim.job("TrainingJob", "two").phase, JobPhase::Pending);
     sim.set_phase(|_| true, AllocationPhase::Succeeded, Some(0), "");
     sim.settle();
-    assert_eq!(sim.job("TrainingJob", "two").phase, JobPhase::Scheduled, "placed once the memory was freed");
+    assert_eq!(
+        sim.job("TrainingJob", "two").phase,
+        JobPhase::Scheduled,
+        "placed once the memory was freed"
+    );
 }
 
 #[test]
@@ -336,8 +464,15 @@ fn deleted_job_has_its_allocations_stopped_then_removed() {
     sim.add_node("a", 10);
     sim.apply_job("TrainingJob", "gone", exec_job(1, "1Gi"));
     sim.settle();
-    let key = ObjectKey { kind: "TrainingJob".into(), namespace: "default".into(), name: "gone".into() };
-    sim.commit(Op::Delete { key, resource_version: 0 });
+    let key = ObjectKey {
+        kind: "TrainingJob".into(),
+        namespace: "default".into(),
+        name: "gone".into(),
+    };
+    sim.commit(Op::Delete {
+        key,
+        resource_version: 0,
+    });
     sim.settle();
     assert!(sim.allocs().iter().all(|a| a.1.desired == Desired::Stop));
     sim.obey_stops();
@@ -357,7 +492,11 @@ fn ttl_deletes_a_finished_job() {
     sim.settle();
     sim.advance(31);
     sim.settle();
-    let key = ObjectKey { kind: "TrainingJob".into(), namespace: "default".into(), name: "short".into() };
+    let key = ObjectKey {
+        kind: "TrainingJob".into(),
+        namespace: "default".into(),
+        name: "short".into(),
+    };
     assert!(sim.state.get(&key).is_none());
     assert!(sim.allocs().is_empty());
 }
@@ -374,7 +513,9 @@ fn draining_a_node_moves_its_work() {
     let on = sim.allocs()[0].1.node.clone();
     let mut node = sim.node(&on);
     node.spec = json!({"unschedulable": true, "taints": ["tb/drain=true:NoExecute"]});
-    let r = sim.commit(Op::Apply { objects: vec![tb_api::validate_object(&node).unwrap()] });
+    let r = sim.commit(Op::Apply {
+        objects: vec![tb_api::validate_object(&node).unwrap()],
+    });
     assert!(matches!(r, Response::Applied { .. }), "{r:?}");
     sim.settle();
     sim.obey_stops();
@@ -382,5 +523,10 @@ fn draining_a_node_moves_its_work() {
     let status = sim.job("TrainingJob", "train");
     assert_eq!(status.epoch, 2);
     assert_eq!(status.restarts, 0);
-    assert!(sim.allocs().iter().filter(|a| a.1.epoch == 2).all(|a| a.1.node != on));
+    assert!(
+        sim.allocs()
+            .iter()
+            .filter(|a| a.1.epoch == 2)
+            .all(|a| a.1.node != on)
+    );
 }

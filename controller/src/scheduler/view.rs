@@ -110,9 +110,16 @@ impl ClusterView {
     }
 
     /// A job's allocations (any epoch).
-    pub fn allocations_of<'a>(&'a self, namespace: &'a str, kind: &'a str, name: &'a str) -> impl Iterator<Item = &'a Alloc> {
+    pub fn allocations_of<'a>(
+        &'a self,
+        namespace: &'a str,
+        kind: &'a str,
+        name: &'a str,
+    ) -> impl Iterator<Item = &'a Alloc> {
         self.allocations.iter().filter(move |a| {
-            a.object.metadata.namespace == namespace && a.spec.job.kind == kind && a.spec.job.name == name
+            a.object.metadata.namespace == namespace
+                && a.spec.job.kind == kind
+                && a.spec.job.name == name
         })
     }
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 use tb_api::proto::cluster_client::ClusterClient;
 use tb_api::proto::cluster_server::Cluster;
 use tb_api::proto::{
-    AddMemberRequest, AddMemberResponse, ClusterStatusRequest, ClusterStatusResponse, RemoveMemberRequest,
-    RemoveMemberResponse,
+    AddMemberRequest, AddMemberResponse, ClusterStatusRequest, ClusterStatusResponse,
+    RemoveMemberRequest, RemoveMemberResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -23,11 +23,12 @@ impl ClusterService {
     }
 
     /// Membership changes run on the leader; a follower passes the request on.
-    async fn leader_client(&self) -> Result<Option<ClusterClient<tonic::transport::Channel>>, Status> {
-        let (leader, addr) = self
-            .node
-            .leader()
-            .ok_or_else(|| Status::unavailable("no leader is elected (is a majority of controllers up?)"))?;
+    async fn leader_client(
+        &self,
+    ) -> Result<Option<ClusterClient<tonic::transport::Channel>>, Status> {
+        let (leader, addr) = self.node.leader().ok_or_else(|| {
+            Status::unavailable("no leader is elected (is a majority of controllers up?)")
+        })?;
         if leader == self.node.id {
             return Ok(None);
         }
@@ -48,17 +49,25 @@ fn check_address(addr: &str) -> Result<(), Status> {
     if ok {
         Ok(())
     } else {
-        Err(Status::invalid_argument(format!("address: expected HOST:PORT, got {addr:?}")))
+        Err(Status::invalid_argument(format!(
+            "address: expected HOST:PORT, got {addr:?}"
+        )))
     }
 }
 
 #[tonic::async_trait]
 impl Cluster for ClusterService {
-    async fn status(&self, _req: Request<ClusterStatusRequest>) -> Result<Response<ClusterStatusResponse>, Status> {
+    async fn status(
+        &self,
+        _req: Request<ClusterStatusRequest>,
+    ) -> Result<Response<ClusterStatusResponse>, Status> {
         Ok(Response::new(self.node.cluster_status().await))
     }
 
-    async fn add_member(&self, req: Request<AddMemberRequest>) -> Result<Response<AddMemberResponse>, Status> {
+    async fn add_member(
+        &self,
+        req: Request<AddMemberRequest>,
+    ) -> Result<Response<AddMemberResponse>, Status> {
         let req = req.into_inner();
         if req.id == 0 {
             return Err(Status::invalid_argument("id: controller ids start at 1"));
@@ -76,7 +85,10 @@ impl Cluster for ClusterService {
         }))
     }
 
-    async fn remove_member(&self, req: Request<RemoveMemberRequest>) -> Result<Response<RemoveMemberResponse>, Status> {
+    async fn remove_member(
+        &self,
+        req: Request<RemoveMemberRequest>,
+    ) -> Result<Response<RemoveMemberResponse>, Status> {
         let req = req.into_inner();
         if let Some(mut leader) = self.leader_client().await? {
             return leader.remove_member(req).await;

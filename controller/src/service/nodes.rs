@@ -13,8 +13,8 @@ use sha2::{Digest, Sha256};
 use tb_api::proto::nodelet_client::NodeletClient;
 use tb_api::proto::nodes_server::Nodes;
 use tb_api::proto::{
-    CreateTokenRequest, CreateTokenResponse, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse,
-    LogLine, LogsRequest,
+    CreateTokenRequest, CreateTokenResponse, HeartbeatRequest, HeartbeatResponse, JoinRequest,
+    JoinResponse, LogLine, LogsRequest,
 };
 use tb_api::status::{JobStatus, NodeStatus};
 use tb_api::{Kind, Object, ObjectKey};
@@ -74,8 +74,13 @@ impl Nodes for NodesService {
         req: Request<CreateTokenRequest>,
     ) -> Result<TonicResponse<CreateTokenResponse>, Status> {
         let req = req.into_inner();
-        let ttl = if req.ttl_seconds == 0 { DEFAULT_TOKEN_TTL } else { req.ttl_seconds };
-        let ttl = i64::try_from(ttl).map_err(|_| Status::invalid_argument("ttlSeconds: too large"))?;
+        let ttl = if req.ttl_seconds == 0 {
+            DEFAULT_TOKEN_TTL
+        } else {
+            req.ttl_seconds
+        };
+        let ttl =
+            i64::try_from(ttl).map_err(|_| Status::invalid_argument("ttlSeconds: too large"))?;
         let expires = chrono::Utc::now()
             .checked_add_signed(chrono::TimeDelta::seconds(ttl))
             .ok_or_else(|| Status::invalid_argument("ttlSeconds: too large"))?;
@@ -87,13 +92,18 @@ impl Nodes for NodesService {
             description: req.description,
         })
         .await?;
-        Ok(TonicResponse::new(CreateTokenResponse { token, expires_at }))
+        Ok(TonicResponse::new(CreateTokenResponse {
+            token,
+            expires_at,
+        }))
     }
 
     async fn join(&self, req: Request<JoinRequest>) -> Result<TonicResponse<JoinResponse>, Status> {
         let req = req.into_inner();
         if req.token.is_empty() {
-            return Err(Status::unauthenticated("a join token is required (tbctl token create)"));
+            return Err(Status::unauthenticated(
+                "a join token is required (tbctl token create)",
+            ));
         }
         let node = tb_api::load::parse_object_json(&req.node_json)
             .map_err(|e| Status::invalid_argument(format!("node: {e}")))?;
@@ -117,11 +127,15 @@ impl Nodes for NodesService {
         }
     }
 
-    async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<TonicResponse<HeartbeatResponse>, Status> {
+    async fn heartbeat(
+        &self,
+        req: Request<HeartbeatRequest>,
+    ) -> Result<TonicResponse<HeartbeatResponse>, Status> {
         let req = req.into_inner();
         let status: serde_json::Value = serde_json::from_str(&req.status_json)
             .map_err(|e| Status::invalid_argument(format!("status: not valid JSON: {e}")))?;
-        tb_api::validate::validate_status(Kind::Node, &status).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        tb_api::validate::validate_status(Kind::Node, &status)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         self.commit(Op::Heartbeat {
             node: req.node,
             credential_hash: hash_secret(&req.credential),
@@ -135,12 +149,21 @@ impl Nodes for NodesService {
 
     type LogsStream = LogStream;
 
-    async fn logs(&self, req: Request<LogsRequest>) -> Result<TonicResponse<Self::LogsStream>, Status> {
+    async fn logs(
+        &self,
+        req: Request<LogsRequest>,
+    ) -> Result<TonicResponse<Self::LogsStream>, Status> {
         let req = req.into_inner();
         let kind = Kind::parse(&req.kind)
             .filter(|k| matches!(k, Kind::TrainingJob | Kind::InferenceService))
-            .ok_or_else(|| Status::invalid_argument("kind: expected TrainingJob or InferenceService"))?;
-        let namespace = if req.namespace.is_empty() { "default".to_string() } else { req.namespace.clone() };
+            .ok_or_else(|| {
+                Status::invalid_argument("kind: expected TrainingJob or InferenceService")
+            })?;
+        let namespace = if req.namespace.is_empty() {
+            "default".to_string()
+        } else {
+            req.namespace.clone()
+        };
         let key = ObjectKey {
             kind: kind.as_str().into(),
             namespace: namespace.clone(),
@@ -156,7 +179,11 @@ impl Nodes for NodesService {
             if status.placement.is_empty() {
                 return Err(Status::failed_precondition(format!(
                     "{key} has not been placed yet ({}): no logs",
-                    if status.reason.is_empty() { "Pending" } else { &status.reason }
+                    if status.reason.is_empty() {
+                        "Pending"
+                    } else {
+                        &status.reason
+                    }
                 )));
             }
             if req.rank >= 0 && !status.placement.iter().any(|p| p.rank as i32 == req.rank) {
@@ -171,11 +198,15 @@ impl Nodes for NodesService {
                 .iter()
                 .filter(|p| req.rank < 0 || p.rank as i32 == req.rank)
                 .map(|p| {
-                    let address = node_address(&state.get(&ObjectKey {
-                        kind: Kind::Node.as_str().into(),
-                        namespace: String::new(),
-                        name: p.node.clone(),
-                    }).map(|o| (**o).clone()));
+                    let address = node_address(
+                        &state
+                            .get(&ObjectKey {
+                                kind: Kind::Node.as_str().into(),
+                                namespace: String::new(),
+                                name: p.node.clone(),
+                            })
+                            .map(|o| (**o).clone()),
+                    );
                     (p.rank, p.allocation.clone(), address)
                 })
                 .collect()

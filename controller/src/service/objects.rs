@@ -8,9 +8,9 @@ use futures::Stream;
 use serde_json::Value;
 use tb_api::proto::objects_server::Objects;
 use tb_api::proto::{
-    ApplyRequest, ApplyResponse, ApplyResult as PbApplyResult, DeleteRequest, DeleteResponse, GetRequest,
-    GetResponse, ListRequest, ListResponse, RecordEventRequest, RecordEventResponse, UpdateStatusRequest,
-    UpdateStatusResponse, WatchEvent, WatchRequest,
+    ApplyRequest, ApplyResponse, ApplyResult as PbApplyResult, DeleteRequest, DeleteResponse,
+    GetRequest, GetResponse, ListRequest, ListResponse, RecordEventRequest, RecordEventResponse,
+    UpdateStatusRequest, UpdateStatusResponse, WatchEvent, WatchRequest,
 };
 use tb_api::selector::LabelSelector;
 use tb_api::{Kind, Object, ObjectKey};
@@ -98,17 +98,26 @@ fn parse_selector(s: &str) -> Result<LabelSelector, Status> {
 }
 
 fn request_id(id: String) -> String {
-    if id.is_empty() { uuid::Uuid::new_v4().to_string() } else { id }
+    if id.is_empty() {
+        uuid::Uuid::new_v4().to_string()
+    } else {
+        id
+    }
 }
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Objects for ObjectsService {
-    async fn apply(&self, req: Request<ApplyRequest>) -> Result<TonicResponse<ApplyResponse>, Status> {
+    async fn apply(
+        &self,
+        req: Request<ApplyRequest>,
+    ) -> Result<TonicResponse<ApplyResponse>, Status> {
         let req = req.into_inner();
         if req.objects_json.is_empty() {
-            return Err(Status::invalid_argument("objects: at least one object is required"));
+            return Err(Status::invalid_argument(
+                "objects: at least one object is required",
+            ));
         }
         if req.objects_json.len() > MAX_OBJECTS_PER_APPLY {
             return Err(Status::invalid_argument(format!(
@@ -152,12 +161,18 @@ impl Objects for ObjectsService {
                 resource_version: state.revision,
             }));
         }
-        match self.commit(request_id(req.request_id), Op::Apply { objects }).await? {
+        match self
+            .commit(request_id(req.request_id), Op::Apply { objects })
+            .await?
+        {
             Response::Applied {
                 results,
                 resource_version,
             } => Ok(TonicResponse::new(ApplyResponse {
-                results: results.iter().map(|r| pb_result(r.outcome.as_str(), &r.object)).collect(),
+                results: results
+                    .iter()
+                    .map(|r| pb_result(r.outcome.as_str(), &r.object))
+                    .collect(),
                 resource_version,
             })),
             r => Err(unexpected(r)),
@@ -181,7 +196,11 @@ impl Objects for ObjectsService {
         let req = req.into_inner();
         let kind = parse_kind(&req.kind, "kind")?;
         let selector = parse_selector(&req.label_selector)?;
-        let namespace = if kind.is_namespaced() { req.namespace } else { String::new() };
+        let namespace = if kind.is_namespaced() {
+            req.namespace
+        } else {
+            String::new()
+        };
         self.read_barrier(req.stale).await?;
         let state = self.node.store().read();
         let objects_json = state
@@ -196,11 +215,16 @@ impl Objects for ObjectsService {
         }))
     }
 
-    async fn delete(&self, req: Request<DeleteRequest>) -> Result<TonicResponse<DeleteResponse>, Status> {
+    async fn delete(
+        &self,
+        req: Request<DeleteRequest>,
+    ) -> Result<TonicResponse<DeleteResponse>, Status> {
         let req = req.into_inner();
         let key = object_key(&req.kind, &req.namespace, &req.name)?;
         if key.kind == Kind::Event.as_str() {
-            return Err(Status::invalid_argument("kind: Events expire on their own and cannot be deleted"));
+            return Err(Status::invalid_argument(
+                "kind: Events expire on their own and cannot be deleted",
+            ));
         }
         let op = Op::Delete {
             key,
@@ -227,7 +251,8 @@ impl Objects for ObjectsService {
         let kind = parse_kind(&req.kind, "kind")?;
         let status: Value = serde_json::from_str(&req.status_json)
             .map_err(|e| Status::invalid_argument(format!("status: not valid JSON: {e}")))?;
-        tb_api::validate::validate_status(kind, &status).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        tb_api::validate::validate_status(kind, &status)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let op = Op::UpdateStatus {
             key,
             status,
@@ -252,11 +277,15 @@ impl Objects for ObjectsService {
             // The store names events; validation wants a name meanwhile.
             raw.metadata.name = "event".into();
         }
-        let event = tb_api::validate::validate_object(&raw).map_err(|e| Status::invalid_argument(format!("event: {e}")))?;
+        let event = tb_api::validate::validate_object(&raw)
+            .map_err(|e| Status::invalid_argument(format!("event: {e}")))?;
         if event.kind != Kind::Event.as_str() {
             return Err(Status::invalid_argument("event: kind: expected Event"));
         }
-        match self.commit(request_id(req.request_id), Op::RecordEvent { event }).await? {
+        match self
+            .commit(request_id(req.request_id), Op::RecordEvent { event })
+            .await?
+        {
             Response::Event { object } => Ok(TonicResponse::new(RecordEventResponse {
                 event_json: object.to_json(),
             })),
@@ -266,7 +295,10 @@ impl Objects for ObjectsService {
 
     type WatchStream = WatchStream;
 
-    async fn watch(&self, req: Request<WatchRequest>) -> Result<TonicResponse<Self::WatchStream>, Status> {
+    async fn watch(
+        &self,
+        req: Request<WatchRequest>,
+    ) -> Result<TonicResponse<Self::WatchStream>, Status> {
         let req = req.into_inner();
         let kind = if req.kind.is_empty() {
             None

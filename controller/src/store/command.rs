@@ -96,8 +96,13 @@ pub enum PlanWrite {
     /// Create, or replace metadata labels/annotations, spec and status of, an object.
     Put(Object),
     /// Replace only the status.
-    Status { key: ObjectKey, status: Value },
-    Delete { key: ObjectKey },
+    Status {
+        key: ObjectKey,
+        status: Value,
+    },
+    Delete {
+        key: ObjectKey,
+    },
 }
 
 /// What applying a command produced, returned to the client that proposed it.
@@ -157,7 +162,9 @@ pub struct ApplyResult {
 pub enum StoreError {
     #[error("{0} not found")]
     NotFound(String),
-    #[error("conflict on {key}: the object has resourceVersion {current}, the request expected {expected}; re-read it and retry")]
+    #[error(
+        "conflict on {key}: the object has resourceVersion {current}, the request expected {expected}; re-read it and retry"
+    )]
     Conflict {
         key: String,
         expected: u64,

@@ -96,8 +96,10 @@ impl State {
                 ..
             } => {
                 // Timestamps share one format (UTC, "Z"), so string order is time order.
-                self.join_tokens.retain(|_, exp| exp.as_str() > cmd.now.as_str());
-                self.join_tokens.insert(token_hash.clone(), expires_at.clone());
+                self.join_tokens
+                    .retain(|_, exp| exp.as_str() > cmd.now.as_str());
+                self.join_tokens
+                    .insert(token_hash.clone(), expires_at.clone());
                 (Response::TokenCreated, Vec::new())
             }
             Op::Join {
@@ -239,7 +241,9 @@ impl State {
                     obj.status = cur.status.clone();
                     self.insert(obj, ChangeKind::Modified, &mut changes)
                 }
-                (_, None) => unreachable!("plan_apply pairs Configured/Unchanged with a current object"),
+                (_, None) => {
+                    unreachable!("plan_apply pairs Configured/Unchanged with a current object")
+                }
             };
             results.push(ApplyResult {
                 outcome: step.outcome,
@@ -319,17 +323,19 @@ impl State {
             Err(e) => return (Response::Rejected(e), Vec::new()),
         };
         if &cur.status == status {
-            return (Response::Status { object: cur.clone() }, Vec::new());
+            return (
+                Response::Status {
+                    object: cur.clone(),
+                },
+                Vec::new(),
+            );
         }
         let mut obj = (*cur).clone();
         obj.status = status.clone();
         obj.metadata.resource_version = index;
         let mut changes = Vec::new();
         let stored = self.insert(obj, ChangeKind::Modified, &mut changes);
-        (
-            Response::Status { object: stored },
-            changes,
-        )
+        (Response::Status { object: stored }, changes)
     }
 
     fn record_event(&mut self, index: u64, now: &str, event: &Object) -> (Response, Vec<Change>) {
@@ -400,15 +406,15 @@ impl State {
             }
             obj
         };
-        (
-            Response::Event { object: stored },
-            changes,
-        )
+        (Response::Event { object: stored }, changes)
     }
 
     fn apply_plan(&mut self, index: u64, now: &str, plan: &Plan) -> (Response, Vec<Change>) {
         for (key, expected) in &plan.guards {
-            let current = self.get(key).map(|o| o.metadata.resource_version).unwrap_or(0);
+            let current = self
+                .get(key)
+                .map(|o| o.metadata.resource_version)
+                .unwrap_or(0);
             if current != *expected {
                 let err = StoreError::Conflict {
                     key: key.to_string(),
@@ -428,8 +434,10 @@ impl State {
                     let kind = match current {
                         Some(cur) => {
                             obj.metadata.uid = cur.metadata.uid.clone();
-                            obj.metadata.creation_timestamp = cur.metadata.creation_timestamp.clone();
-                            obj.metadata.generation = cur.metadata.generation + u64::from(cur.spec != obj.spec);
+                            obj.metadata.creation_timestamp =
+                                cur.metadata.creation_timestamp.clone();
+                            obj.metadata.generation =
+                                cur.metadata.generation + u64::from(cur.spec != obj.spec);
                             ChangeKind::Modified
                         }
                         None => {
@@ -519,10 +527,7 @@ impl State {
         let stored = self.insert(obj, kind, &mut changes);
         self.node_credentials
             .insert(key.name.clone(), credential_hash.to_string());
-        (
-            Response::Status { object: stored },
-            changes,
-        )
+        (Response::Status { object: stored }, changes)
     }
 
     fn heartbeat(
@@ -534,7 +539,9 @@ impl State {
         status: &Value,
     ) -> (Response, Vec<Change>) {
         if self.node_credentials.get(node).map(String::as_str) != Some(credential_hash) {
-            let err = StoreError::Unauthenticated(format!("node {node}: unknown node or wrong credential"));
+            let err = StoreError::Unauthenticated(format!(
+                "node {node}: unknown node or wrong credential"
+            ));
             return (Response::Rejected(err), Vec::new());
         }
         let key = ObjectKey {
@@ -543,7 +550,10 @@ impl State {
             name: node.to_string(),
         };
         let Some(cur) = self.objects.get(&key.storage_key()) else {
-            return (Response::Rejected(StoreError::NotFound(key.to_string())), Vec::new());
+            return (
+                Response::Rejected(StoreError::NotFound(key.to_string())),
+                Vec::new(),
+            );
         };
         let mut obj = (**cur).clone();
         obj.status = status.clone();
@@ -551,10 +561,7 @@ impl State {
         obj.metadata.resource_version = index;
         let mut changes = Vec::new();
         let stored = self.insert(obj, ChangeKind::Modified, &mut changes);
-        (
-            Response::Status { object: stored },
-            changes,
-        )
+        (Response::Status { object: stored }, changes)
     }
 
     fn remember(&mut self, request_id: String, response: Response) {
@@ -648,15 +655,25 @@ mod tests {
     #[test]
     fn create_configure_unchanged_and_generation() {
         let mut s = State::default();
-        let (r, ch) = s.apply(5, &cmd("a", apply(vec![obj("Model", "m", json!({"layers": 1}))])));
-        let Response::Applied { results, .. } = r else { panic!("{r:?}") };
+        let (r, ch) = s.apply(
+            5,
+            &cmd("a", apply(vec![obj("Model", "m", json!({"layers": 1}))])),
+        );
+        let Response::Applied { results, .. } = r else {
+            panic!("{r:?}")
+        };
         assert_eq!(results[0].outcome, Outcome::Created);
         assert_eq!(results[0].object.metadata.generation, 1);
         assert_eq!(results[0].object.metadata.resource_version, 5);
         assert_eq!(ch.len(), 1);
 
-        let (r, ch) = s.apply(6, &cmd("b", apply(vec![obj("Model", "m", json!({"layers": 1}))])));
-        let Response::Applied { results, .. } = r else { panic!() };
+        let (r, ch) = s.apply(
+            6,
+            &cmd("b", apply(vec![obj("Model", "m", json!({"layers": 1}))])),
+        );
+        let Response::Applied { results, .. } = r else {
+            panic!()
+        };
         assert_eq!(results[0].outcome, Outcome::Unchanged);
         assert_eq!(results[0].object.metadata.resource_version, 5);
         assert!(ch.is_empty());
@@ -664,12 +681,22 @@ mod tests {
         let mut labelled = obj("Model", "m", json!({"layers": 1}));
         labelled.metadata.labels.insert("a".into(), "b".into());
         let (r, _) = s.apply(7, &cmd("c", apply(vec![labelled])));
-        let Response::Applied { results, .. } = r else { panic!() };
+        let Response::Applied { results, .. } = r else {
+            panic!()
+        };
         assert_eq!(results[0].outcome, Outcome::Configured);
-        assert_eq!(results[0].object.metadata.generation, 1, "labels are not spec");
+        assert_eq!(
+            results[0].object.metadata.generation, 1,
+            "labels are not spec"
+        );
 
-        let (r, _) = s.apply(8, &cmd("d", apply(vec![obj("Model", "m", json!({"layers": 2}))])));
-        let Response::Applied { results, .. } = r else { panic!() };
+        let (r, _) = s.apply(
+            8,
+            &cmd("d", apply(vec![obj("Model", "m", json!({"layers": 2}))])),
+        );
+        let Response::Applied { results, .. } = r else {
+            panic!()
+        };
         assert_eq!(results[0].object.metadata.generation, 2);
         assert_eq!(results[0].object.metadata.resource_version, 8);
     }
@@ -677,12 +704,25 @@ mod tests {
     #[test]
     fn stale_resource_version_conflicts_and_changes_nothing() {
         let mut s = State::default();
-        s.apply(3, &cmd("", apply(vec![obj("Model", "m", json!({"layers": 1}))])));
+        s.apply(
+            3,
+            &cmd("", apply(vec![obj("Model", "m", json!({"layers": 1}))])),
+        );
         let mut stale = obj("Model", "m", json!({"layers": 9}));
         stale.metadata.resource_version = 2;
         let before = s.objects.clone();
-        let (r, ch) = s.apply(4, &cmd("", apply(vec![obj("Model", "n", json!({})), stale])));
-        assert!(matches!(r, Response::Rejected(StoreError::Conflict { current: 3, expected: 2, .. })));
+        let (r, ch) = s.apply(
+            4,
+            &cmd("", apply(vec![obj("Model", "n", json!({})), stale])),
+        );
+        assert!(matches!(
+            r,
+            Response::Rejected(StoreError::Conflict {
+                current: 3,
+                expected: 2,
+                ..
+            })
+        ));
         assert!(ch.is_empty());
         assert_eq!(s.objects, before, "all or none");
     }
@@ -695,21 +735,45 @@ mod tests {
         let (second, ch) = s.apply(2, &c);
         assert_eq!(first, second);
         assert!(ch.is_empty());
-        assert_eq!(s.get(&obj("Model", "m", json!(null)).key()).map(|o| o.metadata.resource_version), Some(1));
+        assert_eq!(
+            s.get(&obj("Model", "m", json!(null)).key())
+                .map(|o| o.metadata.resource_version),
+            Some(1)
+        );
     }
 
     #[test]
     fn status_is_separate_from_spec() {
         let mut s = State::default();
-        s.apply(1, &cmd("", apply(vec![obj("Model", "m", json!({"layers": 1}))])));
+        s.apply(
+            1,
+            &cmd("", apply(vec![obj("Model", "m", json!({"layers": 1}))])),
+        );
         let key = obj("Model", "m", json!(null)).key();
-        let (r, _) = s.apply(2, &cmd("", Op::UpdateStatus { key: key.clone(), status: json!({"phase": "Ready"}), resource_version: 0 }));
-        let Response::Status { object } = r else { panic!() };
+        let (r, _) = s.apply(
+            2,
+            &cmd(
+                "",
+                Op::UpdateStatus {
+                    key: key.clone(),
+                    status: json!({"phase": "Ready"}),
+                    resource_version: 0,
+                },
+            ),
+        );
+        let Response::Status { object } = r else {
+            panic!()
+        };
         assert_eq!(object.metadata.generation, 1);
         assert_eq!(object.status, json!({"phase": "Ready"}));
         // A later apply keeps the status.
-        let (r, _) = s.apply(3, &cmd("", apply(vec![obj("Model", "m", json!({"layers": 2}))])));
-        let Response::Applied { results, .. } = r else { panic!() };
+        let (r, _) = s.apply(
+            3,
+            &cmd("", apply(vec![obj("Model", "m", json!({"layers": 2}))])),
+        );
+        let Response::Applied { results, .. } = r else {
+            panic!()
+        };
         assert_eq!(results[0].object.status, json!({"phase": "Ready"}));
     }
 
@@ -718,10 +782,34 @@ mod tests {
         let mut s = State::default();
         s.apply(1, &cmd("", apply(vec![obj("Model", "m", json!({}))])));
         let key = obj("Model", "m", json!(null)).key();
-        let (r, ch) = s.apply(2, &cmd("", Op::Delete { key: key.clone(), resource_version: 0 }));
-        assert!(matches!(r, Response::Deleted { resource_version: 2, .. }));
+        let (r, ch) = s.apply(
+            2,
+            &cmd(
+                "",
+                Op::Delete {
+                    key: key.clone(),
+                    resource_version: 0,
+                },
+            ),
+        );
+        assert!(matches!(
+            r,
+            Response::Deleted {
+                resource_version: 2,
+                ..
+            }
+        ));
         assert_eq!(ch[0].kind, ChangeKind::Deleted);
-        let (r, _) = s.apply(3, &cmd("", Op::Delete { key, resource_version: 0 }));
+        let (r, _) = s.apply(
+            3,
+            &cmd(
+                "",
+                Op::Delete {
+                    key,
+                    resource_version: 0,
+                },
+            ),
+        );
         assert!(matches!(r, Response::Rejected(StoreError::NotFound(_))));
     }
 
@@ -729,17 +817,31 @@ mod tests {
     fn events_aggregate_and_stay_bounded() {
         let mut s = State::default();
         let ev = |msg: &str| {
-            let mut e = obj("Event", "x", json!({"type": "Normal", "reason": "R", "message": msg, "involvedObject": {"kind": "Model", "name": "m"}}));
+            let mut e = obj(
+                "Event",
+                "x",
+                json!({"type": "Normal", "reason": "R", "message": msg, "involvedObject": {"kind": "Model", "name": "m"}}),
+            );
             e.metadata.name = String::new();
             e
         };
         s.apply(1, &cmd("", Op::RecordEvent { event: ev("hello") }));
         let (r, _) = s.apply(2, &cmd("", Op::RecordEvent { event: ev("hello") }));
-        let Response::Event { object } = r else { panic!() };
+        let Response::Event { object } = r else {
+            panic!()
+        };
         assert_eq!(object.spec["count"], 2);
         assert_eq!(s.events.len(), 1);
         for i in 0..(MAX_EVENTS + 10) {
-            s.apply(10 + i as u64, &cmd("", Op::RecordEvent { event: ev(&format!("m{i}")) }));
+            s.apply(
+                10 + i as u64,
+                &cmd(
+                    "",
+                    Op::RecordEvent {
+                        event: ev(&format!("m{i}")),
+                    },
+                ),
+            );
         }
         assert_eq!(s.events.len(), MAX_EVENTS);
     }
@@ -747,25 +849,45 @@ mod tests {
     #[test]
     fn plan_applies_whole_or_not_at_all() {
         let mut s = State::default();
-        s.apply(1, &cmd("", apply(vec![obj("TrainingJob", "j", json!({"ranks": 1}))])));
+        s.apply(
+            1,
+            &cmd(
+                "",
+                apply(vec![obj("TrainingJob", "j", json!({"ranks": 1}))]),
+            ),
+        );
         let job = obj("TrainingJob", "j", json!(null)).key();
         let alloc = obj("Allocation", "j-0", json!({"rank": 0}));
         let plan = Plan {
             guards: vec![(job.clone(), 1), (alloc.key(), 0)],
             writes: vec![
                 PlanWrite::Put(alloc.clone()),
-                PlanWrite::Status { key: job.clone(), status: json!({"phase": "Scheduled"}) },
+                PlanWrite::Status {
+                    key: job.clone(),
+                    status: json!({"phase": "Scheduled"}),
+                },
             ],
             events: vec![],
         };
         let (r, ch) = s.apply(2, &cmd("", Op::Plan(plan.clone())));
-        assert_eq!(r, Response::Planned { resource_version: 2 });
+        assert_eq!(
+            r,
+            Response::Planned {
+                resource_version: 2
+            }
+        );
         assert_eq!(ch.len(), 2);
-        assert_eq!(s.get(&job).map(|o| o.status.clone()), Some(json!({"phase": "Scheduled"})));
+        assert_eq!(
+            s.get(&job).map(|o| o.status.clone()),
+            Some(json!({"phase": "Scheduled"}))
+        );
         // The same plan again: its guards no longer hold, nothing changes.
         let before = s.objects.clone();
         let (r, ch) = s.apply(3, &cmd("", Op::Plan(plan)));
-        assert!(matches!(r, Response::Rejected(StoreError::Conflict { .. })), "{r:?}");
+        assert!(
+            matches!(r, Response::Rejected(StoreError::Conflict { .. })),
+            "{r:?}"
+        );
         assert!(ch.is_empty());
         assert_eq!(s.objects, before);
     }
@@ -775,7 +897,17 @@ mod tests {
         let mut s = State::default();
         let mut other = obj("Model", "b", json!({}));
         other.metadata.namespace = "team".into();
-        s.apply(1, &cmd("", apply(vec![obj("Model", "a", json!({})), other, obj("TrainingJob", "a", json!({}))])));
+        s.apply(
+            1,
+            &cmd(
+                "",
+                apply(vec![
+                    obj("Model", "a", json!({})),
+                    other,
+                    obj("TrainingJob", "a", json!({})),
+                ]),
+            ),
+        );
         assert_eq!(s.list("Model", "").len(), 2);
         assert_eq!(s.list("Model", "default").len(), 1);
         assert_eq!(s.list("TrainingJob", "").len(), 1);

@@ -32,7 +32,9 @@ pub struct Resume {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("resourceVersion {requested} is too old (this controller keeps changes after {floor}); re-list and watch from the list's resourceVersion")]
+#[error(
+    "resourceVersion {requested} is too old (this controller keeps changes after {floor}); re-list and watch from the list's resourceVersion"
+)]
 pub struct TooOld {
     pub requested: u64,
     pub floor: u64,

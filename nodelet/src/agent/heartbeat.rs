@@ -52,27 +52,58 @@ pub fn observe(info: &NodeInfo, supervisor: Option<&Supervisor>) -> NodeStatus {
             };
             status.free_bytes = c.free_bytes;
             let pressure = !matches!(c.memory_pressure, MemoryPressure::Normal);
-            set_condition(&mut status.conditions, "Ready", true, "NodeletReady", "", &stamp);
+            set_condition(
+                &mut status.conditions,
+                "Ready",
+                true,
+                "NodeletReady",
+                "",
+                &stamp,
+            );
             set_condition(
                 &mut status.conditions,
                 "MemoryPressure",
                 pressure,
-                if pressure { "MemoryPressure" } else { "NoPressure" },
+                if pressure {
+                    "MemoryPressure"
+                } else {
+                    "NoPressure"
+                },
                 &format!("{:?}", c.memory_pressure),
                 &stamp,
             );
         }
         Err(e) => {
-            set_condition(&mut status.conditions, "Ready", false, "CapacityUnknown", &e.to_string(), &stamp);
+            set_condition(
+                &mut status.conditions,
+                "Ready",
+                false,
+                "CapacityUnknown",
+                &e.to_string(),
+                &stamp,
+            );
         }
     }
     // RDMA over Thunderbolt needs the topology discovery that comes with placement.
-    set_condition(&mut status.conditions, "RDMAEnabled", false, "NotDetected", "no RDMA device found", &stamp);
+    set_condition(
+        &mut status.conditions,
+        "RDMAEnabled",
+        false,
+        "NotDetected",
+        "no RDMA device found",
+        &stamp,
+    );
     status
 }
 
 /// Heartbeat until the process ends.
-pub async fn run(controllers: Arc<Controllers>, credential: Credential, info: NodeInfo, supervisor: Arc<Supervisor>, mut interval: Duration) {
+pub async fn run(
+    controllers: Arc<Controllers>,
+    credential: Credential,
+    info: NodeInfo,
+    supervisor: Arc<Supervisor>,
+    mut interval: Duration,
+) {
     loop {
         let status = observe(&info, Some(&supervisor));
         let req = HeartbeatRequest {
@@ -81,7 +112,10 @@ pub async fn run(controllers: Arc<Controllers>, credential: Credential, info: No
             status_json: status.to_value().to_string(),
         };
         let result = async {
-            let mut client = controllers.nodes().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+            let mut client = controllers
+                .nodes()
+                .await
+                .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
             client.heartbeat(req).await
         }
         .await;

@@ -24,8 +24,8 @@ pub fn load(data_dir: &Path) -> anyhow::Result<Option<Credential>> {
     let p = path(data_dir);
     match std::fs::read_to_string(&p) {
         Ok(text) => {
-            let c: Credential =
-                serde_json::from_str(&text).with_context(|| format!("{}: not a tb node credential", p.display()))?;
+            let c: Credential = serde_json::from_str(&text)
+                .with_context(|| format!("{}: not a tb node credential", p.display()))?;
             Ok(Some(c))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -36,7 +36,8 @@ pub fn load(data_dir: &Path) -> anyhow::Result<Option<Credential>> {
 fn save(data_dir: &Path, c: &Credential) -> anyhow::Result<()> {
     let p = path(data_dir);
     let tmp = p.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(c)?).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::write(&tmp, serde_json::to_vec_pretty(c)?)
+        .with_context(|| format!("writing {}", tmp.display()))?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -64,7 +65,9 @@ pub async fn establish(
         }
         return Ok(c);
     }
-    let token = token.context("this node has not joined yet: pass --join-token (create one with `tbctl token create`)")?;
+    let token = token.context(
+        "this node has not joined yet: pass --join-token (create one with `tbctl token create`)",
+    )?;
     let mut last = None;
     for _ in 0..20 {
         let mut client = match controllers.nodes().await {
@@ -97,11 +100,18 @@ pub async fn establish(
             Err(s) => anyhow::bail!("joining as {name}: {}", s.message()),
         }
     }
-    Err(last.unwrap_or_else(|| anyhow::anyhow!("no controller answered")).context(format!("joining as {name}")))
+    Err(last
+        .unwrap_or_else(|| anyhow::anyhow!("no controller answered"))
+        .context(format!("joining as {name}")))
 }
 
 /// The Node object a nodelet registers.
-pub fn node_object(name: &str, labels: std::collections::BTreeMap<String, String>, address: &str, status: serde_json::Value) -> Object {
+pub fn node_object(
+    name: &str,
+    labels: std::collections::BTreeMap<String, String>,
+    address: &str,
+    status: serde_json::Value,
+) -> Object {
     Object {
         api_version: tb_api::API_VERSION.into(),
         kind: tb_api::Kind::Node.as_str().into(),

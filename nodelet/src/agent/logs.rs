@@ -28,7 +28,9 @@ type Lines = Pin<Box<dyn Stream<Item = Result<LogLine, Status>> + Send>>;
 fn checked(part: &str, what: &str) -> Result<(), Status> {
     // Names become path components: refuse anything that could leave the data dir.
     if part.is_empty() || part.contains('/') || part.contains("..") {
-        return Err(Status::invalid_argument(format!("{what}: {part:?} is not a valid name")));
+        return Err(Status::invalid_argument(format!(
+            "{what}: {part:?} is not a valid name"
+        )));
     }
     Ok(())
 }
@@ -39,7 +41,11 @@ impl Nodelet for LogsService {
 
     async fn logs(&self, req: Request<LogsRequest>) -> Result<Response<Self::LogsStream>, Status> {
         let req = req.into_inner();
-        let namespace = if req.namespace.is_empty() { "default".to_string() } else { req.namespace.clone() };
+        let namespace = if req.namespace.is_empty() {
+            "default".to_string()
+        } else {
+            req.namespace.clone()
+        };
         checked(&namespace, "namespace")?;
         checked(&req.allocation, "allocation")?;
         let dir = Supervisor::alloc_dir(&self.data_dir, &namespace, &req.allocation);
@@ -55,10 +61,17 @@ impl Nodelet for LogsService {
         if !req.follow {
             let mut lines = Vec::new();
             for (stream, name) in [(LogStream::Stdout, "stdout"), (LogStream::Stderr, "stderr")] {
-                let read = exec::read_tail(&logs, stream, tail).map_err(|e| Status::internal(e.to_string()))?;
-                lines.extend(read.into_iter().map(|line| LogLine { rank, stream: name.into(), line }));
+                let read = exec::read_tail(&logs, stream, tail)
+                    .map_err(|e| Status::internal(e.to_string()))?;
+                lines.extend(read.into_iter().map(|line| LogLine {
+                    rank,
+                    stream: name.into(),
+                    line,
+                }));
             }
-            return Ok(Response::new(Box::pin(futures::stream::iter(lines.into_iter().map(Ok)))));
+            return Ok(Response::new(Box::pin(futures::stream::iter(
+                lines.into_iter().map(Ok),
+            ))));
         }
         let from = match tail {
             Some(n) => FollowFrom::Tail(n),
@@ -72,7 +85,13 @@ impl Nodelet for LogsService {
             }
         };
         let lines = exec::follow_until(logs, LogStream::Both, from, ended).await;
-        let stream = lines.map(move |line| Ok(LogLine { rank, stream: "stdout".into(), line }));
+        let stream = lines.map(move |line| {
+            Ok(LogLine {
+                rank,
+                stream: "stdout".into(),
+                line,
+            })
+        });
         Ok(Response::new(Box::pin(stream)))
     }
 }

@@ -43,11 +43,15 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
     // Ranks run in their own working directories: every path handed to them must be absolute.
     cfg.data_dir = std::path::absolute(&cfg.data_dir)
         .with_context(|| format!("--data-dir {}", cfg.data_dir.display()))?;
-    std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating {}", cfg.data_dir.display()))?;
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("creating {}", cfg.data_dir.display()))?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("binding {}", cfg.listen))?;
-    let address = cfg.advertise.clone().unwrap_or_else(|| cfg.listen.to_string());
+    let address = cfg
+        .advertise
+        .clone()
+        .unwrap_or_else(|| cfg.listen.to_string());
     let controllers = Arc::new(Controllers::new(cfg.controllers.clone()));
     let info = NodeInfo {
         address: address.clone(),
@@ -57,16 +61,36 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
     let first = heartbeat::observe(&info, None);
     let allocatable = first.capacity.allocatable_bytes;
     let node = identity::node_object(&cfg.name, cfg.labels.clone(), &address, first.to_value());
-    let credential = identity::establish(&controllers, &cfg.data_dir, &cfg.name, cfg.join_token.as_deref(), node).await?;
+    let credential = identity::establish(
+        &controllers,
+        &cfg.data_dir,
+        &cfg.name,
+        cfg.join_token.as_deref(),
+        node,
+    )
+    .await?;
 
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let server = tonic::transport::Server::builder()
-        .add_service(NodeletServer::new(logs::LogsService::new(cfg.data_dir.clone())))
+        .add_service(NodeletServer::new(logs::LogsService::new(
+            cfg.data_dir.clone(),
+        )))
         .serve_with_incoming_shutdown(incoming, shutdown_signal());
 
-    let supervisor = Supervisor::new(cfg.name.clone(), cfg.data_dir.clone(), allocatable, controllers.clone());
+    let supervisor = Supervisor::new(
+        cfg.name.clone(),
+        cfg.data_dir.clone(),
+        allocatable,
+        controllers.clone(),
+    );
     tokio::spawn(supervisor.clone().run());
-    tokio::spawn(heartbeat::run(controllers.clone(), credential, info, supervisor, cfg.heartbeat));
+    tokio::spawn(heartbeat::run(
+        controllers.clone(),
+        credential,
+        info,
+        supervisor,
+        cfg.heartbeat,
+    ));
     tracing::info!(node = %cfg.name, listen = %cfg.listen, "tb-nodelet running");
     server.await.context("serving logs")?;
     // Processes are left running on a stop: a restarted nodelet reaps them, and the

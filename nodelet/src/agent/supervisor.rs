@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tb_api::proto::{UpdateStatusRequest, WatchRequest};
-use tb_api::specs::{AllocationPhase, AllocationSpec, AllocationStatus, Backend, Desired, allocation, parse_spec};
+use tb_api::specs::{
+    AllocationPhase, AllocationSpec, AllocationStatus, Backend, Desired, allocation, parse_spec,
+};
 use tb_api::{Kind, Object};
 use tokio::sync::{Notify, oneshot};
 
@@ -51,11 +53,19 @@ fn key(o: &Object) -> String {
 
 /// One incarnation of an allocation: a process belongs to exactly one.
 fn incarnation(o: &Object) -> String {
-    format!("{}/{}/{}", o.metadata.namespace, o.metadata.name, o.metadata.uid)
+    format!(
+        "{}/{}/{}",
+        o.metadata.namespace, o.metadata.name, o.metadata.uid
+    )
 }
 
 impl Supervisor {
-    pub fn new(node: String, data_dir: PathBuf, allocatable_bytes: u64, controllers: Arc<Controllers>) -> Arc<Self> {
+    pub fn new(
+        node: String,
+        data_dir: PathBuf,
+        allocatable_bytes: u64,
+        controllers: Arc<Controllers>,
+    ) -> Arc<Self> {
         Arc::new(Supervisor {
             node,
             data_dir,
@@ -94,11 +104,19 @@ impl Supervisor {
             return reaped;
         };
         for ns in namespaces.flatten() {
-            let Ok(allocs) = std::fs::read_dir(ns.path()) else { continue };
+            let Ok(allocs) = std::fs::read_dir(ns.path()) else {
+                continue;
+            };
             for a in allocs.flatten() {
                 let pid_file = a.path().join("pid");
-                let Ok(text) = std::fs::read_to_string(&pid_file) else { continue };
-                if let Some(pid) = text.split_whitespace().next().and_then(|p| p.parse::<i32>().ok()) {
+                let Ok(text) = std::fs::read_to_string(&pid_file) else {
+                    continue;
+                };
+                if let Some(pid) = text
+                    .split_whitespace()
+                    .next()
+                    .and_then(|p| p.parse::<i32>().ok())
+                {
                     kill_group(pid);
                     tracing::warn!(pid, alloc = %a.path().display(), "killed a process left by an earlier nodelet");
                 }
@@ -118,7 +136,10 @@ impl Supervisor {
             let status = AllocationStatus {
                 phase: AllocationPhase::Lost,
                 reason: "NodeletRestarted".into(),
-                message: format!("the nodelet on {} restarted and killed the process it could no longer supervise", self.node),
+                message: format!(
+                    "the nodelet on {} restarted and killed the process it could no longer supervise",
+                    self.node
+                ),
                 finished_at: now(),
                 ..Default::default()
             };
@@ -136,7 +157,11 @@ impl Supervisor {
         }
     }
 
-    async fn watch(self: &Arc<Self>, desired: &mut BTreeMap<String, (Object, AllocationSpec)>, from: &mut u64) -> anyhow::Result<()> {
+    async fn watch(
+        self: &Arc<Self>,
+        desired: &mut BTreeMap<String, (Object, AllocationSpec)>,
+        from: &mut u64,
+    ) -> anyhow::Result<()> {
         let mut client = self.controllers.objects().await?;
         let req = WatchRequest {
             kind: Kind::Allocation.as_str().into(),
@@ -189,7 +214,12 @@ impl Supervisor {
         }
     }
 
-    fn absorb(&self, desired: &mut BTreeMap<String, (Object, AllocationSpec)>, from: &mut u64, ev: tb_api::proto::WatchEvent) {
+    fn absorb(
+        &self,
+        desired: &mut BTreeMap<String, (Object, AllocationSpec)>,
+        from: &mut u64,
+        ev: tb_api::proto::WatchEvent,
+    ) {
         *from = (*from).max(ev.resource_version);
         let Ok(obj) = Object::from_json(&ev.object_json) else {
             tracing::warn!("ignoring an allocation event that does not parse");
@@ -235,7 +265,11 @@ impl Supervisor {
             if phase.is_terminal() {
                 continue;
             }
-            let first_time = self.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(incarnation(obj));
+            let first_time = self
+                .seen
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(incarnation(obj));
             if !first_time {
                 continue;
             }
@@ -285,13 +319,22 @@ impl Supervisor {
             return;
         }
         let status = self.supervise(&namespace, &name, &spec, stop_rx).await;
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&k);
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&k);
         self.report(&namespace, &name, &status).await;
         self.changed.notify_waiters();
     }
 
     /// Prepare, start and watch over one allocation's process; returns how it ended.
-    async fn supervise(&self, namespace: &str, name: &str, spec: &AllocationSpec, stop: oneshot::Receiver<()>) -> AllocationStatus {
+    async fn supervise(
+        &self,
+        namespace: &str,
+        name: &str,
+        spec: &AllocationSpec,
+        stop: oneshot::Receiver<()>,
+    ) -> AllocationStatus {
         let dir = Self::alloc_dir(&self.data_dir, namespace, name);
         let failed = |reason: &str, message: String| AllocationStatus {
             phase: AllocationPhase::Failed,
@@ -362,7 +405,11 @@ impl Supervisor {
     async fn report(&self, namespace: &str, name: &str, status: &AllocationStatus) {
         for attempt in 0..60u32 {
             let result = async {
-                let mut client = self.controllers.objects().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+                let mut client = self
+                    .controllers
+                    .objects()
+                    .await
+                    .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
                 client
                     .update_status(UpdateStatusRequest {
                         kind: Kind::Allocation.as_str().into(),
@@ -380,7 +427,8 @@ impl Supervisor {
                 Err(s) if s.code() == tonic::Code::NotFound => return,
                 Err(s) if retryable(&s) => {
                     self.controllers.rotate();
-                    tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt.min(10) + 1))).await;
+                    tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt.min(10) + 1)))
+                        .await;
                 }
                 Err(s) => {
                     tracing::warn!(alloc = %format!("{namespace}/{name}"), "status not accepted: {}", s.message());
@@ -433,11 +481,21 @@ fn prepare(dir: &Path, namespace: &str, spec: &AllocationSpec) -> anyhow::Result
     } else {
         // No MLX setup: a one-rank ring file keeps the environment contract uniform.
         let hostfile = dir.join("hostfile.json");
-        mlx::write_atomic(&hostfile, &mlx::ring_hostfile(&[(std::net::Ipv4Addr::LOCALHOST, 0)])?)?;
+        mlx::write_atomic(
+            &hostfile,
+            &mlx::ring_hostfile(&[(std::net::Ipv4Addr::LOCALHOST, 0)])?,
+        )?;
         files.hostfile_path = Some(hostfile);
     }
     let tb_env = if backend == Backend::Ring || files.ibv_devices_path.is_some() {
-        mlx::env_for_rank(&job, spec.rank, spec.world_size, backend, &files, coordinator)?
+        mlx::env_for_rank(
+            &job,
+            spec.rank,
+            spec.world_size,
+            backend,
+            &files,
+            coordinator,
+        )?
     } else {
         // JACCL without a device matrix (no RDMA topology known yet): tb's own variables only.
         BTreeMap::from([
