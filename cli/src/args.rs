@@ -212,6 +212,9 @@ pub struct LogsArgs {
     /// Only this stream (default: both, stderr lines printed to stdout too).
     #[arg(long, value_enum, value_name = "STREAM")]
     pub stream: Option<LogStream>,
+    /// Print each line's time (RFC 3339 UTC, milliseconds) before it.
+    #[arg(long)]
+    pub timestamps: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

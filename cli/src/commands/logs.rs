@@ -3,10 +3,13 @@
 //!
 //! Output contract: each line as the program wrote it, on stdout, whether it wrote it to its
 //! stdout or its stderr (as kubectl does; `--stream` keeps one of them). When several ranks
-//! stream (no `--rank`, a job of more than one rank) every line is prefixed `[rank N] `.
-//! Errors (no such job, not placed yet, a bad rank) go to stderr with exit 1. With `-f`, a
-//! connection lost to a controller is resumed on the next one with new lines only; what was
-//! written in between may be missed, and tbctl says so on stderr.
+//! stream (no `--rank`, a job of more than one rank) every line is prefixed `[rank N] `. With
+//! `--timestamps`, the time the line was written (RFC 3339 UTC with milliseconds,
+//! `2026-12-02T13:21:14.798Z`) and a space come next; a line whose time is unknown (logged by an
+//! older nodelet) has none. `--since 10m` leaves out the lines written more than ten minutes
+//! ago (lines of unknown time are kept). Errors (no such job, not placed yet, a bad rank) go to
+//! stderr with exit 1. With `-f`, a connection lost to a controller is resumed on the next one
+//! with new lines only; what was written in between may be missed, and tbctl says so on stderr.
 
 use std::time::Duration;
 
@@ -32,14 +35,38 @@ pub fn wanted(line: &LogLine, only: Option<LogStream>) -> bool {
     }
 }
 
-/// A line as printed: `[rank N] ` first when several ranks stream, one newline at the end.
-pub fn format_line(line: &LogLine, prefix: bool) -> String {
+/// A line as printed: `[rank N] ` first when several ranks stream, then with `timestamps` the
+/// line's time and a space (if the time is known), one newline at the end.
+pub fn format_line(line: &LogLine, prefix: bool, timestamps: bool) -> String {
     let text = line.line.strip_suffix('\n').unwrap_or(&line.line);
     let text = text.strip_suffix('\r').unwrap_or(text);
+    let mut out = String::with_capacity(text.len() + line.time.len() + 16);
     if prefix {
-        format!("[rank {}] {text}\n", line.rank)
-    } else {
-        format!("{text}\n")
+        out.push_str(&format!("[rank {}] ", line.rank));
+    }
+    if timestamps && !line.time.is_empty() {
+        out.push_str(&line.time);
+        out.push(' ');
+    }
+    out.push_str(text);
+    out.push('\n');
+    out
+}
+
+/// The request for a job's logs as `args` ask for them (`rank` -1: every rank).
+fn logs_request(kind: &str, namespace: String, name: String, args: &LogsArgs) -> LogsRequest {
+    LogsRequest {
+        kind: kind.to_string(),
+        namespace,
+        name,
+        rank: args
+            .rank
+            .map_or(-1, |r| i32::try_from(r).unwrap_or(i32::MAX)),
+        follow: args.follow,
+        tail: args.tail,
+        since_seconds: args.since.unwrap_or(0),
+        allocation: String::new(),
+        timestamps: args.timestamps,
     }
 }
 
@@ -61,25 +88,14 @@ pub async fn run(ctx: &mut Ctx, args: &LogsArgs) -> Result<()> {
     let object = parse_object(&ctx.client().get(get).await?.object_json)?;
     let ranks = JobStatus::from_value(&object.status).placement.len();
     let prefix = args.rank.is_none() && ranks > 1;
-    let mut req = LogsRequest {
-        kind: job.kind.as_str().to_string(),
-        namespace,
-        name: job.name.clone(),
-        rank: args
-            .rank
-            .map_or(-1, |r| i32::try_from(r).unwrap_or(i32::MAX)),
-        follow: args.follow,
-        tail: args.tail,
-        since_seconds: args.since.unwrap_or(0),
-        allocation: String::new(),
-    };
+    let mut req = logs_request(job.kind.as_str(), namespace, job.name.clone(), args);
     loop {
         let mut stream = ctx.client().logs(req.clone()).await?;
         loop {
             match stream.message().await {
                 Ok(Some(line)) => {
                     if wanted(&line, args.stream) {
-                        emit(&format_line(&line, prefix))?;
+                        emit(&format_line(&line, prefix, args.timestamps))?;
                     }
                 }
                 Ok(None) => return Ok(()),
@@ -121,21 +137,79 @@ mod tests {
             rank,
             stream: stream.into(),
             line: text.into(),
+            time: String::new(),
+        }
+    }
+
+    fn timed(rank: u32, time: &str, text: &str) -> LogLine {
+        LogLine {
+            time: time.into(),
+            ..line(rank, "stdout", text)
         }
     }
 
     #[test]
     fn lines_are_printed_as_is_or_prefixed() {
         assert_eq!(
-            format_line(&line(0, "stdout", "step 1 loss 2.31"), false),
+            format_line(&line(0, "stdout", "step 1 loss 2.31"), false, false),
             "step 1 loss 2.31\n"
         );
         assert_eq!(
-            format_line(&line(2, "stderr", "warning: x\n"), true),
+            format_line(&line(2, "stderr", "warning: x\n"), true, false),
             "[rank 2] warning: x\n"
         );
-        assert_eq!(format_line(&line(1, "stdout", "crlf\r\n"), false), "crlf\n");
-        assert_eq!(format_line(&line(1, "stdout", ""), true), "[rank 1] \n");
+        assert_eq!(
+            format_line(&line(1, "stdout", "crlf\r\n"), false, false),
+            "crlf\n"
+        );
+        assert_eq!(
+            format_line(&line(1, "stdout", ""), true, false),
+            "[rank 1] \n"
+        );
+    }
+
+    #[test]
+    fn timestamps_follow_the_rank_prefix() {
+        let stamped = timed(3, "2026-12-02T13:21:14.798Z", "step 1\n");
+        assert_eq!(
+            format_line(&stamped, false, true),
+            "2026-12-02T13:21:14.798Z step 1\n"
+        );
+        assert_eq!(
+            format_line(&stamped, true, true),
+            "[rank 3] 2026-12-02T13:21:14.798Z step 1\n"
+        );
+        // Not asked for: not printed, even when sent.
+        assert_eq!(format_line(&stamped, true, false), "[rank 3] step 1\n");
+        // Unknown time: the line alone.
+        assert_eq!(
+            format_line(&timed(3, "", "legacy"), true, true),
+            "[rank 3] legacy\n"
+        );
+    }
+
+    #[test]
+    fn since_and_timestamps_are_sent() {
+        use clap::Parser;
+
+        use crate::args::{Cli, Command};
+
+        let parse = |argv: &[&str]| match Cli::try_parse_from(argv).map(|c| c.command) {
+            Ok(Command::Logs(args)) => args,
+            other => panic!("{argv:?}: {other:?}"),
+        };
+        let args = parse(&["tbctl", "logs", "x", "--since", "10m", "--timestamps"]);
+        let req = logs_request("TrainingJob", "ns".into(), "x".into(), &args);
+        assert_eq!((req.since_seconds, req.timestamps), (600, true));
+        assert_eq!((req.rank, req.tail, req.follow), (-1, -1, false));
+        assert_eq!(
+            (req.kind.as_str(), req.namespace.as_str()),
+            ("TrainingJob", "ns")
+        );
+        let args = parse(&["tbctl", "logs", "x", "--rank", "1", "-f", "--tail", "5"]);
+        let req = logs_request("InferenceService", "ns".into(), "x".into(), &args);
+        assert_eq!((req.since_seconds, req.timestamps), (0, false));
+        assert_eq!((req.rank, req.tail, req.follow), (1, 5, true));
     }
 
     #[test]

@@ -1,17 +1,20 @@
 //! The `Nodelet` gRPC service: a rank's logs, read from the files its process wrote here, for
-//! the controllers to pass on to `tbctl logs`.
+//! the controllers to pass on to `tbctl logs`. `since_seconds` skips the lines stamped earlier
+//! than that long ago; `timestamps` fills each line's time.
 
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::Duration;
 
+use chrono::{DateTime, TimeDelta, Utc};
 use futures::{Stream, StreamExt};
 use tb_api::proto::nodelet_server::Nodelet;
 use tb_api::proto::{LogLine, LogsRequest};
 use tonic::{Request, Response, Status};
 
 use super::supervisor::Supervisor;
-use crate::exec::{self, FollowFrom, LogStream};
+use crate::exec::logs::{StampedLine, follow_stamped, read_tail_stamped};
+use crate::exec::{FollowFrom, LogStream};
 
 pub struct LogsService {
     data_dir: PathBuf,
@@ -35,6 +38,32 @@ fn checked(part: &str, what: &str) -> Result<(), Status> {
     Ok(())
 }
 
+/// The cutoff for `since_seconds` (0: none) counted back from `now`. A span reaching past the
+/// earliest representable time is no cutoff at all.
+fn since_cutoff(since_seconds: u64, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    if since_seconds == 0 {
+        return None;
+    }
+    i64::try_from(since_seconds)
+        .ok()
+        .and_then(TimeDelta::try_seconds)
+        .and_then(|span| now.checked_sub_signed(span))
+}
+
+/// A stored line as sent: its time only when asked for (empty when unknown).
+fn log_line(rank: u32, stream: &str, line: StampedLine, timestamps: bool) -> LogLine {
+    LogLine {
+        rank,
+        stream: stream.into(),
+        line: line.text,
+        time: if timestamps {
+            line.time.unwrap_or_default()
+        } else {
+            String::new()
+        },
+    }
+}
+
 #[tonic::async_trait]
 impl Nodelet for LogsService {
     type LogsStream = Lines;
@@ -56,24 +85,19 @@ impl Nodelet for LogsService {
                 req.allocation
             )));
         }
-        if req.since_seconds > 0 {
-            // The log files hold the lines as the process wrote them, without times.
-            return Err(Status::unimplemented(
-                "--since is not supported yet: log lines are stored without timestamps; use --tail",
-            ));
-        }
+        let since = since_cutoff(req.since_seconds, Utc::now());
+        let timestamps = req.timestamps;
         let rank = req.rank.max(0) as u32;
         let tail = usize::try_from(req.tail).ok();
         if !req.follow {
             let mut lines = Vec::new();
             for (stream, name) in [(LogStream::Stdout, "stdout"), (LogStream::Stderr, "stderr")] {
-                let read = exec::read_tail(&logs, stream, tail)
+                let read = read_tail_stamped(&logs, stream, tail, since)
                     .map_err(|e| Status::internal(e.to_string()))?;
-                lines.extend(read.into_iter().map(|line| LogLine {
-                    rank,
-                    stream: name.into(),
-                    line,
-                }));
+                lines.extend(
+                    read.into_iter()
+                        .map(|line| log_line(rank, name, line, timestamps)),
+                );
             }
             return Ok(Response::new(Box::pin(futures::stream::iter(
                 lines.into_iter().map(Ok),
@@ -90,14 +114,117 @@ impl Nodelet for LogsService {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         };
-        let lines = exec::follow_until(logs, LogStream::Both, from, ended).await;
-        let stream = lines.map(move |line| {
-            Ok(LogLine {
-                rank,
-                stream: "stdout".into(),
-                line,
-            })
-        });
+        let lines = follow_stamped(logs, LogStream::Both, from, since, ended).await;
+        let stream = lines.map(move |line| Ok(log_line(rank, "stdout", line, timestamps)));
         Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::logs::format_stamp;
+
+    /// A data dir with allocation `default/a1`, whose stdout log holds a line from two hours
+    /// ago, a line from before lines were stamped, and a line from a minute ago (returned, with
+    /// its stamp).
+    fn data_dir() -> (tempfile::TempDir, String) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let logs = Supervisor::alloc_dir(dir.path(), "default", "a1").join("logs");
+        std::fs::create_dir_all(&logs).expect("mkdir");
+        let now = Utc::now();
+        let old = format_stamp(now - TimeDelta::hours(2));
+        let recent = format_stamp(now - TimeDelta::minutes(1));
+        let log = format!("{old} old\nlegacy\n{recent} recent\n");
+        std::fs::write(logs.join("stdout.log"), log).expect("write");
+        std::fs::write(logs.join("stderr.log"), format!("{recent} oops\n")).expect("write");
+        (dir, recent)
+    }
+
+    fn request(since_seconds: u64, timestamps: bool, follow: bool) -> LogsRequest {
+        LogsRequest {
+            allocation: "a1".into(),
+            rank: 2,
+            tail: -1,
+            since_seconds,
+            timestamps,
+            follow,
+            ..Default::default()
+        }
+    }
+
+    async fn lines(data_dir: &std::path::Path, req: LogsRequest) -> Vec<(String, String, String)> {
+        let service = LogsService::new(data_dir.to_path_buf());
+        let stream = service
+            .logs(Request::new(req))
+            .await
+            .expect("logs")
+            .into_inner();
+        let got: Vec<Result<LogLine, Status>> =
+            tokio::time::timeout(Duration::from_secs(10), stream.collect())
+                .await
+                .expect("the stream ends");
+        got.into_iter()
+            .map(|line| {
+                let line = line.expect("line");
+                assert_eq!(line.rank, 2);
+                (line.stream, line.time, line.line)
+            })
+            .collect()
+    }
+
+    fn line(stream: &str, time: &str, text: &str) -> (String, String, String) {
+        (stream.into(), time.into(), text.into())
+    }
+
+    #[tokio::test]
+    async fn since_skips_older_lines_and_timestamps_are_sent_when_asked() {
+        let (dir, recent) = data_dir();
+        assert_eq!(
+            lines(dir.path(), request(600, true, false)).await,
+            [
+                line("stdout", "", "legacy"),
+                line("stdout", &recent, "recent"),
+                line("stderr", &recent, "oops"),
+            ]
+        );
+        assert_eq!(
+            lines(dir.path(), request(600, false, false)).await,
+            [
+                line("stdout", "", "legacy"),
+                line("stdout", "", "recent"),
+                line("stderr", "", "oops"),
+            ]
+        );
+        // No cutoff: every line, the old one too.
+        let all = lines(dir.path(), request(0, false, false)).await;
+        assert_eq!(all.len(), 4);
+        assert_eq!(all[0], line("stdout", "", "old"));
+    }
+
+    #[tokio::test]
+    async fn following_honours_since_and_timestamps() {
+        let (dir, recent) = data_dir();
+        // The process has ended: the follower drains the files and stops.
+        let alloc = Supervisor::alloc_dir(dir.path(), "default", "a1");
+        std::fs::write(alloc.join("exit.json"), "{}").expect("write");
+        assert_eq!(
+            lines(dir.path(), request(600, true, true)).await,
+            [
+                line("stdout", "", "legacy"),
+                line("stdout", &recent, "recent"),
+                line("stdout", &recent, "oops"),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_cutoff_counts_back_from_now_and_survives_absurd_spans() {
+        let now = Utc::now();
+        assert_eq!(since_cutoff(0, now), None);
+        assert_eq!(since_cutoff(600, now), Some(now - TimeDelta::minutes(10)));
+        for absurd in [u64::MAX, i64::MAX as u64, 1 << 60] {
+            assert_eq!(since_cutoff(absurd, now), None, "{absurd}");
+        }
     }
 }

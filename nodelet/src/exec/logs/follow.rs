@@ -3,8 +3,10 @@
 //! writer rotates (the old file is read to its end first, as `tail -F` does).
 //!
 //! Memory stays bounded: each poll reads at most [`MAX_READ_PER_POLL`] bytes per file and a line
-//! longer than [`MAX_LINE`] is yielded in pieces. The stream ends when dropped, or, with
-//! [`follow_until`], once its stop future completes and what was written so far is read.
+//! longer than [`MAX_LINE`] is yielded in pieces (each with the line's time). The stream ends
+//! when dropped, or, with [`follow_until`] and [`follow_stamped`], once its stop future
+//! completes and what was written so far is read. [`follow_stamped`] yields each line's time and
+//! can skip lines written before a cutoff.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -15,9 +17,10 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::time::Duration;
 
-use futures::Stream;
+use chrono::{DateTime, Utc};
+use futures::{Stream, StreamExt};
 
-use super::{LogStream, Single, decode_line, log_path, split_lines};
+use super::{LogStream, Since, Single, StampedLine, decode_line, log_path, split_lines};
 
 /// How often the files are checked for new output.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(150);
@@ -56,11 +59,28 @@ pub async fn follow_until(
     from: FollowFrom,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> impl Stream<Item = String> + Send + 'static {
+    follow_stamped(log_dir, stream, from, None, stop)
+        .await
+        .map(|line| line.text)
+}
+
+/// Like [`follow_until`], with each line's time, and without the lines stamped before `since`
+/// (when given), in the starting tail as in what follows. With [`FollowFrom::Tail`] the cutoff
+/// applies first, so the tail counts lines at or after it. Lines of unknown time are always
+/// yielded.
+pub async fn follow_stamped(
+    log_dir: impl Into<PathBuf>,
+    stream: LogStream,
+    from: FollowFrom,
+    since: Option<DateTime<Utc>>,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> impl Stream<Item = StampedLine> + Send + 'static {
     let dir: PathBuf = log_dir.into();
+    let since = Since::new(since);
     let tailers: Vec<Tailer> = stream
         .files()
         .iter()
-        .map(|&s| Tailer::new(&dir, s, from))
+        .map(|&s| Tailer::new(&dir, s, from, since))
         .collect();
     // Position the files now, so "after this call" means what it says even if the stream is
     // first polled later.
@@ -78,7 +98,7 @@ pub async fn follow_until(
         let tailers = stream
             .files()
             .iter()
-            .map(|&s| Tailer::new(&dir, s, FollowFrom::End))
+            .map(|&s| Tailer::new(&dir, s, FollowFrom::End, since))
             .collect();
         (tailers, VecDeque::new())
     });
@@ -141,9 +161,17 @@ enum Phase {
 
 struct State {
     tailers: Vec<Tailer>,
-    pending: VecDeque<String>,
+    pending: VecDeque<StampedLine>,
     stop: Pin<Box<dyn Future<Output = ()> + Send>>,
     phase: Phase,
+}
+
+/// What became of the first piece of a line too long to hold.
+enum CutLine {
+    /// Written before the cutoff: the rest is skipped too.
+    Skipped,
+    /// Yielded, with this time: so are the rest.
+    Kept(Option<String>),
 }
 
 /// Follows one stream's live file across rotations.
@@ -153,30 +181,37 @@ struct Tailer {
     path: PathBuf,
     /// Where to start; consumed by [`Tailer::start`] (or the first poll, if start never ran).
     from: Option<FollowFrom>,
+    /// Which lines to yield.
+    since: Since,
     /// The open file and its inode (to notice rotation: the path then names another inode).
     file: Option<(File, u64)>,
     /// An unterminated line waiting for its newline.
     partial: Vec<u8>,
+    /// While an overlong line is yielded in pieces: what became of its first piece, for the
+    /// pieces after it, which do not start with a stamp.
+    cut_line: Option<CutLine>,
     /// Read buffer, allocated on first use and kept.
     buf: Vec<u8>,
 }
 
 impl Tailer {
-    fn new(dir: &Path, stream: Single, from: FollowFrom) -> Self {
+    fn new(dir: &Path, stream: Single, from: FollowFrom, since: Since) -> Self {
         Self {
             dir: dir.to_path_buf(),
             stream,
             path: log_path(dir, stream, 0),
             from: Some(from),
+            since,
             file: None,
             partial: Vec::new(),
+            cut_line: None,
             buf: Vec::new(),
         }
     }
 
     /// Reads what was appended since the last poll into `out`. Returns whether anything was
     /// read or the file changed, so a drain knows when it is done.
-    fn poll(&mut self, out: &mut VecDeque<String>) -> bool {
+    fn poll(&mut self, out: &mut VecDeque<StampedLine>) -> bool {
         self.start(out);
         if self.file.is_none() {
             // Not there yet (or gone): a file that appears later is read from its start.
@@ -194,7 +229,7 @@ impl Tailer {
 
     /// Positions the file where following starts, yielding the tail if asked for one. Runs
     /// once; a file that does not exist yet will be read from its start when it appears.
-    fn start(&mut self, out: &mut VecDeque<String>) {
+    fn start(&mut self, out: &mut VecDeque<StampedLine>) {
         let Some(from) = self.from.take() else {
             return;
         };
@@ -213,13 +248,14 @@ impl Tailer {
         }
     }
 
-    /// Yields the last `n` lines: the live file's complete lines up to its current end, topped
-    /// up from rotated generations. A trailing partial line is kept to be completed later.
+    /// Yields the last `n` lines that `since` admits: the live file's complete lines up to its
+    /// current end, topped up from rotated generations. A trailing partial line is kept to be
+    /// completed later.
     fn read_tail(
         &mut self,
         file: &mut File,
         n: usize,
-        out: &mut VecDeque<String>,
+        out: &mut VecDeque<StampedLine>,
     ) -> io::Result<()> {
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
@@ -227,7 +263,10 @@ impl Tailer {
         if let Some(partial) = partial {
             self.partial = partial.into_bytes();
         }
-        let mut lines: VecDeque<String> = complete.into_iter().collect();
+        let mut lines: VecDeque<StampedLine> = complete
+            .into_iter()
+            .filter_map(|line| self.since.admit(line))
+            .collect();
         while lines.len() > n {
             lines.pop_front();
         }
@@ -243,7 +282,9 @@ impl Tailer {
                 if lines.len() >= n {
                     break;
                 }
-                lines.push_front(line);
+                if let Some(line) = self.since.admit(line) {
+                    lines.push_front(line);
+                }
             }
         }
         out.extend(lines);
@@ -252,7 +293,7 @@ impl Tailer {
 
     /// Reads up to [`MAX_READ_PER_POLL`] new bytes and emits the complete lines. Returns the
     /// number of bytes read.
-    fn read_available(&mut self, out: &mut VecDeque<String>) -> usize {
+    fn read_available(&mut self, out: &mut VecDeque<StampedLine>) -> usize {
         let Some((file, _)) = self.file.as_mut() else {
             return 0;
         };
@@ -275,24 +316,43 @@ impl Tailer {
         total
     }
 
-    fn push_bytes(&mut self, mut bytes: &[u8], out: &mut VecDeque<String>) {
+    fn push_bytes(&mut self, mut bytes: &[u8], out: &mut VecDeque<StampedLine>) {
         while let Some(end) = bytes.iter().position(|&b| b == b'\n') {
             self.partial.extend_from_slice(&bytes[..end]);
-            out.push_back(decode_line(&self.partial));
-            self.partial.clear();
+            self.emit_partial(true, out);
             bytes = &bytes[end + 1..];
         }
         self.partial.extend_from_slice(bytes);
         while self.partial.len() >= MAX_LINE {
             let rest = self.partial.split_off(MAX_LINE);
-            out.push_back(decode_line(&self.partial));
+            self.emit_partial(false, out);
             self.partial = rest;
         }
     }
 
+    /// Yields the held bytes (a line, or with `ends_line` false the first piece of an overlong
+    /// one) if `since` admits the line, and clears them.
+    fn emit_partial(&mut self, ends_line: bool, out: &mut VecDeque<StampedLine>) {
+        let stored = decode_line(&self.partial);
+        self.partial.clear();
+        let line = match self.cut_line.take() {
+            // A later piece of a cut line: no stamp of its own, the line's time and fate.
+            Some(CutLine::Skipped) => None,
+            Some(CutLine::Kept(time)) => Some(StampedLine { time, text: stored }),
+            None => self.since.admit(stored),
+        };
+        if !ends_line {
+            self.cut_line = Some(match &line {
+                Some(line) => CutLine::Kept(line.time.clone()),
+                None => CutLine::Skipped,
+            });
+        }
+        out.extend(line);
+    }
+
     /// At the end of the open file: if the path now names a new file (rotated), finish the old
     /// one's last line and switch; if the file shrank (truncated), start over from its start.
-    fn check_rotation(&mut self, out: &mut VecDeque<String>) -> bool {
+    fn check_rotation(&mut self, out: &mut VecDeque<StampedLine>) -> bool {
         let Some((file, inode)) = self.file.as_mut() else {
             return false;
         };
@@ -315,10 +375,12 @@ impl Tailer {
         true
     }
 
-    fn flush_partial(&mut self, out: &mut VecDeque<String>) {
-        if !self.partial.is_empty() {
-            out.push_back(decode_line(&self.partial));
-            self.partial.clear();
+    /// Ends the held line where it is (its file was rotated away or truncated).
+    fn flush_partial(&mut self, out: &mut VecDeque<StampedLine>) {
+        if self.partial.is_empty() {
+            self.cut_line = None;
+        } else {
+            self.emit_partial(true, out);
         }
     }
 }
