@@ -6,7 +6,7 @@
 //!   the `"ip:port"` addresses it listens on. Rank i talks to rank i±1, so the list order is the
 //!   ring and must follow the cables.
 //! - JACCL (RDMA over Thunderbolt): `MLX_RANK`, `MLX_IBV_DEVICES` (an N×N JSON matrix whose cell
-//!   [i][j] names the RDMA device on host i cabled to host j, `null` where none),
+//!   `[i][j]` names the RDMA device on host i cabled to host j, `null` where none),
 //!   `MLX_JACCL_COORDINATOR` (rank 0's `ip:port`) and, for ring mode, `MLX_JACCL_RING=1`.
 //! - The `mlx.launch` hostfile (`{"backend", "envs", "hosts": [{"ssh", "ips", "rdma"}]}`) for
 //!   running the same placement by hand.
