@@ -7,18 +7,26 @@
 //! `tb` and `etcd` behind it; `member` runs one server process; `cluster` groups three of them
 //! and waits for health; `client` finds the leader and fails over; `load` and `failover` are
 //! the two experiments; `stats`, `machine` and `report` turn measurements into the table.
+//!
+//! `jobs-bench` runs one controller and four nodelets, times apply → all ranks of a job
+//! running, samples the idle nodelets' memory and CPU, and does the same with Slurm (slurmctld
+//! and slurmd) where it is installed. Its parts are under `jobs`; `procstat` samples `/proc`,
+//! and `binaries` builds tb and finds other programs for both benchmarks.
 
 pub mod backend;
 pub mod bench;
+pub mod binaries;
 pub mod client;
 pub mod cluster;
 pub mod etcd;
 pub mod failover;
+pub mod jobs;
 pub mod load;
 pub mod machine;
 pub mod member;
 pub mod payload;
 pub mod ports;
+pub mod procstat;
 pub mod report;
 pub mod stats;
 pub mod tb;

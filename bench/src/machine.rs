@@ -28,6 +28,11 @@ impl Machine {
     }
 }
 
+/// `MemTotal` from `/proc/meminfo`, in bytes.
+pub fn mem_total_bytes() -> Option<u64> {
+    parse_kib_field(&std::fs::read_to_string("/proc/meminfo").ok()?, "MemTotal")
+}
+
 /// `/proc/loadavg`'s three averages, as written there ("0.52 0.31 0.20").
 pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")

@@ -23,6 +23,7 @@ pub struct Member {
     envs: Vec<(String, String)>,
     log: PathBuf,
     data_dir: Option<PathBuf>,
+    current_dir: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -35,6 +36,7 @@ impl Member {
             envs: Vec::new(),
             log,
             data_dir: None,
+            current_dir: None,
             child: None,
         }
     }
@@ -49,6 +51,13 @@ impl Member {
     /// unused space in sparse files is not counted).
     pub fn disk_bytes(&self) -> Option<u64> {
         self.data_dir.as_deref().map(disk_usage)
+    }
+
+    /// Start the process in `dir` (the bench's own dir otherwise), so that what it leaves
+    /// behind can be found by its working directory.
+    pub fn current_dir(mut self, dir: PathBuf) -> Self {
+        self.current_dir = Some(dir);
+        self
     }
 
     /// Set an environment variable for the process (e.g. `RUST_LOG`).
@@ -72,7 +81,11 @@ impl Member {
                 .with_context(|| format!("opening log file {}", self.log.display()))
         };
         let (out, err) = (open()?, open()?);
-        let child = Command::new(&self.program)
+        let mut command = Command::new(&self.program);
+        if let Some(dir) = &self.current_dir {
+            command.current_dir(dir);
+        }
+        let child = command
             .args(&self.args)
             .envs(self.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())

@@ -155,7 +155,8 @@ pub fn render(
     out
 }
 
-fn fmt(v: Option<f64>, decimals: usize) -> String {
+/// A figure with `decimals` places; `—` when missing, `failed` when infinite.
+pub fn fmt(v: Option<f64>, decimals: usize) -> String {
     match v {
         None => "—".into(),
         Some(v) if !v.is_finite() => "failed".into(),
@@ -163,14 +164,16 @@ fn fmt(v: Option<f64>, decimals: usize) -> String {
     }
 }
 
-fn ratio(t: Option<f64>, e: Option<f64>) -> Option<f64> {
+/// `t / e` when both are known and `e` is positive.
+pub fn ratio(t: Option<f64>, e: Option<f64>) -> Option<f64> {
     match (t, e) {
         (Some(t), Some(e)) if e > 0.0 => Some(t / e),
         _ => None,
     }
 }
 
-fn yes_no(ok: Option<bool>) -> &'static str {
+/// `yes`, a bold `no`, or `—` when it cannot be told.
+pub fn yes_no(ok: Option<bool>) -> &'static str {
     match ok {
         Some(true) => "yes",
         Some(false) => "**no**",

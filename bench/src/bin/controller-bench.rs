@@ -59,48 +59,10 @@ struct Args {
     tb_arg: Vec<String>,
 }
 
-/// The workspace root: the parent of this crate's directory.
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
-}
-
 /// Build tb-controller in release mode and return its path.
 fn build_tb_controller() -> anyhow::Result<PathBuf> {
-    let root = workspace_root();
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    eprintln!("building tb-controller (cargo build --release -p tb-controller) ...");
-    let status = std::process::Command::new(cargo)
-        .args(["build", "--release", "-p", "tb-controller"])
-        .current_dir(&root)
-        .status()
-        .context("running cargo build for tb-controller")?;
-    anyhow::ensure!(
-        status.success(),
-        "cargo build --release -p tb-controller failed ({status})"
-    );
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    let bin = target.join("release").join("tb-controller");
-    anyhow::ensure!(
-        bin.is_file(),
-        "{} is missing after the build",
-        bin.display()
-    );
-    Ok(bin)
-}
-
-fn describe_binary(label: &str, path: &Path) -> String {
-    let modified = std::fs::metadata(path)
-        .and_then(|m| m.modified())
-        .map(|t| {
-            chrono::DateTime::<chrono::Utc>::from(t)
-                .format("%Y-%m-%d %H:%M UTC")
-                .to_string()
-        })
-        .unwrap_or_else(|_| "unknown".into());
-    format!("{label}: `{}` (built {modified})", path.display())
+    let dir = tb_bench::binaries::build_release(&["tb-controller"])?;
+    tb_bench::binaries::built(&dir, "tb-controller")
 }
 
 #[tokio::main]
@@ -180,7 +142,7 @@ async fn main() -> anyhow::Result<()> {
 
     let mut binaries = Vec::new();
     if let Some(b) = &tb_binary {
-        binaries.push(describe_binary("tb-controller", b));
+        binaries.push(tb_bench::binaries::describe("tb-controller", b));
         if !args.tb_arg.is_empty() {
             binaries.push(format!(
                 "tb-controller extra flags (not its defaults): `{}`",
@@ -189,7 +151,7 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     if let Some(b) = &etcd_binary {
-        binaries.push(describe_binary("etcd", b));
+        binaries.push(tb_bench::binaries::describe("etcd", b));
     }
     let ctx = report::Context {
         date,
