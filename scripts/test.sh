@@ -16,6 +16,8 @@ fi
 export TB_TEST_PYTHON="$venv/bin/python"
 export PATH="$venv/bin:$PATH"
 
-# The end-to-end tests start these binaries; build them once, up front.
+# The end-to-end tests start these binaries: build them once, up front, with the workspace's
+# features, and point the tests at them (a per-package build would compile the world again).
 cargo build --workspace --bins
+export TB_TEST_BIN_DIR="${CARGO_TARGET_DIR:-$PWD/target}/debug"
 cargo test --workspace "$@"
