@@ -125,6 +125,17 @@ pub enum AllocationPhase {
 }
 
 impl AllocationPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AllocationPhase::Pending => "Pending",
+            AllocationPhase::Running => "Running",
+            AllocationPhase::Succeeded => "Succeeded",
+            AllocationPhase::Failed => "Failed",
+            AllocationPhase::Stopped => "Stopped",
+            AllocationPhase::Lost => "Lost",
+        }
+    }
+
     pub fn is_terminal(self) -> bool {
         !matches!(self, AllocationPhase::Pending | AllocationPhase::Running)
     }

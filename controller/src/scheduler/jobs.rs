@@ -397,24 +397,7 @@ fn describe_end(a: &Alloc) -> String {
         (_, Some(sig)) => format!("killed by signal {sig}"),
         (Some(code), None) => format!("exited with code {code}"),
         (None, None) if !s.message.is_empty() => s.message.clone(),
-        (None, None) => s.phase_str().to_string(),
-    }
-}
-
-trait PhaseStr {
-    fn phase_str(&self) -> &'static str;
-}
-
-impl PhaseStr for tb_api::specs::AllocationStatus {
-    fn phase_str(&self) -> &'static str {
-        match self.phase {
-            AllocationPhase::Pending => "pending",
-            AllocationPhase::Running => "running",
-            AllocationPhase::Succeeded => "succeeded",
-            AllocationPhase::Failed => "failed",
-            AllocationPhase::Stopped => "stopped",
-            AllocationPhase::Lost => "lost",
-        }
+        (None, None) => s.phase.as_str().to_ascii_lowercase(),
     }
 }
 

@@ -79,7 +79,7 @@ pub fn place(
             })
             .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)));
         let Some((name, bytes, ports)) = best else {
-            return Err(unplaceable(req, &free, &used_on, why_not));
+            return Err(unplaceable(req, &free, why_not));
         };
         *bytes -= req.memory_bytes;
         let port = ports.remove(0);
@@ -95,7 +95,6 @@ pub fn place(
 fn unplaceable(
     req: &GangRequest,
     free: &[(String, u64, Vec<u16>)],
-    _used: &BTreeMap<String, u32>,
     mut why_not: Vec<String>,
 ) -> Unplaceable {
     for (name, bytes, ports) in free {

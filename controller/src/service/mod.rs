@@ -6,8 +6,25 @@ pub mod objects;
 
 use tonic::Status;
 
-use crate::raft::Unavailable;
-use crate::store::StoreError;
+use crate::raft::{RaftNode, Unavailable};
+use crate::store::{Command, Op, Response, StoreError};
+
+/// Commit one write through Raft, stamped now; a refusal by the store becomes its gRPC status.
+pub(crate) async fn commit(
+    node: &RaftNode,
+    request_id: String,
+    op: Op,
+) -> Result<Response, Status> {
+    let cmd = Command {
+        request_id,
+        now: now(),
+        op,
+    };
+    match node.propose(cmd).await.map_err(unavailable)? {
+        Response::Rejected(e) => Err(store_error(e)),
+        r => Ok(r),
+    }
+}
 
 /// The time a command is stamped with: RFC 3339, UTC, milliseconds — one format everywhere, so
 /// that the store may compare timestamps as strings.

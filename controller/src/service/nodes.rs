@@ -21,9 +21,8 @@ use tb_api::{Kind, Object, ObjectKey};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response as TonicResponse, Status};
 
-use super::{now, store_error, unavailable};
 use crate::raft::RaftNode;
-use crate::store::{Command, Op, Response};
+use crate::store::{Op, Response};
 
 /// How long a join token lives when the request does not say.
 const DEFAULT_TOKEN_TTL: u64 = 24 * 3600;
@@ -42,15 +41,7 @@ impl NodesService {
     }
 
     async fn commit(&self, op: Op) -> Result<Response, Status> {
-        let cmd = Command {
-            request_id: String::new(),
-            now: now(),
-            op,
-        };
-        match self.node.propose(cmd).await.map_err(unavailable)? {
-            Response::Rejected(e) => Err(store_error(e)),
-            r => Ok(r),
-        }
+        super::commit(&self.node, String::new(), op).await
     }
 }
 

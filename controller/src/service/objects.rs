@@ -18,9 +18,9 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response as TonicResponse, Status};
 
-use super::{now, store_error, unavailable};
+use super::{store_error, unavailable};
 use crate::raft::RaftNode;
-use crate::store::{Change, Command, Op, Response};
+use crate::store::{Change, Op, Response};
 
 /// Most objects one apply may carry.
 pub const MAX_OBJECTS_PER_APPLY: usize = 1000;
@@ -37,15 +37,7 @@ impl ObjectsService {
     }
 
     async fn commit(&self, request_id: String, op: Op) -> Result<Response, Status> {
-        let cmd = Command {
-            request_id,
-            now: now(),
-            op,
-        };
-        match self.node.propose(cmd).await.map_err(unavailable)? {
-            Response::Rejected(e) => Err(store_error(e)),
-            r => Ok(r),
-        }
+        super::commit(&self.node, request_id, op).await
     }
 
     async fn read_barrier(&self, stale: bool) -> Result<(), Status> {

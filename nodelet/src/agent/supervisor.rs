@@ -478,16 +478,12 @@ fn prepare(dir: &Path, namespace: &str, spec: &AllocationSpec) -> anyhow::Result
             files.ibv_devices_path = Some(devices);
         }
         coordinator = m.coordinator.clone();
-    } else {
-        // No MLX setup: a one-rank ring file keeps the environment contract uniform.
-        let hostfile = dir.join("hostfile.json");
-        mlx::write_atomic(
-            &hostfile,
-            &mlx::ring_hostfile(&[(std::net::Ipv4Addr::LOCALHOST, 0)])?,
-        )?;
-        files.hostfile_path = Some(hostfile);
     }
-    let tb_env = if backend == Backend::Ring || files.ibv_devices_path.is_some() {
+    let mlx_ready = match backend {
+        Backend::Ring => files.hostfile_path.is_some(),
+        _ => files.ibv_devices_path.is_some(),
+    };
+    let tb_env = if mlx_ready {
         mlx::env_for_rank(
             &job,
             spec.rank,
@@ -497,7 +493,8 @@ fn prepare(dir: &Path, namespace: &str, spec: &AllocationSpec) -> anyhow::Result
             coordinator,
         )?
     } else {
-        // JACCL without a device matrix (no RDMA topology known yet): tb's own variables only.
+        // No MLX setup, or JACCL without a device matrix (no RDMA topology known yet): tb's own
+        // variables only.
         BTreeMap::from([
             ("TB_JOB".to_string(), job.clone()),
             ("TB_RANK".to_string(), spec.rank.to_string()),
