@@ -12,18 +12,20 @@ pub enum Kind {
     Schedule,
     Queue,
     Node,
+    Link,
     Event,
     Allocation,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Model,
         Kind::InferenceService,
         Kind::TrainingJob,
         Kind::Schedule,
         Kind::Queue,
         Kind::Node,
+        Kind::Link,
         Kind::Event,
         Kind::Allocation,
     ];
@@ -37,6 +39,7 @@ impl Kind {
             Kind::Schedule => "Schedule",
             Kind::Queue => "Queue",
             Kind::Node => "Node",
+            Kind::Link => "Link",
             Kind::Event => "Event",
             Kind::Allocation => "Allocation",
         }
@@ -51,6 +54,7 @@ impl Kind {
             Kind::Schedule => "schedules",
             Kind::Queue => "queues",
             Kind::Node => "nodes",
+            Kind::Link => "links",
             Kind::Event => "events",
             Kind::Allocation => "allocations",
         }
@@ -65,14 +69,15 @@ impl Kind {
             Kind::Schedule => &["schedule", "schedules", "sched", "cronjob"],
             Kind::Queue => &["queue", "queues", "q"],
             Kind::Node => &["node", "nodes", "no"],
+            Kind::Link => &["link", "links"],
             Kind::Event => &["event", "events", "ev"],
             Kind::Allocation => &["allocation", "allocations", "alloc", "allocs"],
         }
     }
 
-    /// Node and Queue belong to the cluster; every other kind lives in a namespace.
+    /// Node, Link and Queue belong to the cluster; every other kind lives in a namespace.
     pub fn is_namespaced(self) -> bool {
-        !matches!(self, Kind::Node | Kind::Queue)
+        !matches!(self, Kind::Node | Kind::Link | Kind::Queue)
     }
 
     /// Parse a canonical name (`InferenceService`) or any alias, case-insensitively.
@@ -91,7 +96,7 @@ impl fmt::Display for Kind {
 }
 
 /// The kinds, as error messages list them.
-pub const KIND_LIST: &str = "Model, InferenceService (isvc), TrainingJob (tj), Schedule, Queue, Node, Event, Allocation (alloc)";
+pub const KIND_LIST: &str = "Model, InferenceService (isvc), TrainingJob (tj), Schedule, Queue, Node, Link, Event, Allocation (alloc)";
 
 /// An unknown kind, with the list of known ones for the error message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

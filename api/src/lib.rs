@@ -4,10 +4,12 @@
 //! Every other crate speaks through these types; nothing here does I/O beyond reading the files
 //! a user asks to load.
 
+pub mod chips;
 pub mod cron;
 pub mod duration;
 pub mod explain;
 pub mod kind;
+pub mod lab;
 pub mod load;
 pub mod meta;
 pub mod name;
@@ -31,8 +33,8 @@ pub use cron::CronSchedule;
 pub use explain::{explain, explain_path};
 pub use kind::Kind;
 pub use load::{
-    LoadError, LoadedObject, LocatedError, load_path, load_reader, load_str, parse_object_json,
-    to_yaml,
+    LoadError, LoadedObject, LocatedError, load_path, load_reader, load_str, load_typed_str,
+    parse_object_json, to_yaml,
 };
 pub use meta::{Condition, ObjectMeta};
 pub use object::{API_VERSION, Object, ObjectKey};

@@ -45,8 +45,39 @@ pub struct RankPlacement {
     pub allocation: String,
 }
 
+/// One rank of a model placement: the Mac, its layers and the memory they take.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacedStage {
+    pub node: String,
+    pub first_layer: u32,
+    pub layers: u32,
+    pub memory_bytes: u64,
+    pub weight_bytes: u64,
+    pub kv_bytes: u64,
+}
+
+/// How placement split a model, and what it predicts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementSummary {
+    /// pipeline, tensor or data.
+    pub strategy: String,
+    /// latency or throughput.
+    pub objective: String,
+    /// The last Mac is cabled back to the first.
+    #[serde(default)]
+    pub ring: bool,
+    pub predicted_tokens_per_second: f64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<PlacedStage>,
+    /// Runner-up candidates and why they lost.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alternatives: Vec<String>,
+}
+
 /// Status of a TrainingJob or InferenceService, written by the scheduler.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct JobStatus {
     #[serde(default)]
@@ -75,6 +106,9 @@ pub struct JobStatus {
     /// The Macs it runs on, in rank order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<String>,
+    /// The model placement behind `nodes`, when the job names a Model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_placement: Option<PlacementSummary>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -169,6 +203,33 @@ pub struct PortRange {
     pub end: u16,
 }
 
+/// One Thunderbolt (or, in a described lab, any network) port of a Mac, as its nodelet found it.
+/// Two ports whose `peerUuid` names each other's `uuid` are the two ends of a cable.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortStatus {
+    /// `tb3` for Thunderbolt port 3, or the name a topology file gives it.
+    pub name: String,
+    /// The network interface (`en3`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+    /// Its IPv4 address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// The RDMA device on the port (`rdma_en3`), when RDMA is enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma_device: Option<String>,
+    /// This port's own identity: the Thunderbolt bus domain uuid, or `node/port` in a
+    /// described lab.
+    pub uuid: String,
+    /// The far end's `uuid`, when a cable is plugged in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_uuid: Option<String>,
+    /// The negotiated link speed, Gb/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed_gbps: Option<f64>,
+}
+
 /// Status of a Node, written by its nodelet (the controller stamps `lastHeartbeatTime`, and
 /// marks Ready False when heartbeats stop).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -187,6 +248,12 @@ pub struct NodeStatus {
     pub allocated_bytes: u64,
     #[serde(default)]
     pub port_range: PortRange,
+    /// The Mac's ports, from discovery or the topology file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PortStatus>,
+    /// The TCP port the link-probe server listens on, on every port address (0: none).
+    #[serde(default)]
+    pub probe_port: u16,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub nodelet_version: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]

@@ -166,6 +166,19 @@ spec:
   taints: ["gpu=busy:NoSchedule"]
 "#
         }
+        Kind::Link => {
+            r#"
+apiVersion: tb/v1
+kind: Link
+metadata: {name: mac-studio-1.en3.mac-studio-2.en5}
+spec:
+  a: {node: mac-studio-1, port: tb3, interface: en3, address: 192.168.10.1, rdmaDevice: rdma_en3}
+  b: {node: mac-studio-2, port: tb5, interface: en5, address: 192.168.10.2, rdmaDevice: rdma_en5}
+  nominalGbps: 80
+  rdma: true
+  probeRequest: 2
+"#
+        }
         Kind::Allocation => {
             r#"
 apiVersion: tb/v1
@@ -189,6 +202,7 @@ spec:
     hosts: ["10.0.0.1:32323", "10.0.0.2:32323"]
     coordinator: "10.0.0.1:32323"
     ibvDevices: [[null, rdma_en3], [rdma_en3, null]]
+  layers: {first: 0, count: 40}
 "#
         }
         Kind::Event => {

@@ -77,6 +77,11 @@ pub enum Command {
     Top(TopCommand),
     /// Print an mlx.launch hostfile for a job's current placement.
     Hostfile(HostfileArgs),
+    /// Where a job's model would go (Macs, order, layers, memory, tokens/s): a dry run, on the
+    /// live cluster or on a described one (--cluster).
+    Plan(PlanArgs),
+    /// The Macs and the cables between them, with measured bandwidth and latency.
+    Topology(TopologyArgs),
     /// Mark a Node unschedulable: running work stays, no new work is placed on it.
     Cordon(NodeArgs),
     /// Make a Node schedulable again (undoes cordon and drain).
@@ -273,6 +278,59 @@ pub struct HostfileArgs {
     pub output: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = HostfileFormat::Mlx)]
     pub format: HostfileFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// Files with the job(s) to plan, and their Model(s) unless the cluster has them.
+    #[arg(short = 'f', long = "filename", value_name = "FILE", required = true)]
+    pub files: Vec<String>,
+    /// Plan against a described lab (Macs, memory, links) instead of the live cluster; needs
+    /// no server.
+    #[arg(long, value_name = "FILE")]
+    pub cluster: Option<String>,
+    #[arg(short = 'o', long, value_enum, default_value_t = PlanOutput::Table)]
+    pub output: PlanOutput,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PlanOutput {
+    Table,
+    /// The ordered Macs with their layers, memory and the prediction.
+    Json,
+    Yaml,
+}
+
+#[derive(Debug, Args)]
+pub struct TopologyArgs {
+    #[command(subcommand)]
+    pub command: Option<TopologyCommand>,
+    #[arg(short = 'o', long, value_enum, default_value_t = TopologyOutput::Table)]
+    pub output: TopologyOutput,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TopologyOutput {
+    /// Tables of Macs and links, and a picture of who is cabled to whom.
+    Table,
+    /// Graphviz.
+    Dot,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TopologyCommand {
+    /// Measure links again (all, or the ones named).
+    Probe(ProbeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// Link names (`tbctl get links`); none means every link.
+    pub links: Vec<String>,
+    /// Wait for the new measurements (up to --timeout, default 60s) and print them.
+    #[arg(long)]
+    pub wait: bool,
 }
 
 #[derive(Debug, Args)]

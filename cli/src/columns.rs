@@ -78,6 +78,7 @@ fn kind_headers(kind: Kind) -> &'static [&'static str] {
         Kind::Schedule => &["SCHEDULE", "SUSPEND", "LAST SCHEDULE"],
         Kind::Queue => &["PRIORITY", "WEIGHT"],
         Kind::Node => &["READY", "FREE/TOTAL", "CHIP"],
+        Kind::Link => &["A", "B", "RDMA", "BANDWIDTH", "LATENCY"],
         Kind::Event => &["TYPE", "REASON", "OBJECT", "COUNT", "MESSAGE"],
         Kind::Allocation => &["JOB", "RANK", "EPOCH", "NODE", "DESIRED", "PHASE"],
     }
@@ -130,6 +131,22 @@ fn kind_cells(kind: Kind, o: &Object) -> Vec<String> {
                 cell(at(status, &["capacity", "chip"])),
             ]
         }
+        Kind::Link => vec![
+            link_end(at(spec, &["a"])),
+            link_end(at(spec, &["b"])),
+            at(spec, &["rdma"])
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+                .to_string(),
+            at(status, &["bandwidthGbps"])
+                .and_then(Value::as_f64)
+                .map(|g| format!("{g:.1} Gb/s"))
+                .unwrap_or_else(|| NONE.into()),
+            at(status, &["latencyUsP50"])
+                .and_then(Value::as_f64)
+                .map(|us| format!("{us:.0} µs"))
+                .unwrap_or_else(|| NONE.into()),
+        ],
         Kind::Event => vec![
             cell(at(spec, &["type"])),
             cell(at(spec, &["reason"])),
@@ -166,6 +183,18 @@ fn kind_wide_cells(kind: Kind, o: &Object) -> Vec<String> {
             ]
         }
         _ => Vec::new(),
+    }
+}
+
+/// `node/port` of one end of a Link.
+fn link_end(end: Option<&Value>) -> String {
+    match end {
+        Some(e) => format!(
+            "{}/{}",
+            at(e, &["node"]).and_then(Value::as_str).unwrap_or("?"),
+            at(e, &["port"]).and_then(Value::as_str).unwrap_or("?")
+        ),
+        None => NONE.into(),
     }
 }
 

@@ -3,6 +3,7 @@
 
 pub mod interceptor;
 pub mod metrics;
+pub mod placement;
 pub mod raft;
 pub mod reconciler;
 pub mod scheduler;

@@ -1,14 +1,18 @@
-//! `tb-nodelet`: the agent on each Mac. It joins the cluster, reports the Mac's capacity,
-//! heartbeats, and runs the allocations the controllers assign to it.
+//! `tb-nodelet`: the agent on each Mac. It joins the cluster, reports the Mac's capacity and
+//! Thunderbolt ports, heartbeats, measures the links it is end `a` of, serves the link probes of
+//! its peers, and runs the allocations the controllers assign to it.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use tb_api::status::PortRange;
 use tb_nodelet::agent::{Config, run};
+use tb_nodelet::probe::{DEFAULT_PORT, ProbeConfig};
+use tb_nodelet::topology::Topology;
 
 #[derive(Parser, Debug)]
 #[command(name = "tb-nodelet", version, about = "tb's agent on each Mac")]
@@ -43,9 +47,16 @@ struct Args {
     /// Memory kept back from tb (e.g. 8Gi); default: 4Gi or 10 %, whichever is smaller.
     #[arg(long)]
     reserve: Option<tb_api::Quantity>,
-    /// Static topology file (ports and links), for labs without Thunderbolt discovery.
-    #[arg(long)]
+    /// A described lab (YAML: macs with chip, memory, ports; links between mac/port ends), for
+    /// labs whose links are not Thunderbolt and for emulated labs. This node's ports come from
+    /// the file instead of discovery, and when the file gives this Mac's memory the heartbeat
+    /// reports the file's capacity (memory, allocatable, free, chip, gpuCores,
+    /// memoryBandwidth) instead of the measured one. This node (--name) must be in the file.
+    #[arg(long, value_name = "FILE")]
     topology: Option<PathBuf>,
+    /// TCP port of the link-probe server, on every port address (0: let the OS pick one).
+    #[arg(long, default_value_t = DEFAULT_PORT)]
+    probe_port: u16,
     /// Log format.
     #[arg(long, value_parser = ["text", "json"], default_value = "text")]
     log_format: String,
@@ -99,11 +110,24 @@ fn init_logging(format: &str) {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_logging(&args.log_format);
-    if args.topology.is_some() {
-        tracing::warn!(
-            "--topology is read by the topology discovery, which this release does not include yet"
-        );
-    }
+    let topology = match &args.topology {
+        Some(path) => match Topology::load(path, &args.name) {
+            Ok(t) => Some(Arc::new(t)),
+            Err(e) => {
+                // A startup mistake in the file: say where, without a backtrace.
+                eprintln!("tb-nodelet: {e}");
+                std::process::exit(2);
+            }
+        },
+        None => None,
+    };
+    // The file's labels for this Mac, under those given with --labels.
+    let mut labels = topology
+        .as_ref()
+        .and_then(|t| t.mac())
+        .map(|m| m.labels.clone())
+        .unwrap_or_default();
+    labels.extend(args.labels.unwrap_or_default());
     let cfg = Config {
         controllers: args.controller,
         name: args.name,
@@ -111,10 +135,13 @@ async fn main() -> anyhow::Result<()> {
         listen: args.listen,
         advertise: args.advertise,
         join_token: args.join_token,
-        labels: args.labels.unwrap_or_default(),
+        labels,
         port_range: args.port_range,
         heartbeat: Duration::from_millis(args.heartbeat_ms.max(50)),
         reserve_bytes: args.reserve.map(|q| q.bytes()),
+        topology,
+        probe_port: args.probe_port,
+        probe: ProbeConfig::default(),
     };
     run(cfg).await
 }

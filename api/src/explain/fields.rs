@@ -192,6 +192,11 @@ const MLX_ASSIGNMENT: &[Field] = &[
     f("ibvDevices", "[][]string", "", "JACCL's device matrix: row i, column j = RDMA device on rank i cabled to rank j."),
 ];
 
+const LAYER_RANGE: &[Field] = &[
+    f("first", "integer", "required", "The first layer held, from 0."),
+    f("count", "integer", "required", "How many consecutive layers."),
+];
+
 const ALLOCATION: &[Field] = &[
     obj("job", "JobRef", "required", "The job this rank belongs to.", JOB_REF),
     f("node", "string", "required", "The Node that runs it."),
@@ -205,7 +210,24 @@ const ALLOCATION: &[Field] = &[
     f("env", "map[string]string", "", "Environment beyond the TB_* and MLX_* variables tb sets."),
     f("workingDir", "string", "", "Working directory, relative to the allocation's directory."),
     obj("mlx", "MlxAssignment", "", "The MLX distributed setup computed by the scheduler.", MLX_ASSIGNMENT),
+    obj("layers", "LayerRange", "", "The model layers this rank holds, when placement split a model.", LAYER_RANGE),
     f("stopGraceSeconds", "integer", "default 10", "Seconds between SIGTERM and SIGKILL."),
+];
+
+const LINK_END: &[Field] = &[
+    f("node", "string", "required", "The Mac at this end."),
+    f("port", "string", "required", "The port's name on that Mac (tb3, or the name a topology file gives it)."),
+    f("interface", "string", "", "The port's network interface (en3)."),
+    f("address", "string", "", "The IPv4 address on that interface, where probes and data go."),
+    f("rdmaDevice", "string", "", "The RDMA device on the port (rdma_en3) when RDMA is on."),
+];
+
+const LINK: &[Field] = &[
+    obj("a", "LinkEnd", "required", "The end whose nodelet probes the link.", LINK_END),
+    obj("b", "LinkEnd", "required", "The other end.", LINK_END),
+    f("nominalGbps", "number", "", "The speed the ports negotiated, Gb/s."),
+    f("rdma", "boolean", "default false", "RDMA devices on both ends."),
+    f("probeRequest", "integer", "default 0", "Raised by tbctl topology probe to have the link measured again."),
 ];
 
 /// What each kind is for, and its spec.
@@ -217,6 +239,7 @@ pub(super) fn kind_doc(kind: Kind) -> (&'static str, &'static [Field]) {
         Kind::Schedule => ("Creates TrainingJobs from a template on a cron schedule.", SCHEDULE),
         Kind::Queue => ("A share of the cluster with a quota, a priority and a fair-share weight. Cluster-scoped.", QUEUE),
         Kind::Node => ("One Mac, registered by its nodelet, which reports capacity and links in status. Cluster-scoped.", NODE),
+        Kind::Link => ("A cable between two Macs, joined from the ports their nodelets report; the status holds measured bandwidth and latency. Cluster-scoped.", LINK),
         Kind::Event => ("Something that happened to an object, written by tb.", EVENT),
         Kind::Allocation => ("One rank of a job placed on one Mac; created by the scheduler, run by that Mac's nodelet.", ALLOCATION),
     }

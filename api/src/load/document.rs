@@ -17,8 +17,8 @@ use crate::meta::ObjectMeta;
 use crate::object::{API_VERSION, Object};
 use crate::serde_util::render_path;
 use crate::specs::{
-    AllocationSpec, EventSpec, InferenceServiceSpec, ModelSpec, NodeSpec, QueueSpec, ScheduleSpec,
-    Spec, TrainingJobSpec,
+    AllocationSpec, EventSpec, InferenceServiceSpec, LinkSpec, ModelSpec, NodeSpec, QueueSpec,
+    ScheduleSpec, Spec, TrainingJobSpec,
 };
 use crate::validate::{api_version_message, validate_object};
 
@@ -219,6 +219,20 @@ fn read_typed<S: Spec>(errors: &DocErrors<'_>) -> Result<Object, LocatedError> {
     })
 }
 
+/// Reads a whole file as one value of `T` (a file format that is not a tb object, such as a
+/// lab description), then runs `check`, whose errors carry a field path; every error is placed
+/// at its line and column.
+pub(crate) fn load_typed_document<T: DeserializeOwned>(
+    errors: &DocErrors<'_>,
+    check: impl FnOnce(&T) -> Result<(), crate::validate::ValidationError>,
+) -> Result<T, LocatedError> {
+    let text = &errors.doc.text;
+    serde_yaml::from_str::<serde_yaml::Value>(text).map_err(|e| errors.syntax(&e))?;
+    let value: T = deserialize(text).map_err(|e| errors.typed(&e))?;
+    check(&value).map_err(|e| errors.at_path(&e.path, &e.message))?;
+    Ok(value)
+}
+
 /// Reads and checks one document.
 pub(crate) fn load_document(errors: &DocErrors<'_>) -> Result<Object, LocatedError> {
     let text = &errors.doc.text;
@@ -240,6 +254,7 @@ pub(crate) fn load_document(errors: &DocErrors<'_>) -> Result<Object, LocatedErr
         Kind::Schedule => read_typed::<ScheduleSpec>(errors),
         Kind::Queue => read_typed::<QueueSpec>(errors),
         Kind::Node => read_typed::<NodeSpec>(errors),
+        Kind::Link => read_typed::<LinkSpec>(errors),
         Kind::Event => read_typed::<EventSpec>(errors),
         Kind::Allocation => read_typed::<AllocationSpec>(errors),
     }?;

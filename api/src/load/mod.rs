@@ -18,7 +18,7 @@ use crate::object::{Object, ObjectKey};
 use crate::serde_util::{json_message, render_path};
 use crate::validate::{ValidationError, validate_object};
 
-use document::{DocErrors, load_document};
+use document::{DocErrors, load_document, load_typed_document};
 use split::split_documents;
 
 /// What `load_path` reads from a directory.
@@ -167,6 +167,33 @@ pub fn load_str(source_name: &str, text: &str) -> Result<Vec<LoadedObject>, Load
         return Err(no_objects(source_name));
     }
     loader.finish()
+}
+
+/// Reads a file that holds one YAML document of a format other than tb objects (a lab
+/// description), with the same `FILE:LINE:COL: field: message` errors; `check` runs the rules
+/// serde cannot, naming the field it rejects.
+pub fn load_typed_str<T: serde::de::DeserializeOwned>(
+    source_name: &str,
+    text: &str,
+    check: impl FnOnce(&T) -> Result<(), ValidationError>,
+) -> Result<T, LocatedError> {
+    let docs = split_documents(text);
+    let [doc] = docs.as_slice() else {
+        return Err(LocatedError {
+            file: source_name.to_string(),
+            line: 0,
+            column: 0,
+            path: String::new(),
+            message: format!("expected exactly one YAML document, found {}", docs.len()),
+        });
+    };
+    load_typed_document(
+        &DocErrors {
+            file: source_name,
+            doc,
+        },
+        check,
+    )
 }
 
 /// Reads everything from `reader` (stdin, a socket) and loads it.

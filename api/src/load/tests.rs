@@ -71,7 +71,7 @@ fn unknown_kind_is_placed_at_the_value() {
     assert_eq!(
         load_error(&text),
         "job.yaml:2:7: kind: unknown kind \"Pod\"; expected one of Model, InferenceService (isvc), \
-         TrainingJob (tj), Schedule, Queue, Node, Event, Allocation (alloc)"
+         TrainingJob (tj), Schedule, Queue, Node, Link, Event, Allocation (alloc)"
     );
 }
 
@@ -406,8 +406,8 @@ fn every_example_manifest_loads() {
     let all = load_path(&manifests()).unwrap();
     let count = |k: Kind| all.iter().filter(|o| o.object.kind == k.as_str()).count();
     assert_eq!(count(Kind::Queue), 2);
-    assert_eq!(count(Kind::Model), 1);
-    assert_eq!(count(Kind::InferenceService), 1);
+    assert_eq!(count(Kind::Model), 2);
+    assert_eq!(count(Kind::InferenceService), 2);
     assert_eq!(count(Kind::TrainingJob), 2);
     assert_eq!(count(Kind::Schedule), 1);
 }

@@ -53,6 +53,14 @@ pub struct MlxAssignment {
     pub ibv_devices: Option<Vec<Vec<Option<String>>>>,
 }
 
+/// The model layers a rank holds: `[first, first + count)`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LayerRange {
+    pub first: u32,
+    pub count: u32,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AllocationSpec {
@@ -76,6 +84,9 @@ pub struct AllocationSpec {
     pub working_dir: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mlx: Option<MlxAssignment>,
+    /// The layers this rank holds, when placement split a model (pipeline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<LayerRange>,
     /// Seconds between SIGTERM and SIGKILL when stopping.
     #[serde(default = "default_grace")]
     pub stop_grace_seconds: u64,

@@ -5,6 +5,7 @@ pub mod allocation;
 mod common;
 pub mod event;
 pub mod inference;
+pub mod link;
 pub mod model;
 pub mod node;
 pub mod queue;
@@ -15,11 +16,12 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 pub use allocation::{
-    AllocationPhase, AllocationSpec, AllocationStatus, Desired, JobRef, MlxAssignment,
+    AllocationPhase, AllocationSpec, AllocationStatus, Desired, JobRef, LayerRange, MlxAssignment,
 };
 pub use common::Executor;
 pub use event::{EventSpec, EventType, ObjectRef};
 pub use inference::{Endpoint, InferenceServiceSpec, NodeRange, Objective, Parallelism};
+pub use link::{LinkEnd, LinkSpec, LinkStatus, link_name};
 pub use model::{ModelFormat, ModelSource, ModelSpec};
 pub use node::NodeSpec;
 pub use queue::{QueueQuota, QueueSpec};
@@ -54,6 +56,7 @@ impl_spec! {
     ScheduleSpec => Schedule,
     QueueSpec => Queue,
     NodeSpec => Node,
+    LinkSpec => Link,
     EventSpec => Event,
     AllocationSpec => Allocation,
 }
@@ -77,6 +80,7 @@ pub enum TypedSpec {
     Schedule(ScheduleSpec),
     Queue(QueueSpec),
     Node(NodeSpec),
+    Link(LinkSpec),
     Event(EventSpec),
     Allocation(AllocationSpec),
 }
@@ -91,6 +95,7 @@ impl TypedSpec {
             Kind::Schedule => TypedSpec::Schedule(parse_spec(spec)?),
             Kind::Queue => TypedSpec::Queue(parse_spec(spec)?),
             Kind::Node => TypedSpec::Node(parse_spec(spec)?),
+            Kind::Link => TypedSpec::Link(parse_spec(spec)?),
             Kind::Event => TypedSpec::Event(parse_spec(spec)?),
             Kind::Allocation => TypedSpec::Allocation(parse_spec(spec)?),
         })
@@ -107,6 +112,7 @@ impl TypedSpec {
             TypedSpec::Schedule(s) => serde_json::to_value(s),
             TypedSpec::Queue(s) => serde_json::to_value(s),
             TypedSpec::Node(s) => serde_json::to_value(s),
+            TypedSpec::Link(s) => serde_json::to_value(s),
             TypedSpec::Event(s) => serde_json::to_value(s),
             TypedSpec::Allocation(s) => serde_json::to_value(s),
         };
@@ -121,6 +127,7 @@ impl TypedSpec {
             TypedSpec::Schedule(_) => Kind::Schedule,
             TypedSpec::Queue(_) => Kind::Queue,
             TypedSpec::Node(_) => Kind::Node,
+            TypedSpec::Link(_) => Kind::Link,
             TypedSpec::Event(_) => Kind::Event,
             TypedSpec::Allocation(_) => Kind::Allocation,
         }

@@ -159,10 +159,17 @@ pub fn render(o: &Object, events: &Result<Vec<Object>, String>, now: DateTime<Ut
     block(&mut out, "Spec", &o.spec);
     let mut status = o.status.clone();
     let conditions = status.as_object_mut().and_then(|m| m.remove("conditions"));
+    let placement = status
+        .as_object_mut()
+        .and_then(|m| m.remove("modelPlacement"));
     if status.as_object().is_some_and(|m| !m.is_empty())
         || (!status.is_null() && !status.is_object())
     {
         block(&mut out, "Status", &status);
+    }
+
+    if let Some(p) = placement.as_ref().filter(|p| p.is_object()) {
+        render_placement(&mut out, p);
     }
 
     match conditions
@@ -209,6 +216,59 @@ pub fn render(o: &Object, events: &Result<Vec<Object>, String>, now: DateTime<Ut
         }
     }
     out
+}
+
+/// A job's model placement: the split, per-Mac memory, the prediction, the runners-up.
+fn render_placement(out: &mut String, p: &Value) {
+    let ring = if at(p, &["ring"]).and_then(Value::as_bool) == Some(true) {
+        ", ring"
+    } else {
+        ""
+    };
+    out.push_str(&format!(
+        "Placement:        {} ({} objective{ring}), {:.1} tokens/s predicted\n",
+        cell(at(p, &["strategy"])),
+        cell(at(p, &["objective"])),
+        at(p, &["predictedTokensPerSecond"])
+            .and_then(Value::as_f64)
+            .unwrap_or(0.0)
+    ));
+    let mut t = Table::new(["RANK", "MAC", "LAYERS", "WEIGHTS", "KV CACHE", "MEMORY"]);
+    let bytes = |s: &Value, k: &str| {
+        at(s, &[k])
+            .and_then(Value::as_u64)
+            .map_or_else(|| "-".into(), crate::columns::human_bytes)
+    };
+    for (rank, s) in at(p, &["stages"])
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let first = at(s, &["firstLayer"]).and_then(Value::as_u64).unwrap_or(0);
+        let count = at(s, &["layers"]).and_then(Value::as_u64).unwrap_or(0);
+        t.push(vec![
+            rank.to_string(),
+            cell(at(s, &["node"])),
+            if count == 0 {
+                "-".into()
+            } else {
+                format!("{first}-{}", first + count - 1)
+            },
+            bytes(s, "weightBytes"),
+            bytes(s, "kvBytes"),
+            bytes(s, "memoryBytes"),
+        ]);
+    }
+    indent(out, &t.render());
+    for alt in at(p, &["alternatives"])
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        out.push_str(&format!("  not chosen: {alt}\n"));
+    }
 }
 
 /// `5m`, or kubectl's `5m (x3 over 20m)` for a repeated event.
@@ -393,6 +453,37 @@ mod tests {
         assert!(
             tail[0].contains("Scheduled") && tail[0].contains("60s"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn shows_the_model_placement_as_a_table() {
+        let mut o = isvc();
+        o.status = json!({"phase": "Scheduled", "modelPlacement": {
+            "strategy": "pipeline", "objective": "latency", "ring": true,
+            "predictedTokensPerSecond": 23.4,
+            "stages": [
+                {"node": "studio", "firstLayer": 0, "layers": 50, "memoryBytes": 64424509440u64,
+                 "weightBytes": 53687091200u64, "kvBytes": 1073741824u64},
+                {"node": "max", "firstLayer": 50, "layers": 30, "memoryBytes": 34359738368u64,
+                 "weightBytes": 32212254720u64, "kvBytes": 644245094u64}],
+            "alternatives": ["pipeline over max→studio: slower: 20.1 vs 23.4 tok/s"]}});
+        let text = render(&o, &Ok(vec![]), now());
+        assert!(
+            text.contains(
+                "Placement:        pipeline (latency objective, ring), 23.4 tokens/s predicted"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("studio   0-49"), "{text}");
+        assert!(text.contains("max      50-79"), "{text}");
+        assert!(
+            text.contains("not chosen: pipeline over max→studio"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("modelPlacement"),
+            "not repeated in the status block: {text}"
         );
     }
 }

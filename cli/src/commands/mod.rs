@@ -18,8 +18,10 @@ pub mod get;
 pub mod hostfile;
 pub mod logs;
 pub mod observe;
+pub mod plan;
 pub mod token;
 pub mod top;
+pub mod topology;
 pub mod up;
 pub mod wait;
 pub mod watch;
@@ -93,6 +95,13 @@ pub async fn run(cli: Cli) -> Result<u8> {
         // The local cluster is found by its data directory, not by a context.
         Command::Up(a) => return up::run(&a).await.map(|()| 0),
         Command::Down(a) => return down::run(&a).await.map(|()| 0),
+        Command::Plan(a) if a.cluster.is_some() => {
+            let ns = g
+                .namespace
+                .clone()
+                .unwrap_or_else(|| tb_api::DEFAULT_NAMESPACE.into());
+            return plan::run_offline(&a, &ns).map(|()| 0);
+        }
         other => other,
     };
     let path = config_path()?;
@@ -121,6 +130,8 @@ pub async fn run(cli: Cli) -> Result<u8> {
             .map(|()| 0),
         Command::Top(c) => top::run(&mut ctx, c).await.map(|()| 0),
         Command::Hostfile(a) => hostfile::run(&mut ctx, &a).await.map(|()| 0),
+        Command::Plan(a) => plan::run(&mut ctx, &a).await.map(|()| 0),
+        Command::Topology(a) => topology::run(&mut ctx, &a, g.timeout).await.map(|()| 0),
         Command::Cordon(a) => cordon::run(&mut ctx, &a.node, cordon::Mark::Cordon)
             .await
             .map(|_| 0),

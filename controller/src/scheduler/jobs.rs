@@ -10,14 +10,15 @@ use std::collections::BTreeMap;
 
 use tb_api::specs::{
     AllocationPhase, AllocationSpec, Backend, Desired, Executor, InferenceServiceSpec, JobRef,
-    MlxAssignment, TrainingJobSpec, allocation, parse_spec,
+    LayerRange, MlxAssignment, TrainingJobSpec, allocation, parse_spec,
 };
-use tb_api::status::{JobPhase, JobStatus, RankPlacement};
+use tb_api::status::{JobPhase, JobStatus, PlacementSummary, RankPlacement};
 use tb_api::{Kind, Object, ObjectKey, ObjectMeta};
 
 use super::placement::{GangRequest, RankSlot, place};
 use super::view::{Alloc, ClusterView};
 use super::{Clock, SchedulerConfig, event, parse_time};
+use crate::placement::{self as model_placement, Options, Topology, Workload, live};
 use crate::store::{Plan, PlanWrite};
 
 /// What the scheduler needs from either kind of job.
@@ -119,6 +120,10 @@ pub fn reconcile_job(
         status.reason = "ExecutorUnavailable".into();
         status.message =
             "the built-in executor is not part of this release; use executor: exec".into();
+        // Still show where it would go, so the placement can be checked before it runs.
+        if let Ok(placed) = place_job(job, &shape, view) {
+            status.model_placement = placed.summary;
+        }
         return finish(job, status, &before, plan);
     }
 
@@ -213,16 +218,11 @@ pub fn reconcile_job(
     let running_wanted = !live.is_empty() && !plan_stops_all(&plan, &current);
     let backoff_over = parse_time(&status.next_retry_time).is_none_or(|t| clock.now >= t);
     if !running_wanted && backoff_over && status.phase == JobPhase::Pending {
-        let req = GangRequest {
-            ranks: shape.ranks,
-            memory_bytes: shape.memory_bytes,
-            node_selector: shape.node_selector.clone(),
-            exclusive: shape.exclusive,
-        };
-        match place(&req, &view.nodes) {
-            Ok(slots) => {
+        match place_job(job, &shape, view) {
+            Ok(placed) => {
                 let epoch = status.epoch + 1;
-                create_gang(job, &shape, &slots, epoch, view, &mut plan);
+                create_gang(job, &shape, &placed, epoch, view, &mut plan);
+                let slots = &placed.slots;
                 status.epoch = epoch;
                 status.phase = JobPhase::Scheduled;
                 status.reason = "Scheduled".into();
@@ -243,15 +243,22 @@ pub fn reconcile_job(
                     .collect();
                 status.nodes = slots.iter().map(|s| s.node.clone()).collect();
                 status.set_condition("Scheduled", true, "Scheduled", "", &clock.stamp);
-                let message = format!(
+                let mut message = format!(
                     "epoch {epoch}: {} rank(s) on {}",
                     slots.len(),
                     status.nodes.join(",")
                 );
+                if let Some(p) = &placed.summary {
+                    message.push_str(&format!(
+                        " ({}, {:.1} tok/s predicted)",
+                        p.strategy, p.predicted_tokens_per_second
+                    ));
+                }
+                status.model_placement = placed.summary;
                 plan.events.push(event(job, false, "Scheduled", &message));
             }
             Err(why) => {
-                status.reason = "Unschedulable".into();
+                status.reason = why.reason.into();
                 if status.message != why.message {
                     plan.events
                         .push(event(job, true, "FailedScheduling", &why.message));
@@ -260,7 +267,7 @@ pub fn reconcile_job(
                 status.set_condition(
                     "Scheduled",
                     false,
-                    "Unschedulable",
+                    why.reason,
                     &status.message.clone(),
                     &clock.stamp,
                 );
@@ -280,7 +287,7 @@ fn gang_progress(
     clock: &Clock,
     cfg: &SchedulerConfig,
 ) {
-    let world = shape.ranks as usize;
+    let world = current.first().map_or(shape.ranks, |a| a.spec.world_size) as usize;
     let phase_count = |p: AllocationPhase| current.iter().filter(|a| a.status.phase == p).count();
     let failed = current
         .iter()
@@ -459,14 +466,160 @@ fn plan_stops_all(plan: &Plan, current: &[Alloc]) -> bool {
         .all(|a| plan_touches(plan, &a.object.key()))
 }
 
+/// Where a gang goes: one slot per rank, in rank order, with what each rank holds.
+struct Placed {
+    slots: Vec<RankSlot>,
+    memory_bytes: Vec<u64>,
+    layers: Vec<Option<LayerRange>>,
+    ibv_devices: Option<Vec<Vec<Option<String>>>>,
+    summary: Option<PlacementSummary>,
+}
+
+/// Why a gang was not placed.
+struct Refusal {
+    reason: &'static str,
+    message: String,
+}
+
+fn refuse(reason: &'static str, message: impl Into<String>) -> Refusal {
+    Refusal {
+        reason,
+        message: message.into(),
+    }
+}
+
+/// The workload of a job sized by a Model, or None for `ranks` × `memory` jobs.
+fn workload(job: &Object, view: &ClusterView) -> Result<Option<Workload>, Refusal> {
+    live::workload_for(job, &view.models).map_err(|e| match e {
+        live::WorkloadError::ModelNotFound(m) => refuse("ModelNotFound", m),
+        live::WorkloadError::ModelIncomplete(m) => refuse("ModelIncomplete", m),
+    })
+}
+
+/// Place a job: a Model's layers split by the topology-aware planner, or `ranks` × `memory`
+/// spread by memory and ordered along the cables.
+fn place_job(job: &Object, shape: &JobShape, view: &ClusterView) -> Result<Placed, Refusal> {
+    let topology = view.topology();
+    let mut placed = match workload(job, view)? {
+        Some(w) => place_model(&topology, &w, view)?,
+        None => place_ranks(&topology, shape, view)?,
+    };
+    if shape.backend.is_jaccl() {
+        let nodes: Vec<String> = placed.slots.iter().map(|s| s.node.clone()).collect();
+        placed.ibv_devices = Some(jaccl_matrix(&topology, &nodes, shape.backend)?);
+    }
+    Ok(placed)
+}
+
+fn place_model(topology: &Topology, w: &Workload, view: &ClusterView) -> Result<Placed, Refusal> {
+    let plan = model_placement::plan(topology, w, &Options::default())
+        .map_err(|u| refuse("Unschedulable", u.message))?;
+    let mut slots = Vec::with_capacity(plan.stages.len());
+    for stage in &plan.stages {
+        let port = view.nodes.get(&stage.node).and_then(|n| {
+            let r = n.status.port_range;
+            (r.start..=r.end).find(|p| *p != 0 && !n.used_ports.contains(p))
+        });
+        let Some(port) = port else {
+            return Err(refuse(
+                "Unschedulable",
+                format!("{} has no free port in its port range", stage.node),
+            ));
+        };
+        slots.push(RankSlot {
+            node: stage.node.clone(),
+            port,
+        });
+    }
+    let pipeline = plan.strategy == model_placement::Strategy::Pipeline;
+    Ok(Placed {
+        slots,
+        memory_bytes: plan.stages.iter().map(|s| s.memory_bytes).collect(),
+        layers: plan
+            .stages
+            .iter()
+            .map(|s| {
+                pipeline.then_some(LayerRange {
+                    first: s.first_layer,
+                    count: s.layers,
+                })
+            })
+            .collect(),
+        ibv_devices: None,
+        summary: Some(live::summary(&plan)),
+    })
+}
+
+fn place_ranks(
+    topology: &Topology,
+    shape: &JobShape,
+    view: &ClusterView,
+) -> Result<Placed, Refusal> {
+    let req = GangRequest {
+        ranks: shape.ranks,
+        memory_bytes: shape.memory_bytes,
+        node_selector: shape.node_selector.clone(),
+        exclusive: shape.exclusive,
+    };
+    let mut slots = place(&req, &view.nodes).map_err(|u| refuse("Unschedulable", u.message))?;
+    // Rank order is ring order for MLX: follow the cables.
+    let nodes: Vec<String> = slots.iter().map(|s| s.node.clone()).collect();
+    let (order, _ring) = model_placement::search::cable_order(topology, &nodes);
+    let mut ordered = Vec::with_capacity(slots.len());
+    for node in order {
+        if let Some(i) = slots.iter().position(|s| s.node == node) {
+            ordered.push(slots.remove(i));
+        }
+    }
+    ordered.append(&mut slots);
+    Ok(Placed {
+        memory_bytes: vec![shape.memory_bytes; ordered.len()],
+        layers: vec![None; ordered.len()],
+        slots: ordered,
+        ibv_devices: None,
+        summary: None,
+    })
+}
+
+/// JACCL's device matrix, or why the cables cannot carry it: a mesh needs an RDMA cable
+/// between every pair of Macs, a ring between neighbours.
+fn jaccl_matrix(
+    topology: &Topology,
+    nodes: &[String],
+    backend: Backend,
+) -> Result<Vec<Vec<Option<String>>>, Refusal> {
+    let matrix = live::ibv_matrix(topology, nodes);
+    let n = nodes.len();
+    let needed = |i: usize, j: usize| match backend {
+        Backend::JacclRing => j == (i + 1) % n || i == (j + 1) % n,
+        _ => true,
+    };
+    for i in 0..n {
+        for j in 0..n {
+            if i != j && nodes[i] != nodes[j] && needed(i, j) && matrix[i][j].is_none() {
+                return Err(refuse(
+                    "Unschedulable",
+                    format!(
+                        "backend {backend} needs an RDMA cable between {} and {}; there is none \
+                         (use backend: ring for TCP)",
+                        nodes[i], nodes[j]
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(matrix)
+}
+
 fn create_gang(
     job: &Object,
     shape: &JobShape,
-    slots: &[RankSlot],
+    placed: &Placed,
     epoch: u64,
     view: &mut ClusterView,
     plan: &mut Plan,
 ) {
+    let slots = &placed.slots;
     let host = |node: &str| {
         view.nodes
             .get(node)
@@ -485,10 +638,23 @@ fn create_gang(
             _ => hosts.first().cloned(),
         },
         hosts,
-        ibv_devices: None,
+        ibv_devices: placed.ibv_devices.clone(),
     };
     let name = job.metadata.name.as_str();
+    let world_size = slots.len() as u32;
     for (rank, slot) in slots.iter().enumerate() {
+        let memory_bytes = placed
+            .memory_bytes
+            .get(rank)
+            .copied()
+            .unwrap_or(shape.memory_bytes);
+        let layers = placed.layers.get(rank).copied().flatten();
+        let mut env = shape.env.clone();
+        if let Some(l) = layers {
+            // Programs that load only their own layers read these.
+            env.insert("TB_LAYER_FIRST".into(), l.first.to_string());
+            env.insert("TB_LAYER_COUNT".into(), l.count.to_string());
+        }
         let rank = rank as u32;
         let spec = AllocationSpec {
             job: JobRef {
@@ -498,15 +664,16 @@ fn create_gang(
             },
             node: slot.node.clone(),
             rank,
-            world_size: shape.ranks,
+            world_size,
             epoch,
             desired: Desired::Run,
-            memory_bytes: shape.memory_bytes,
+            memory_bytes,
             executor: shape.executor,
             command: shape.command.clone(),
-            env: shape.env.clone(),
+            env,
             working_dir: shape.working_dir.clone(),
             mlx: Some(mlx.clone()),
+            layers,
             stop_grace_seconds: 10,
         };
         let labels = BTreeMap::from([
@@ -532,7 +699,7 @@ fn create_gang(
         plan.guards.push((obj.key(), 0));
         plan.writes.push(PlanWrite::Put(obj));
         if let Some(n) = view.nodes.get_mut(&slot.node) {
-            n.free_bytes = n.free_bytes.saturating_sub(shape.memory_bytes);
+            n.free_bytes = n.free_bytes.saturating_sub(memory_bytes);
             n.used_ports.insert(slot.port);
         }
     }

@@ -3,6 +3,7 @@
 //! moves. The reconciler loop commits the plans through Raft; nodelets act on them.
 
 pub mod jobs;
+pub mod links;
 pub mod nodes;
 pub mod placement;
 pub mod view;
@@ -77,6 +78,7 @@ pub fn parse_time(s: &str) -> Option<DateTime<Utc>> {
 pub fn reconcile(state: &State, clock: &Clock, cfg: &SchedulerConfig) -> Vec<Plan> {
     let mut view = ClusterView::build(state);
     let mut plans = nodes::reconcile_nodes(&view, clock, cfg);
+    plans.extend(links::reconcile_links(&view, &view.links));
     plans.extend(orphans(state, &view));
     // Jobs in creation order, so that earlier jobs get capacity first.
     let mut jobs: Vec<_> = state

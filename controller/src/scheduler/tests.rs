@@ -530,3 +530,227 @@ fn draining_a_node_moves_its_work() {
             .all(|a| a.1.node != on)
     );
 }
+
+// ---- topology: links joined from ports, models placed along them ----
+
+/// Cable `x/px` to `y/py` by giving both nodes a port that names the other.
+fn cable(sim: &mut Sim, x: &str, px: &str, y: &str, py: &str) {
+    use tb_api::status::PortStatus;
+    for (here, port, there, peer) in [(x, px, y, py), (y, py, x, px)] {
+        let mut status = NodeStatus::from_value(&sim.node(here).status);
+        status.capacity.memory_bandwidth_gbps = Some(546.0);
+        status.ports.push(PortStatus {
+            name: port.into(),
+            address: Some(format!("10.9.{}.1", status.ports.len())),
+            uuid: format!("{here}/{port}"),
+            peer_uuid: Some(format!("{there}/{peer}")),
+            speed_gbps: Some(80.0),
+            ..Default::default()
+        });
+        let r = sim.commit(Op::Heartbeat {
+            node: here.into(),
+            credential_hash: format!("c-{here}"),
+            status: status.to_value(),
+        });
+        assert!(matches!(r, Response::Status { .. }), "{r:?}");
+    }
+}
+
+/// Play the probing nodelet: record measured figures on the Link between `x` and `y`.
+fn measure(sim: &mut Sim, x: &str, y: &str, gbps: f64, latency_us: f64) {
+    let links = sim.state.list(Kind::Link.as_str(), "");
+    let link = links
+        .iter()
+        .find(|l| {
+            let spec: tb_api::specs::LinkSpec = parse_spec(&l.spec).unwrap();
+            let nodes = [spec.a.node.as_str(), spec.b.node.as_str()];
+            nodes == [x, y] || nodes == [y, x]
+        })
+        .expect("the link exists");
+    let status = tb_api::specs::LinkStatus {
+        bandwidth_gbps: Some(gbps),
+        latency_us_p50: Some(latency_us),
+        latency_us_p99: Some(latency_us * 2.0),
+        round_trips: 200,
+        streams: 4,
+        ..Default::default()
+    };
+    let r = sim.commit(Op::UpdateStatus {
+        key: link.key(),
+        status: status.to_value(),
+        resource_version: 0,
+    });
+    assert!(matches!(r, Response::Status { .. }), "{r:?}");
+}
+
+fn apply_model(sim: &mut Sim, name: &str, layers: u32, bytes_per_layer: &str) {
+    let obj = Object {
+        api_version: "tb/v1".into(),
+        kind: "Model".into(),
+        metadata: ObjectMeta {
+            name: name.into(),
+            namespace: "default".into(),
+            ..Default::default()
+        },
+        spec: json!({"format": "gguf", "source": {"path": "/models/m.gguf"}, "layers": layers,
+                     "bytesPerLayer": bytes_per_layer, "hiddenSize": 4096, "heads": 32,
+                     "kvHeads": 8, "contextLength": 4096}),
+        status: Value::Null,
+    };
+    let obj = tb_api::validate_object(&obj).expect("valid model");
+    let r = sim.commit(Op::Apply { objects: vec![obj] });
+    assert!(matches!(r, Response::Applied { .. }), "{r:?}");
+}
+
+/// Four Macs cabled as a fast ring a–b–c–d–a, plus two slow diagonals a–c and b–d.
+fn ring_with_slow_diagonals() -> Sim {
+    let mut sim = Sim::new();
+    for n in ["a", "b", "c", "d"] {
+        sim.add_node(n, 40);
+    }
+    cable(&mut sim, "a", "tb1", "b", "tb1");
+    cable(&mut sim, "b", "tb2", "c", "tb1");
+    cable(&mut sim, "c", "tb2", "d", "tb1");
+    cable(&mut sim, "d", "tb2", "a", "tb2");
+    cable(&mut sim, "a", "tb3", "c", "tb3");
+    cable(&mut sim, "b", "tb3", "d", "tb3");
+    sim.settle();
+    for (x, y) in [("a", "b"), ("b", "c"), ("c", "d"), ("d", "a")] {
+        measure(&mut sim, x, y, 80.0, 10.0);
+    }
+    for (x, y) in [("a", "c"), ("b", "d")] {
+        measure(&mut sim, x, y, 1.0, 2000.0);
+    }
+    sim
+}
+
+#[test]
+fn links_are_joined_from_ports() {
+    let sim = ring_with_slow_diagonals();
+    let mut names: Vec<String> = sim
+        .state
+        .list(Kind::Link.as_str(), "")
+        .iter()
+        .map(|l| l.metadata.name.clone())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "a.tb1.b.tb1",
+            "a.tb2.d.tb2",
+            "a.tb3.c.tb3",
+            "b.tb2.c.tb1",
+            "b.tb3.d.tb3",
+            "c.tb2.d.tb1"
+        ]
+    );
+}
+
+#[test]
+fn a_model_too_big_for_three_macs_is_pipelined_along_the_fast_ring() {
+    let mut sim = ring_with_slow_diagonals();
+    // 80 layers × 1.5Gi = 120Gi: more than three 40Gi Macs hold.
+    apply_model(&mut sim, "big", 80, "1.5Gi");
+    sim.apply_job(
+        "InferenceService",
+        "serve",
+        json!({"model": "big", "executor": "exec", "command": ["python3", "serve.py"],
+               "parallelism": "pipeline", "context": 1024}),
+    );
+    sim.settle();
+    let status = sim.job("InferenceService", "serve");
+    assert_eq!(status.phase, JobPhase::Scheduled, "{}", status.message);
+    let order = status.nodes.clone();
+    assert_eq!(order.len(), 4, "{order:?}");
+    let fast = |x: &str, y: &str| {
+        matches!(
+            (x, y),
+            ("a", "b")
+                | ("b", "c")
+                | ("c", "d")
+                | ("d", "a")
+                | ("b", "a")
+                | ("c", "b")
+                | ("d", "c")
+                | ("a", "d")
+        )
+    };
+    for w in order.windows(2) {
+        assert!(
+            fast(&w[0], &w[1]),
+            "hop {}→{} is a slow diagonal: {order:?}",
+            w[0],
+            w[1]
+        );
+    }
+    let placed = status.model_placement.expect("the placement is shown");
+    assert!(placed.ring && placed.predicted_tokens_per_second > 0.0);
+    // Every layer once, in rank order, and the ranks are told theirs.
+    let mut allocs = sim.allocs();
+    allocs.sort_by_key(|a| a.1.rank);
+    let mut next = 0;
+    for (_, spec, _) in &allocs {
+        let layers = spec.layers.expect("layer range");
+        assert_eq!(layers.first, next);
+        assert_eq!(spec.env["TB_LAYER_FIRST"], layers.first.to_string());
+        assert_eq!(spec.world_size, 4);
+        assert!(spec.memory_bytes <= 40 * GI);
+        next += layers.count;
+    }
+    assert_eq!(next, 80);
+}
+
+#[test]
+fn a_service_waits_for_its_model_and_says_what_is_short() {
+    let mut sim = ring_with_slow_diagonals();
+    sim.apply_job(
+        "InferenceService",
+        "serve",
+        json!({"model": "huge", "executor": "exec", "command": ["serve"]}),
+    );
+    sim.settle();
+    let status = sim.job("InferenceService", "serve");
+    assert_eq!(
+        (status.phase, status.reason.as_str()),
+        (JobPhase::Pending, "ModelNotFound")
+    );
+    // 200 layers × 1Gi cannot fit on 160Gi of Macs: Unschedulable, with how much is short.
+    apply_model(&mut sim, "huge", 200, "1Gi");
+    sim.settle();
+    let status = sim.job("InferenceService", "serve");
+    assert_eq!(status.reason, "Unschedulable");
+    assert!(status.message.contains("short"), "{}", status.message);
+    assert!(sim.allocs().is_empty());
+}
+
+#[test]
+fn exec_ranks_follow_the_cables_and_jaccl_gets_the_device_matrix() {
+    let mut sim = Sim::new();
+    for n in ["a", "b", "c"] {
+        sim.add_node(n, 16);
+    }
+    // A daisy chain b – a – c: rank order must follow it.
+    cable(&mut sim, "b", "tb1", "a", "tb1");
+    cable(&mut sim, "a", "tb2", "c", "tb1");
+    sim.settle();
+    sim.apply_job("TrainingJob", "train", exec_job(3, "4Gi"));
+    sim.settle();
+    let order = sim.job("TrainingJob", "train").nodes;
+    assert_eq!(
+        order[1], "a",
+        "the middle of the chain is the middle rank: {order:?}"
+    );
+    // JACCL needs RDMA devices on the cables; these ports have none.
+    let mut spec = exec_job(2, "4Gi");
+    spec["backend"] = json!("jaccl");
+    sim.apply_job("TrainingJob", "rdma", spec);
+    sim.settle();
+    let status = sim.job("TrainingJob", "rdma");
+    assert_eq!(status.reason, "Unschedulable");
+    assert!(
+        status.message.contains("needs an RDMA cable"),
+        "{}",
+        status.message
+    );
+}

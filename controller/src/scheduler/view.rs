@@ -4,10 +4,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use tb_api::specs::{AllocationSpec, AllocationStatus, NodeSpec, parse_spec};
+use tb_api::specs::{AllocationSpec, AllocationStatus, ModelSpec, NodeSpec, parse_spec};
 use tb_api::status::NodeStatus;
 use tb_api::{Kind, Object};
 
+use super::links::{LinkView, parse_links};
+use crate::placement::{Topology, live};
 use crate::store::State;
 
 /// One allocation, parsed.
@@ -53,21 +55,53 @@ impl NodeView {
         self.spec.taints.iter().any(|t| t.ends_with(":NoExecute"))
     }
 
+    /// Why no new work may go here, if so.
+    pub fn unavailable(&self) -> Option<String> {
+        if !self.ready {
+            Some("not Ready".into())
+        } else if self.spec.unschedulable {
+            Some("cordoned".into())
+        } else if self.draining() {
+            Some("draining".into())
+        } else {
+            None
+        }
+    }
+
     pub fn labels(&self) -> &BTreeMap<String, String> {
         &self.object.metadata.labels
     }
 }
 
-/// Every node and allocation, parsed once per reconcile pass.
+/// Every node, allocation, link and model, parsed once per reconcile pass.
 pub struct ClusterView {
     pub nodes: BTreeMap<String, NodeView>,
     pub allocations: Vec<Alloc>,
+    pub links: BTreeMap<String, LinkView>,
+    /// (namespace, name) → spec; Models that do not parse are left out.
+    pub models: BTreeMap<(String, String), ModelSpec>,
 }
 
 impl ClusterView {
     pub fn build(state: &State) -> ClusterView {
-        let allocations: Vec<Alloc> = state
-            .list(Kind::Allocation.as_str(), "")
+        let list = |k: Kind| state.list(k.as_str(), "");
+        ClusterView::from_objects(
+            list(Kind::Node),
+            list(Kind::Allocation),
+            list(Kind::Link),
+            list(Kind::Model),
+        )
+    }
+
+    /// The view from object lists (as a client fetched them), so `tbctl plan` sees what the
+    /// scheduler sees.
+    pub fn from_objects(
+        node_objects: Vec<Arc<Object>>,
+        allocation_objects: Vec<Arc<Object>>,
+        link_objects: Vec<Arc<Object>>,
+        model_objects: Vec<Arc<Object>>,
+    ) -> ClusterView {
+        let allocations: Vec<Alloc> = allocation_objects
             .into_iter()
             .filter_map(|o| {
                 let spec = parse_spec::<AllocationSpec>(&o.spec).ok()?;
@@ -80,7 +114,7 @@ impl ClusterView {
             })
             .collect();
         let mut nodes = BTreeMap::new();
-        for o in state.list(Kind::Node.as_str(), "") {
+        for o in node_objects {
             let spec = parse_spec::<NodeSpec>(&o.spec).unwrap_or_default();
             let status = NodeStatus::from_value(&o.status);
             let ready = status.is_ready();
@@ -106,7 +140,40 @@ impl ClusterView {
                 }
             }
         }
-        ClusterView { nodes, allocations }
+        let models = model_objects
+            .into_iter()
+            .filter_map(|o| {
+                let spec = parse_spec::<ModelSpec>(&o.spec).ok()?;
+                Some((
+                    (o.metadata.namespace.clone(), o.metadata.name.clone()),
+                    spec,
+                ))
+            })
+            .collect();
+        ClusterView {
+            nodes,
+            allocations,
+            links: parse_links(link_objects),
+            models,
+        }
+    }
+
+    /// The topology placement sees now: every Node with what is free on it, every Link with
+    /// its measured (or nominal) figures.
+    pub fn topology(&self) -> Topology {
+        live::topology(
+            self.nodes.values().map(|n| live::NodeFacts {
+                name: &n.name,
+                chip: &n.status.capacity.chip,
+                allocatable_bytes: n.status.capacity.allocatable_bytes,
+                free_bytes: n.free_bytes,
+                memory_bandwidth_gbs: n.status.capacity.memory_bandwidth_gbps,
+                gpu_cores: n.status.capacity.gpu_cores,
+                labels: n.labels(),
+                unavailable: n.unavailable(),
+            }),
+            self.links.values().map(|l| (&l.spec, &l.status)),
+        )
     }
 
     /// A job's allocations (any epoch).

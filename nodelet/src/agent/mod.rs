@@ -1,5 +1,6 @@
-//! The running nodelet: joins (or reuses its credential), serves its logs, heartbeats, and
-//! supervises the allocations the controllers assign to it.
+//! The running nodelet: joins (or reuses its credential), serves its logs, heartbeats (with its
+//! ports, from discovery or a topology file), serves and runs link probes, and supervises the
+//! allocations the controllers assign to it.
 
 pub mod controllers;
 pub mod heartbeat;
@@ -18,8 +19,14 @@ use tb_api::proto::nodelet_server::NodeletServer;
 use tb_api::status::PortRange;
 
 use controllers::Controllers;
-use heartbeat::NodeInfo;
+use heartbeat::{Links, NodeInfo};
 use supervisor::Supervisor;
+
+use crate::discovery::{Discovery, Source};
+use crate::probe::ProbeConfig;
+use crate::probe::server::ProbeServer;
+use crate::probe::watch::Prober;
+use crate::topology::Topology;
 
 /// How a nodelet is started.
 #[derive(Debug, Clone)]
@@ -36,6 +43,13 @@ pub struct Config {
     pub heartbeat: Duration,
     /// Memory kept back from tb; None: the default reserve.
     pub reserve_bytes: Option<u64>,
+    /// A described lab: ports (and, when it gives memory, capacity) from the file instead of
+    /// from this machine.
+    pub topology: Option<Arc<Topology>>,
+    /// The link-probe server's TCP port on every port address; 0: let the OS pick one.
+    pub probe_port: u16,
+    /// How much each link probe measures.
+    pub probe: ProbeConfig,
 }
 
 pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
@@ -57,8 +71,18 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         address: address.clone(),
         port_range: cfg.port_range,
         reserve_bytes: cfg.reserve_bytes,
+        topology: cfg.topology.clone(),
     };
-    let first = heartbeat::observe(&info, None);
+    let source = match &cfg.topology {
+        Some(t) => Source::Static(t.clone()),
+        None => Source::Local,
+    };
+    let links = Links {
+        discovery: Discovery::new(source),
+        probe_server: ProbeServer::new(cfg.probe_port),
+    };
+    let (ports, probe_port) = links.refresh().await;
+    let first = heartbeat::observe(&info, None, ports, probe_port);
     let allocatable = first.capacity.allocatable_bytes;
     let node = identity::node_object(&cfg.name, cfg.labels.clone(), &address, first.to_value());
     let credential = identity::establish(
@@ -88,9 +112,11 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         controllers.clone(),
         credential,
         info,
+        links,
         supervisor,
         cfg.heartbeat,
     ));
+    tokio::spawn(Prober::new(cfg.name.clone(), controllers.clone(), cfg.probe).run());
     tracing::info!(node = %cfg.name, listen = %cfg.listen, "tb-nodelet running");
     server.await.context("serving logs")?;
     // Processes are left running on a stop: a restarted nodelet reaps them, and the

@@ -5,7 +5,6 @@
 //! Each OS has its own module of pure parsers (tested on Linux with recorded fixtures) plus one
 //! thin function that gathers the raw text; [`read`] dispatches to the one for this OS.
 
-pub mod chips;
 pub mod linux;
 pub mod macos;
 

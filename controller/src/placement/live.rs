@@ -1,0 +1,340 @@
+//! The live inputs of placement: the topology from the Nodes and Links in the store, and the
+//! workload from a job and its Model. The controller's scheduler and `tbctl plan` both build
+//! their inputs here, so the offline and live paths cannot drift apart.
+
+use std::collections::BTreeMap;
+
+use tb_api::specs::{
+    InferenceServiceSpec, LinkSpec, LinkStatus, ModelSpec, Parallelism, TrainingJobSpec,
+    TrainingParallelism,
+};
+use tb_api::status::{PlacedStage, PlacementSummary};
+
+use super::{LinkInfo, Mac, ModelShape, Objective, Plan, Strategy, Topology, Workload};
+
+/// When a link was never measured: what the port negotiated, else a conservative guess.
+const UNMEASURED_GBPS: f64 = 10.0;
+/// Round trip of a small message when not measured: RDMA over Thunderbolt vs TCP.
+const UNMEASURED_RDMA_US: f64 = 10.0;
+const UNMEASURED_TCP_US: f64 = 300.0;
+
+/// What placement needs to know of one Node (built from a `ClusterView` node or a Node object).
+pub struct NodeFacts<'a> {
+    pub name: &'a str,
+    pub chip: &'a str,
+    pub allocatable_bytes: u64,
+    /// Free for new work: allocatable less the allocations that hold memory.
+    pub free_bytes: u64,
+    pub memory_bandwidth_gbs: Option<f64>,
+    pub gpu_cores: Option<u32>,
+    pub labels: &'a BTreeMap<String, String>,
+    /// Why nothing new may go there (not Ready, cordoned, draining).
+    pub unavailable: Option<String>,
+}
+
+/// A Mac of unknown chip: a modest bandwidth, so it is used only when it must be.
+const UNKNOWN_BANDWIDTH_GBS: f64 = 100.0;
+
+pub fn mac(n: &NodeFacts<'_>) -> Mac {
+    Mac {
+        name: n.name.to_string(),
+        chip: n.chip.to_string(),
+        allocatable_bytes: n.allocatable_bytes,
+        free_bytes: n.free_bytes,
+        memory_bandwidth_gbs: n
+            .memory_bandwidth_gbs
+            .filter(|b| *b > 0.0)
+            .unwrap_or(UNKNOWN_BANDWIDTH_GBS),
+        gpu_cores: n.gpu_cores.unwrap_or(0),
+        labels: n.labels.clone(),
+        unavailable: n.unavailable.clone(),
+    }
+}
+
+/// A Link object as an edge: measured figures when there are some, nominal ones otherwise.
+pub fn link_info(spec: &LinkSpec, status: &LinkStatus) -> LinkInfo {
+    let measured = status.measured();
+    let bandwidth = status
+        .bandwidth_gbps
+        .filter(|b| *b > 0.0)
+        .or(spec.nominal_gbps)
+        .unwrap_or(UNMEASURED_GBPS);
+    let latency = status.latency_us_p50.unwrap_or(if spec.rdma {
+        UNMEASURED_RDMA_US
+    } else {
+        UNMEASURED_TCP_US
+    });
+    let mut rdma_devices: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    if spec.rdma {
+        for end in [&spec.a, &spec.b] {
+            if let Some(d) = &end.rdma_device {
+                rdma_devices
+                    .entry(end.node.clone())
+                    .or_default()
+                    .push(d.clone());
+            }
+        }
+    }
+    LinkInfo {
+        bandwidth_gbps: bandwidth,
+        latency_us: latency,
+        rdma: spec.rdma,
+        cables: 1,
+        measured,
+        rdma_devices,
+    }
+}
+
+/// The topology from nodes and links.
+pub fn topology<'a>(
+    nodes: impl IntoIterator<Item = NodeFacts<'a>>,
+    links: impl IntoIterator<Item = (&'a LinkSpec, &'a LinkStatus)>,
+) -> Topology {
+    let macs = nodes.into_iter().map(|n| mac(&n)).collect();
+    let links = links
+        .into_iter()
+        .map(|(spec, status)| {
+            (
+                spec.a.node.clone(),
+                spec.b.node.clone(),
+                link_info(spec, status),
+            )
+        })
+        .collect();
+    Topology::new(macs, links)
+}
+
+/// The workload of an InferenceService serving `model`.
+pub fn service_workload(
+    spec: &InferenceServiceSpec,
+    model_name: &str,
+    model: &ModelSpec,
+) -> Result<Workload, String> {
+    Ok(Workload {
+        model: ModelShape::from_spec(model_name, model, spec.context, spec.batch)?,
+        strategy: match spec.parallelism {
+            Parallelism::Pipeline => Strategy::Pipeline,
+            Parallelism::Tensor => Strategy::Tensor,
+            Parallelism::Auto => Strategy::Auto,
+        },
+        objective: match spec.objective {
+            tb_api::specs::Objective::Latency => Objective::Latency,
+            tb_api::specs::Objective::Throughput => Objective::Throughput,
+        },
+        min_nodes: spec.nodes.min,
+        max_nodes: spec.nodes.max,
+        node_selector: spec.node_selector.clone(),
+    })
+}
+
+/// The workload of a TrainingJob that names a Model: data parallel over exactly `ranks` Macs,
+/// or a pipeline over up to `ranks`.
+pub fn training_workload(
+    spec: &TrainingJobSpec,
+    model_name: &str,
+    model: &ModelSpec,
+) -> Result<Workload, String> {
+    let strategy = match spec.parallelism {
+        TrainingParallelism::Data => Strategy::Data,
+        TrainingParallelism::Pipeline => Strategy::Pipeline,
+        TrainingParallelism::Auto => Strategy::Auto,
+    };
+    Ok(Workload {
+        model: ModelShape::from_spec(model_name, model, None, None)?,
+        strategy,
+        objective: Objective::Throughput,
+        min_nodes: if strategy == Strategy::Data {
+            spec.ranks
+        } else {
+            1
+        },
+        max_nodes: Some(spec.ranks),
+        node_selector: spec.node_selector.clone(),
+    })
+}
+
+/// Why a job's workload cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("{0}")]
+    ModelNotFound(String),
+    #[error("{0}")]
+    ModelIncomplete(String),
+}
+
+/// The workload of a job (InferenceService, or TrainingJob naming a Model without saying how
+/// much memory each rank takes), given the Models by (namespace, name). `Ok(None)`: the job is
+/// sized by `ranks` × `memory`, not by a Model.
+pub fn workload_for(
+    job: &tb_api::Object,
+    models: &BTreeMap<(String, String), ModelSpec>,
+) -> Result<Option<Workload>, WorkloadError> {
+    use tb_api::specs::parse_spec;
+    let ns = &job.metadata.namespace;
+    let lookup = |name: &str| {
+        models.get(&(ns.clone(), name.to_string())).ok_or_else(|| {
+            WorkloadError::ModelNotFound(format!(
+                "Model {ns}/{name} does not exist (apply it first)"
+            ))
+        })
+    };
+    match job.kind() {
+        Some(tb_api::Kind::InferenceService) => {
+            let spec: InferenceServiceSpec =
+                parse_spec(&job.spec).map_err(|e| WorkloadError::ModelIncomplete(e.to_string()))?;
+            let model = lookup(&spec.model)?;
+            service_workload(&spec, &spec.model, model)
+                .map(Some)
+                .map_err(WorkloadError::ModelIncomplete)
+        }
+        Some(tb_api::Kind::TrainingJob) => {
+            let spec: TrainingJobSpec =
+                parse_spec(&job.spec).map_err(|e| WorkloadError::ModelIncomplete(e.to_string()))?;
+            match (&spec.model, &spec.memory) {
+                (Some(name), None) => {
+                    let model = lookup(name)?;
+                    training_workload(&spec, name, model)
+                        .map(Some)
+                        .map_err(WorkloadError::ModelIncomplete)
+                }
+                _ => Ok(None),
+            }
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The plan as a job's status shows it.
+pub fn summary(plan: &Plan) -> PlacementSummary {
+    PlacementSummary {
+        strategy: strategy_name(plan.strategy).into(),
+        objective: match plan.objective {
+            Objective::Latency => "latency",
+            Objective::Throughput => "throughput",
+        }
+        .into(),
+        ring: plan.ring,
+        predicted_tokens_per_second: (plan.tokens_per_second * 10.0).round() / 10.0,
+        stages: plan
+            .stages
+            .iter()
+            .map(|s| PlacedStage {
+                node: s.node.clone(),
+                first_layer: s.first_layer,
+                layers: s.layers,
+                memory_bytes: s.memory_bytes,
+                weight_bytes: s.weight_bytes,
+                kv_bytes: s.kv_bytes,
+            })
+            .collect(),
+        alternatives: plan
+            .alternatives
+            .iter()
+            .map(|a| format!("{}: {}", a.description, a.reason))
+            .collect(),
+    }
+}
+
+pub fn strategy_name(s: Strategy) -> &'static str {
+    match s {
+        Strategy::Pipeline => "pipeline",
+        Strategy::Tensor => "tensor",
+        Strategy::Data => "data",
+        Strategy::Auto => "auto",
+    }
+}
+
+/// JACCL's device matrix for ranks on `nodes` (in rank order): row i, column j = the RDMA
+/// device(s) on rank i's Mac cabled to rank j's Mac; None where no RDMA cable joins them.
+pub fn ibv_matrix(topology: &Topology, nodes: &[String]) -> Vec<Vec<Option<String>>> {
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            nodes
+                .iter()
+                .enumerate()
+                .map(|(j, b)| {
+                    if i == j || a == b {
+                        return None;
+                    }
+                    let link = topology.link(a, b).filter(|l| l.rdma)?;
+                    link.rdma_devices.get(a)?.first().cloned()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tb_api::specs::LinkEnd;
+
+    fn facts<'a>(name: &'a str, labels: &'a BTreeMap<String, String>) -> NodeFacts<'a> {
+        NodeFacts {
+            name,
+            chip: "Apple M4 Max",
+            allocatable_bytes: 100 << 30,
+            free_bytes: 100 << 30,
+            memory_bandwidth_gbs: Some(546.0),
+            gpu_cores: Some(40),
+            labels,
+            unavailable: None,
+        }
+    }
+
+    fn rdma_link(a: &str, b: &str) -> LinkSpec {
+        let end = |node: &str, dev: &str| LinkEnd {
+            node: node.into(),
+            port: "tb1".into(),
+            rdma_device: Some(dev.into()),
+            ..Default::default()
+        };
+        LinkSpec {
+            a: end(a, &format!("rdma_{a}")),
+            b: end(b, &format!("rdma_{b}")),
+            nominal_gbps: Some(80.0),
+            rdma: true,
+            probe_request: 0,
+        }
+    }
+
+    #[test]
+    fn unmeasured_links_use_nominal_figures_and_measured_ones_win() {
+        let spec = rdma_link("m1", "m2");
+        let info = link_info(&spec, &LinkStatus::default());
+        assert_eq!(info.bandwidth_gbps, 80.0);
+        assert_eq!(info.latency_us, UNMEASURED_RDMA_US);
+        assert!(!info.measured);
+        let measured = LinkStatus {
+            bandwidth_gbps: Some(61.5),
+            latency_us_p50: Some(7.0),
+            ..Default::default()
+        };
+        let info = link_info(&spec, &measured);
+        assert_eq!((info.bandwidth_gbps, info.latency_us), (61.5, 7.0));
+        assert!(info.measured);
+    }
+
+    #[test]
+    fn device_matrix_follows_the_cables() {
+        let labels = BTreeMap::new();
+        let l12 = rdma_link("m1", "m2");
+        let l23 = rdma_link("m2", "m3");
+        let none = LinkStatus::default();
+        let t = topology(
+            [
+                facts("m1", &labels),
+                facts("m2", &labels),
+                facts("m3", &labels),
+            ],
+            [(&l12, &none), (&l23, &none)],
+        );
+        let nodes: Vec<String> = ["m1", "m2", "m3"].map(String::from).to_vec();
+        let m = ibv_matrix(&t, &nodes);
+        assert_eq!(m[0], [None, Some("rdma_m1".into()), None]);
+        assert_eq!(m[1], [Some("rdma_m2".into()), None, Some("rdma_m2".into())]);
+        assert_eq!(m[2][0], None, "no cable m3–m1");
+    }
+}

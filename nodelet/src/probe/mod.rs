@@ -1,0 +1,149 @@
+//! Link probes: how fast and how far apart two Macs are over one cable, measured with TCP
+//! between the two ends' port addresses.
+//!
+//! - [`server`]: every nodelet listens on each of its port addresses at one TCP port (the
+//!   Node status' `probePort`);
+//! - [`client`]: [`client::measure`] runs one probe from a local port address to a peer's;
+//! - [`watch`]: the nodelet at end `a` of each Link object probes it and writes the figures
+//!   into the Link's status.
+//!
+//! ## Protocol
+//!
+//! The client connects (from its own port address, so the traffic takes that cable) and sends
+//! one op byte:
+//! - `P` (ping-pong): then any number of [`PING_SIZE`]-byte messages; the server echoes each
+//!   one back whole before reading the next. The client ends with EOF (shutdown of its write
+//!   half), and the server closes.
+//! - `B` (bulk sink): then any number of bytes; the server reads and discards them until EOF,
+//!   then writes the total count it read as a u64, big-endian, and closes.
+//!
+//! Any other op byte closes the connection. The server closes a connection that sends nothing
+//! for [`IDLE_TIMEOUT`], serves at most [`MAX_CONNECTIONS`] at once (more are closed at once),
+//! and uses one fixed buffer per connection.
+
+pub mod client;
+pub mod server;
+pub mod watch;
+
+use std::time::Duration;
+
+/// Op byte: ping-pong of fixed-size messages.
+pub const OP_PING: u8 = b'P';
+/// Op byte: bulk sink, answered with the byte count.
+pub const OP_BULK: u8 = b'B';
+/// Size of one ping-pong message.
+pub const PING_SIZE: usize = 64;
+/// The server drops a connection that is silent this long.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections served at once, per nodelet.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Bulk transfers are written in chunks of this size (and read with a buffer of it).
+pub const CHUNK: usize = 256 * 1024;
+/// The probe server's port when `--probe-port` is not given.
+pub const DEFAULT_PORT: u16 = 7700;
+
+/// How much a probe measures, and how long it may take.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProbeConfig {
+    /// Timed round trips of [`PING_SIZE`] bytes.
+    pub round_trips: u32,
+    /// Untimed round trips first (connection warm-up).
+    pub warmup: u32,
+    /// Parallel bulk streams.
+    pub streams: u32,
+    /// How long the streams write.
+    pub duration: Duration,
+    /// The most all streams together write.
+    pub max_bytes: u64,
+    /// Each connection must be set up within this.
+    pub connect_timeout: Duration,
+    /// The whole probe (latency and bandwidth) must end within this.
+    pub timeout: Duration,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        ProbeConfig {
+            round_trips: 200,
+            warmup: 20,
+            streams: 4,
+            duration: Duration::from_secs(1),
+            max_bytes: 1 << 30,
+            connect_timeout: Duration::from_secs(2),
+            timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// What one probe measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measurement {
+    /// Round-trip time of a [`PING_SIZE`]-byte message, microseconds, median.
+    pub latency_us_p50: f64,
+    /// ... 99th percentile.
+    pub latency_us_p99: f64,
+    pub round_trips: u32,
+    /// Gb/s over all streams: bytes the server acknowledged × 8 / elapsed.
+    pub bandwidth_gbps: f64,
+    pub streams: u32,
+    /// Bytes the server acknowledged.
+    pub bytes: u64,
+    pub elapsed: Duration,
+}
+
+impl Measurement {
+    /// Writes the figures into a Link status (transport `tcp`); the caller stamps when, by whom
+    /// and for which request.
+    pub fn fill(&self, status: &mut tb_api::specs::LinkStatus) {
+        status.latency_us_p50 = Some(round2(self.latency_us_p50));
+        status.latency_us_p99 = Some(round2(self.latency_us_p99));
+        status.round_trips = self.round_trips;
+        status.bandwidth_gbps = Some(round2(self.bandwidth_gbps));
+        status.streams = self.streams;
+        status.transport = "tcp".into();
+        status.error.clear();
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// Why a probe failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("cannot bind to {local}: {source}")]
+    Bind {
+        local: std::net::IpAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot connect to {peer} within {timeout:?}")]
+    ConnectTimeout {
+        peer: std::net::SocketAddr,
+        timeout: Duration,
+    },
+    #[error("cannot connect to {peer}: {source}")]
+    Connect {
+        peer: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{peer}: {what}: {source}")]
+    Io {
+        peer: std::net::SocketAddr,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{peer}: the probe did not finish within {timeout:?}")]
+    Timeout {
+        peer: std::net::SocketAddr,
+        timeout: Duration,
+    },
+    #[error("{peer}: {message}")]
+    Protocol {
+        peer: std::net::SocketAddr,
+        message: String,
+    },
+}

@@ -1,0 +1,389 @@
+//! The probe loop: watches the Link objects (a gRPC stream, listed first, resumed from the last
+//! resourceVersion, reconnected after a pause on any error) and probes, one at a time, each
+//! Link whose end `a` is this node and whose two ends have addresses, when
+//! `!status.measured() || status.probeRequest < spec.probeRequest`.
+//!
+//! A probe goes from `a.address` to `b.address` at the port `b.node`'s Node status gives as
+//! `probePort`. The result is written with UpdateStatus: figures, `measuredAt`, `measuredBy`
+//! (this node), `probeRequest` (the spec's, answered), transport `tcp`. A failed probe writes
+//! `error` and keeps the earlier figures; the link is tried again after a backoff that doubles
+//! from [`FIRST_RETRY`] to [`MAX_RETRY`] (at once when the spec changes).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tb_api::proto::{GetRequest, UpdateStatusRequest, WatchRequest};
+use tb_api::specs::{LinkSpec, LinkStatus, parse_spec};
+use tb_api::status::NodeStatus;
+use tb_api::{Kind, Object};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::{ProbeConfig, client};
+use crate::agent::controllers::{Controllers, retryable};
+use crate::agent::supervisor::now;
+
+/// The first pause before probing a link again after a failure.
+pub const FIRST_RETRY: Duration = Duration::from_secs(5);
+/// The longest pause between failed probes of one link.
+pub const MAX_RETRY: Duration = Duration::from_secs(300);
+/// Attempts at writing one status before the probe counts as failed.
+const WRITE_ATTEMPTS: u32 = 5;
+/// The initial listing of a watch has ended when no event came for this long.
+const LISTING_QUIET: Duration = Duration::from_millis(200);
+
+/// Whether a link needs (another) measurement.
+pub fn due(spec: &LinkSpec, status: &LinkStatus) -> bool {
+    !status.measured() || status.probe_request < spec.probe_request
+}
+
+/// Backoff after `failures` failed probes in a row (1 or more).
+pub fn retry_after(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    FIRST_RETRY.saturating_mul(1u32 << doublings).min(MAX_RETRY)
+}
+
+pub struct Prober {
+    node: String,
+    controllers: Arc<Controllers>,
+    config: ProbeConfig,
+    /// The Links whose end `a` is this node, by name.
+    links: Mutex<BTreeMap<String, Object>>,
+    changed: Notify,
+}
+
+/// A link's failures, for the spec they happened under.
+struct Failing {
+    spec: LinkSpec,
+    failures: u32,
+    next: Instant,
+}
+
+impl Prober {
+    pub fn new(node: String, controllers: Arc<Controllers>, config: ProbeConfig) -> Arc<Prober> {
+        Arc::new(Prober {
+            node,
+            controllers,
+            config,
+            links: Mutex::new(BTreeMap::new()),
+            changed: Notify::new(),
+        })
+    }
+
+    /// Watch and probe until the process ends.
+    pub async fn run(self: Arc<Self>) {
+        tokio::spawn(self.clone().work());
+        let mut from = 0u64;
+        loop {
+            if let Err(e) = self.watch(&mut from).await {
+                tracing::debug!("watching links: {e:#}; reconnecting");
+            }
+            self.controllers.rotate();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    async fn watch(&self, from: &mut u64) -> anyhow::Result<()> {
+        let mut client = self.controllers.objects().await?;
+        let req = WatchRequest {
+            kind: Kind::Link.as_str().into(),
+            namespace: String::new(),
+            label_selector: String::new(),
+            resource_version: *from,
+        };
+        let mut stream = match client.watch(req).await {
+            Ok(s) => s.into_inner(),
+            Err(s) => {
+                if s.code() == tonic::Code::OutOfRange {
+                    *from = 0;
+                }
+                anyhow::bail!("{}", s.message());
+            }
+        };
+        if *from == 0 {
+            // A full listing comes first (ADDED for every Link, then quiet): gather it apart
+            // and swap it in whole, so a watch cut short mid-listing leaves the old view.
+            let mut listed = BTreeMap::new();
+            let mut seen = 0u64;
+            loop {
+                let next = tokio::time::timeout(LISTING_QUIET, stream.message()).await;
+                match next {
+                    Ok(Ok(Some(ev))) => self.absorb(&mut listed, &mut seen, ev),
+                    Ok(Ok(None)) => anyhow::bail!("the controller ended the watch"),
+                    Ok(Err(s)) => anyhow::bail!("{}", s.message()),
+                    Err(_) => break,
+                }
+            }
+            *self.links.lock().unwrap_or_else(|e| e.into_inner()) = listed;
+            *from = seen;
+            self.changed.notify_one();
+        }
+        loop {
+            match stream.message().await {
+                Ok(Some(ev)) => {
+                    {
+                        let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+                        self.absorb(&mut links, from, ev);
+                    }
+                    self.changed.notify_one();
+                }
+                Ok(None) => anyhow::bail!("the controller ended the watch"),
+                Err(s) => {
+                    if s.code() == tonic::Code::OutOfRange {
+                        *from = 0;
+                    }
+                    anyhow::bail!("{}", s.message())
+                }
+            }
+        }
+    }
+
+    /// Applies one watch event to `links` (only Links whose end `a` is this node are kept).
+    fn absorb(
+        &self,
+        links: &mut BTreeMap<String, Object>,
+        from: &mut u64,
+        ev: tb_api::proto::WatchEvent,
+    ) {
+        *from = (*from).max(ev.resource_version);
+        let Ok(obj) = Object::from_json(&ev.object_json) else {
+            tracing::debug!("ignoring a link event that does not parse");
+            return;
+        };
+        let name = obj.metadata.name.clone();
+        let mine = ev.r#type != "DELETED"
+            && parse_spec::<LinkSpec>(&obj.spec).is_ok_and(|s| s.a.node == self.node);
+        if mine {
+            links.insert(name, obj);
+        } else {
+            links.remove(&name);
+        }
+    }
+
+    /// Probe due links one at a time, forever.
+    /// `failing` and `answered` hold at most one entry per Link name seen since start.
+    async fn work(self: Arc<Self>) {
+        let mut failing: HashMap<String, Failing> = HashMap::new();
+        // Links answered by this nodelet: (uid, spec) they were measured under, until the
+        // watch brings back the status written.
+        let mut answered: HashMap<String, (String, LinkSpec)> = HashMap::new();
+        loop {
+            let now = Instant::now();
+            let mut wake: Option<Instant> = None;
+            let mut pick: Option<(Object, LinkSpec)> = None;
+            {
+                let links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+                for (name, obj) in links.iter() {
+                    let Ok(spec) = parse_spec::<LinkSpec>(&obj.spec) else {
+                        continue;
+                    };
+                    let status = LinkStatus::from_value(&obj.status);
+                    if !due(&spec, &status) || spec.a.address.is_none() || spec.b.address.is_none()
+                    {
+                        continue;
+                    }
+                    if answered
+                        .get(name)
+                        .is_some_and(|(uid, s)| *uid == obj.metadata.uid && *s == spec)
+                    {
+                        continue;
+                    }
+                    if let Some(f) = failing.get(name)
+                        && f.spec == spec
+                        && f.next > now
+                    {
+                        wake = Some(wake.map_or(f.next, |w| w.min(f.next)));
+                        continue;
+                    }
+                    pick = Some((obj.clone(), spec));
+                    break;
+                }
+            }
+            let Some((obj, spec)) = pick else {
+                match wake {
+                    Some(at) => {
+                        tokio::select! {
+                            _ = self.changed.notified() => {}
+                            _ = tokio::time::sleep_until(at) => {}
+                        }
+                    }
+                    None => self.changed.notified().await,
+                }
+                continue;
+            };
+            let name = obj.metadata.name.clone();
+            match self.probe(&obj, &spec).await {
+                Ok(()) => {
+                    failing.remove(&name);
+                    answered.insert(name, (obj.metadata.uid.clone(), spec));
+                }
+                Err(e) => {
+                    let f = failing.entry(name.clone()).or_insert(Failing {
+                        spec: spec.clone(),
+                        failures: 0,
+                        next: Instant::now(),
+                    });
+                    if f.spec != spec {
+                        f.spec = spec;
+                        f.failures = 0;
+                    }
+                    f.failures += 1;
+                    let pause = retry_after(f.failures);
+                    f.next = Instant::now() + pause;
+                    tracing::warn!(link = %name, failures = f.failures, retry_in = ?pause, "link probe failed: {e}");
+                }
+            }
+        }
+    }
+
+    /// Probes one link and writes what came of it; Err when the probe or the write failed.
+    async fn probe(&self, obj: &Object, spec: &LinkSpec) -> Result<(), String> {
+        let name = &obj.metadata.name;
+        let previous = LinkStatus::from_value(&obj.status);
+        let outcome = self.measure(spec).await;
+        let mut status = previous;
+        let result = match outcome {
+            Ok(m) => {
+                m.fill(&mut status);
+                status.measured_at = now();
+                status.measured_by = self.node.clone();
+                status.probe_request = spec.probe_request;
+                tracing::info!(
+                    link = %name,
+                    gbps = m.bandwidth_gbps,
+                    p50_us = m.latency_us_p50,
+                    p99_us = m.latency_us_p99,
+                    "link measured"
+                );
+                Ok(())
+            }
+            Err(e) => {
+                status.error = e.clone();
+                Err(e)
+            }
+        };
+        self.write(name, &status).await?;
+        result
+    }
+
+    async fn measure(&self, spec: &LinkSpec) -> Result<crate::probe::Measurement, String> {
+        let parse = |what: &str, a: &Option<String>| -> Result<IpAddr, String> {
+            let text = a.as_deref().unwrap_or_default();
+            text.parse()
+                .map_err(|_| format!("{what} {text:?} is not an IP address"))
+        };
+        let local = parse("a.address", &spec.a.address)?;
+        let peer = parse("b.address", &spec.b.address)?;
+        let port = self.probe_port(&spec.b.node).await?;
+        client::measure(local, SocketAddr::new(peer, port), &self.config)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// The probe port `node`'s nodelet reports.
+    async fn probe_port(&self, node: &str) -> Result<u16, String> {
+        let mut client = self
+            .controllers
+            .objects()
+            .await
+            .map_err(|e| format!("reading Node {node}: {e:#}"))?;
+        let reply = client
+            .get(GetRequest {
+                kind: Kind::Node.as_str().into(),
+                namespace: String::new(),
+                name: node.into(),
+                stale: true,
+            })
+            .await
+            .map_err(|s| {
+                if retryable(&s) {
+                    self.controllers.rotate();
+                }
+                format!("reading Node {node}: {}", s.message())
+            })?;
+        let obj = Object::from_json(&reply.into_inner().object_json)
+            .map_err(|e| format!("reading Node {node}: {e}"))?;
+        match NodeStatus::from_value(&obj.status).probe_port {
+            0 => Err(format!(
+                "the nodelet on {node} reports no probe server (probePort 0)"
+            )),
+            port => Ok(port),
+        }
+    }
+
+    /// Writes a Link's status, trying other controllers when one is unavailable.
+    async fn write(&self, name: &str, status: &LinkStatus) -> Result<(), String> {
+        let request_id = format!("link-probe/{}/{name}/{}", self.node, now());
+        let mut last = String::new();
+        for attempt in 0..WRITE_ATTEMPTS {
+            let result = async {
+                let mut client = self
+                    .controllers
+                    .objects()
+                    .await
+                    .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+                client
+                    .update_status(UpdateStatusRequest {
+                        kind: Kind::Link.as_str().into(),
+                        namespace: String::new(),
+                        name: name.into(),
+                        status_json: status.to_value().to_string(),
+                        resource_version: 0,
+                        request_id: request_id.clone(),
+                    })
+                    .await
+            }
+            .await;
+            match result {
+                Ok(_) => return Ok(()),
+                Err(s) if s.code() == tonic::Code::NotFound => {
+                    return Err(format!("link {name} is gone"));
+                }
+                Err(s) if retryable(&s) => {
+                    self.controllers.rotate();
+                    last = s.message().to_string();
+                    tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt + 1))).await;
+                }
+                Err(s) => {
+                    return Err(format!(
+                        "status of link {name} not accepted: {}",
+                        s.message()
+                    ));
+                }
+            }
+        }
+        Err(format!("status of link {name} not written: {last}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn due_when_never_measured_or_asked_again() {
+        let mut spec = LinkSpec::default();
+        let mut status = LinkStatus::default();
+        assert!(due(&spec, &status), "never measured");
+        status.bandwidth_gbps = Some(10.0);
+        status.latency_us_p50 = Some(50.0);
+        assert!(!due(&spec, &status));
+        spec.probe_request = 1;
+        assert!(due(&spec, &status), "tbctl topology probe");
+        status.probe_request = 1;
+        assert!(!due(&spec, &status));
+        status.error = "timed out".into();
+        assert!(!due(&spec, &status), "an error alone does not re-probe");
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_a_limit() {
+        assert_eq!(retry_after(1), Duration::from_secs(5));
+        assert_eq!(retry_after(2), Duration::from_secs(10));
+        assert_eq!(retry_after(4), Duration::from_secs(40));
+        assert_eq!(retry_after(7), Duration::from_secs(300));
+        assert_eq!(retry_after(u32::MAX), Duration::from_secs(300));
+    }
+}
