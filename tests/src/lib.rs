@@ -13,6 +13,8 @@
 //! - [`client`] holds gRPC connections and retries a write on other members with the same
 //!   `request_id` when its outcome is unknown;
 //! - [`objects`] builds the JSON objects the tests apply and reads fields back;
+//! - [`netns`] builds an emulated lab as root: network namespaces as Macs, shaped links as
+//!   cables, the real binaries inside;
 //! - [`tbctl`] runs the CLI and captures its exit code and output;
 //! - [`wait`] polls a condition until a deadline, so tests never sleep for a guessed time.
 //!
@@ -28,6 +30,7 @@ pub mod client;
 pub mod cluster;
 pub mod controller;
 pub mod lab;
+pub mod netns;
 pub mod objects;
 pub mod ports;
 pub mod tbctl;
