@@ -351,6 +351,33 @@ spec:
         "pipeline placed on the fast ring {nodes:?} in {:.1}s",
         started.elapsed().as_secs_f64()
     );
+
+    // --- the same function as a dry run, and the picture ------------------------------------
+    // A second service of the same model: `tbctl plan` answers from the live cluster, where the
+    // first service holds the memory, and stores nothing.
+    let half = lab.write_file(
+        "half.yaml",
+        "apiVersion: tb/v1\nkind: InferenceService\nmetadata: {name: half}\n\
+         spec: {model: big, executor: exec, command: [sleep, \"600\"], parallelism: pipeline, \
+         context: 1024}\n",
+    );
+    let half = half.to_string_lossy().into_owned();
+    let out = lab.tbctl(&["plan", "-f", &half, "-o", "json"]).await;
+    // Every Mac is nearly full with the first service: the dry run refuses, saying so.
+    assert_eq!(out.code, Some(1), "{out}");
+    assert!(out.stdout.contains("short"), "{out}");
+    let out = lab.tbctl(&["get", "isvc", "half"]).await;
+    assert!(!out.success(), "a plan stores nothing: {out}");
+    let out = lab.tbctl_ok(&["topology"]).await;
+    for cable in lab.cables() {
+        assert!(
+            out.stdout.contains(&cable.a.uuid()) && out.stdout.contains(&cable.b.uuid()),
+            "{out}"
+        );
+    }
+    let out = lab.tbctl_ok(&["topology", "-o", "dot"]).await;
+    assert_eq!(out.stdout.matches(" -- ").count(), 6, "{out}");
+    step!("tbctl plan and topology agree");
     assert!(
         started.elapsed() < TEST_BUDGET,
         "the test took {:?}",
