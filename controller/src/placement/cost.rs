@@ -483,7 +483,7 @@ fn tensor(
 }
 
 /// Why tensor parallelism over `n` Macs is refused for these heads (exo #1015 is the same rule).
-pub(crate) fn tensor_divisibility(heads: u32, kv_heads: u32, n: u32) -> String {
+fn tensor_divisibility(heads: u32, kv_heads: u32, n: u32) -> String {
     format!(
         "tensor parallelism over {n} Macs needs {n} to divide the attention heads ({heads}) and \
          the KV heads ({kv_heads})"

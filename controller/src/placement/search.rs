@@ -15,9 +15,10 @@
 //!   link), with the ring found by branch and bound over Hamiltonian cycles.
 //!
 //! Above the limit the search is a heuristic: exact solves on neighbourhoods ("pools") grown
-//! from every Mac, greedy walks along the cables improved by 2-opt (pipeline), and the fastest
-//! Macs of each size with a bounded ring search (tensor, data). Everything is deterministic:
-//! Macs are visited by name and ties go to fewer Macs, then names.
+//! from every Mac; for pipelines, greedy walks along the cables improved by local search
+//! (2-opt, insert, drop); for tensor and data, the fastest Macs of each size with a bounded
+//! ring search. Everything is deterministic: Macs are visited by name and ties go to fewer
+//! Macs, then names.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -26,7 +27,7 @@ use petgraph::graph::NodeIndex;
 
 use super::cost::{
     Assignment, Cost, Infeasible, evaluate, fmt_bytes, hop_batch, hop_us, ineligibility, read_us,
-    return_us, ring_allreduce_us, tensor_divisibility, usable,
+    return_us, ring_allreduce_us, usable,
 };
 use super::topology::{Mac, Topology};
 use super::{Alternative, Objective, Options, Plan, Strategy, Unplaceable, Workload};
@@ -35,10 +36,10 @@ use super::{Alternative, Objective, Options, Plan, Strategy, Unplaceable, Worklo
 pub const EXACT_MAX: usize = 12;
 /// Node expansions allowed to one ring search in the heuristic.
 const RING_BUDGET: usize = 50_000;
-/// Improvement passes of 2-opt over one order.
-const TWO_OPT_PASSES: usize = 8;
-/// Orders improved by 2-opt per heuristic pipeline search.
-const TWO_OPT_ORDERS: usize = 4;
+/// Improvement passes of local search (2-opt, insert, drop) over one order.
+const IMPROVE_PASSES: usize = 8;
+/// Orders improved by local search per heuristic pipeline search.
+const IMPROVED_ORDERS: usize = 4;
 /// Candidates each pool contributes in the heuristic.
 const PER_POOL: usize = 4;
 /// cable_order tries every order up to this many distinct Macs.
@@ -971,10 +972,10 @@ fn pipeline_heuristic(ctx: &Ctx<'_>, pool_size: usize) -> Vec<Assignment> {
     }
     walks.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     walks.dedup_by(|a, b| a.1 == b.1);
-    for (i, (_, order, split)) in walks.into_iter().take(2 * TWO_OPT_ORDERS).enumerate() {
+    for (i, (_, order, split)) in walks.into_iter().take(2 * IMPROVED_ORDERS).enumerate() {
         out.push(all.to_assignment(ctx, &order, &split));
-        if i < TWO_OPT_ORDERS
-            && let Some((order, split)) = two_opt(&all, order, objective)
+        if i < IMPROVED_ORDERS
+            && let Some((order, split)) = improve(&all, order, objective, (ctx.lo, ctx.hi))
         {
             out.push(all.to_assignment(ctx, &order, &split));
         }
@@ -1009,27 +1010,64 @@ impl Walk {
     }
 }
 
-/// 2-opt: reverse segments of the order while that lowers its cost.
-fn two_opt(
+/// Local search on a pipeline order: reverse a segment (2-opt), insert an unused Mac, drop a
+/// Mac — whatever lowers the cost, until nothing does (or a few passes).
+fn improve(
     pd: &PipeData,
     mut order: Vec<usize>,
     objective: Objective,
+    (lo, hi): (usize, usize),
 ) -> Option<(Vec<usize>, Vec<u32>)> {
     let (mut cost, mut split) = pd.order_cost(&order, objective)?;
-    let n = order.len();
-    for _ in 0..TWO_OPT_PASSES {
+    let accept = |order: &[usize], cost: &mut f64, split: &mut Vec<u32>| match pd
+        .order_cost(order, objective)
+    {
+        Some((c, s)) if c < *cost * (1.0 - 1e-12) => {
+            *cost = c;
+            *split = s;
+            true
+        }
+        _ => false,
+    };
+    for _ in 0..IMPROVE_PASSES {
         let mut improved = false;
+        let n = order.len();
         for i in 0..n {
             for j in i + 1..n {
                 order[i..=j].reverse();
-                match pd.order_cost(&order, objective) {
-                    Some((c, s)) if c < cost * (1.0 - 1e-12) => {
-                        cost = c;
-                        split = s;
-                        improved = true;
-                    }
-                    _ => order[i..=j].reverse(),
+                if accept(&order, &mut cost, &mut split) {
+                    improved = true;
+                } else {
+                    order[i..=j].reverse();
                 }
+            }
+        }
+        if order.len() < hi {
+            for u in 0..pd.len() {
+                if order.contains(&u) {
+                    continue;
+                }
+                for at in 0..=order.len() {
+                    order.insert(at, u);
+                    if accept(&order, &mut cost, &mut split) {
+                        improved = true;
+                        break;
+                    }
+                    order.remove(at);
+                }
+                if order.len() >= hi {
+                    break;
+                }
+            }
+        }
+        let mut at = 0;
+        while order.len() > lo.max(1) && at < order.len() {
+            let u = order.remove(at);
+            if accept(&order, &mut cost, &mut split) {
+                improved = true;
+            } else {
+                order.insert(at, u);
+                at += 1;
             }
         }
         if !improved {
@@ -1363,12 +1401,11 @@ fn unplaceable(ctx: &Ctx<'_>, strategies: &[Strategy]) -> Unplaceable {
             } else {
                 format!(
                     "model {name}: tensor parallelism needs the number of Macs to divide the \
-                     attention heads ({}) and the KV heads ({}); {} Macs would be allowed and \
-                     none of these counts does (e.g. {})",
+                     attention heads ({}) and the KV heads ({}); {} Macs are allowed and none of \
+                     these counts does (pipeline or auto would place it)",
                     model.heads,
                     model.kv_heads,
-                    tried.join(" or "),
-                    tensor_divisibility(model.heads, model.kv_heads, ctx.hi as u32)
+                    or_list(&tried),
                 )
             };
             return ctx.refuse(message, None);
@@ -1466,6 +1503,15 @@ fn unplaceable(ctx: &Ctx<'_>, strategies: &[Strategy]) -> Unplaceable {
         ),
         short,
     )
+}
+
+/// "2", "2 or 3", "2, 3 or 4".
+fn or_list(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
+    }
 }
 
 /// The assignment a person would try first: the roomiest allowed Macs in cable order, layers
@@ -1602,7 +1648,7 @@ pub fn cable_order(topology: &Topology, nodes: &[String]) -> (Vec<String>, bool)
             }
             // 2-opt on the key.
             let mut current = key(&order);
-            for _ in 0..TWO_OPT_PASSES {
+            for _ in 0..IMPROVE_PASSES {
                 let mut improved = false;
                 for i in 0..k {
                     for j in i + 1..k {
