@@ -25,6 +25,7 @@ pub mod load;
 pub mod machine;
 pub mod member;
 pub mod payload;
+pub mod placement;
 pub mod ports;
 pub mod procstat;
 pub mod report;
