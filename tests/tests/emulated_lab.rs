@@ -378,6 +378,25 @@ spec:
     let out = lab.tbctl_ok(&["topology", "-o", "dot"]).await;
     assert_eq!(out.stdout.matches(" -- ").count(), 6, "{out}");
     step!("tbctl plan and topology agree");
+
+    // --- probing again on request ---------------------------------------------------------
+    let out = lab
+        .tbctl_ok(&["topology", "probe", "--wait", "--timeout", "60s"])
+        .await;
+    assert_eq!(out.stdout.matches("probe requested").count(), 6, "{out}");
+    let links = lab.tbctl_ok(&["get", "links", "-o", "json"]).await.json();
+    for link in links["items"].as_array().into_iter().flatten() {
+        assert_eq!(link["spec"]["probeRequest"], 1, "{link:#}");
+        assert_eq!(
+            link["status"]["probeRequest"], 1,
+            "measured again: {link:#}"
+        );
+        assert!(
+            link["status"]["bandwidthGbps"].as_f64().is_some(),
+            "{link:#}"
+        );
+    }
+    step!("tbctl topology probe --wait measured every link again");
     assert!(
         started.elapsed() < TEST_BUDGET,
         "the test took {:?}",
