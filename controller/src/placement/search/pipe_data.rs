@@ -1,0 +1,298 @@
+//! Per-Mac figures of pipeline search (layer capacity in each role, stage compute time, hop
+//! and return times) and the cost of a fixed order: the greedy latency split and the min-max
+//! throughput split. Shared by the exact and the heuristic pipeline searches.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+
+use petgraph::graph::NodeIndex;
+
+use super::context::Ctx;
+use crate::placement::cost::{Assignment, hop_batch, hop_us, read_us, return_us, usable};
+use crate::placement::topology::Mac;
+use crate::placement::{Objective, Strategy};
+
+/// Roles of a pipeline stage: they differ in the embeddings/head they hold and read.
+pub(super) const ONLY: usize = 0;
+pub(super) const FIRST: usize = 1;
+pub(super) const MID: usize = 2;
+pub(super) const LAST: usize = 3;
+
+fn role(i: usize, first: usize, last: usize) -> usize {
+    match (i == first, i == last) {
+        (true, true) => ONLY,
+        (true, false) => FIRST,
+        (false, true) => LAST,
+        (false, false) => MID,
+    }
+}
+
+/// The figures of a set of Macs for pipeline search; local index i is `pos[i]` in the Ctx.
+pub(super) struct PipeData {
+    pub(super) pos: Vec<usize>,
+    bw: Vec<f64>,
+    /// Layers each Mac can hold in each role.
+    pub(super) cap: Vec<[u32; 4]>,
+    /// One-way hop time i→j (activation of the objective's batch), if linked.
+    pub(super) hop: Vec<Vec<Option<f64>>>,
+    /// Return time from i (last) to j (first).
+    pub(super) ret: Vec<Vec<Option<f64>>>,
+    /// Local indices, fastest first.
+    by_speed: Vec<usize>,
+    /// Bytes read per layer (weights + KV).
+    per_layer: u64,
+    /// Bytes the last stage reads besides its layers (output head).
+    head_read: u64,
+    pub(super) layers: u32,
+}
+
+impl PipeData {
+    pub(super) fn new(ctx: &Ctx<'_>, pos: Vec<usize>) -> PipeData {
+        let model = &ctx.work.model;
+        let per_layer = model
+            .bytes_per_layer
+            .saturating_add(model.kv_bytes_per_layer());
+        let overhead = model.overhead_bytes();
+        let embed = model.other_bytes / 2;
+        let head = model.other_bytes - embed;
+        let layers = model.layers;
+        let cap_of = |free: u64, extra: u64| -> u32 {
+            let fixed = overhead.saturating_add(extra);
+            if free < fixed {
+                return 0;
+            }
+            // No bytes per layer (a degenerate model): any number fits.
+            (free - fixed)
+                .checked_div(per_layer)
+                .map_or(layers, |c| c.min(u64::from(layers)) as u32)
+        };
+        let act = model.activation_bytes(hop_batch(ctx.work));
+        let macs: Vec<&Mac> = pos.iter().map(|&p| ctx.mac(p)).collect();
+        let idx: Vec<NodeIndex> = pos.iter().map(|&p| ctx.macs[p]).collect();
+        let m = pos.len();
+        let mut hop = vec![vec![None; m]; m];
+        let mut ret = vec![vec![None; m]; m];
+        for i in 0..m {
+            for j in 0..m {
+                if i != j {
+                    hop[i][j] = usable(ctx.topo.link_at(idx[i], idx[j])).map(|l| hop_us(l, act));
+                    ret[i][j] = return_us(ctx.topo, idx[i], idx[j]);
+                }
+            }
+        }
+        let local: Vec<usize> = (0..m).collect();
+        let mut by_speed = local.clone();
+        by_speed.sort_by(|&a, &b| {
+            macs[b]
+                .memory_bandwidth_gbs
+                .total_cmp(&macs[a].memory_bandwidth_gbs)
+                .then(pos[a].cmp(&pos[b]))
+        });
+        PipeData {
+            bw: macs.iter().map(|m| m.memory_bandwidth_gbs).collect(),
+            cap: macs
+                .iter()
+                .map(|m| {
+                    let f = m.free_bytes;
+                    [
+                        cap_of(f, model.other_bytes),
+                        cap_of(f, embed),
+                        cap_of(f, 0),
+                        cap_of(f, head),
+                    ]
+                })
+                .collect(),
+            hop,
+            ret,
+            by_speed,
+            per_layer,
+            head_read: model.other_bytes / 2,
+            layers,
+            pos,
+        }
+    }
+
+    /// The figures of a subset (local indices of self), in the given order.
+    pub(super) fn subset(&self, keep: &[usize]) -> PipeData {
+        let mut by_speed: Vec<usize> = Vec::with_capacity(keep.len());
+        for &i in &self.by_speed {
+            if let Some(k) = keep.iter().position(|&x| x == i) {
+                by_speed.push(k);
+            }
+        }
+        PipeData {
+            pos: keep.iter().map(|&i| self.pos[i]).collect(),
+            bw: keep.iter().map(|&i| self.bw[i]).collect(),
+            cap: keep.iter().map(|&i| self.cap[i]).collect(),
+            hop: keep
+                .iter()
+                .map(|&i| keep.iter().map(|&j| self.hop[i][j]).collect())
+                .collect(),
+            ret: keep
+                .iter()
+                .map(|&i| keep.iter().map(|&j| self.ret[i][j]).collect())
+                .collect(),
+            by_speed,
+            per_layer: self.per_layer,
+            head_read: self.head_read,
+            layers: self.layers,
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.pos.len()
+    }
+
+    /// Compute time of a stage, exactly as `evaluate` computes it.
+    pub(super) fn read(&self, i: usize, layers: u32, role: usize) -> f64 {
+        let head = if role == LAST || role == ONLY {
+            self.head_read
+        } else {
+            0
+        };
+        read_us(
+            u64::from(layers)
+                .saturating_mul(self.per_layer)
+                .saturating_add(head),
+            self.bw[i],
+        )
+    }
+
+    /// Latency objective: the compute-optimal split over the Macs `in_set` (k of them) with
+    /// this first and last: everyone 1 layer, the rest to the fastest, up to memory.
+    /// Writes layers into `split` (by local index) and returns Σ compute.
+    pub(super) fn greedy(
+        &self,
+        in_set: impl Fn(usize) -> bool,
+        k: usize,
+        first: usize,
+        last: usize,
+        split: &mut [u32],
+    ) -> Option<f64> {
+        let layers = self.layers as usize;
+        if k == 0 || k > layers {
+            return None;
+        }
+        let mut remaining = (layers - k) as u32;
+        let mut total = 0.0;
+        for &i in &self.by_speed {
+            if !in_set(i) {
+                continue;
+            }
+            let r = role(i, first, last);
+            let cap = self.cap[i][r];
+            if cap == 0 {
+                return None;
+            }
+            let more = (cap - 1).min(remaining);
+            remaining -= more;
+            split[i] = 1 + more;
+            total += self.read(i, 1 + more, r);
+        }
+        (remaining == 0).then_some(total)
+    }
+
+    /// Outgoing time of each stage of `order`: the hop to the next, the return for the last.
+    pub(super) fn outs(&self, order: &[usize]) -> Option<Vec<f64>> {
+        let n = order.len();
+        let mut outs = Vec::with_capacity(n);
+        for w in order.windows(2) {
+            outs.push(self.hop[w[0]][w[1]]?);
+        }
+        outs.push(if n >= 2 {
+            self.ret[order[n - 1]][order[0]]?
+        } else {
+            0.0
+        });
+        Some(outs)
+    }
+
+    /// Throughput objective: the split of `order` minimising the slowest stage (each next layer
+    /// goes where it finishes soonest — optimal for increasing stage times). Returns the
+    /// bottleneck time and the layers in rank order.
+    pub(super) fn minmax(&self, order: &[usize], outs: &[f64]) -> Option<(f64, Vec<u32>)> {
+        let n = order.len();
+        if n == 0 || n > self.layers as usize {
+            return None;
+        }
+        let (first, last) = (order[0], order[n - 1]);
+        let roles: Vec<usize> = order.iter().map(|&i| role(i, first, last)).collect();
+        let caps: Vec<u32> = order
+            .iter()
+            .zip(&roles)
+            .map(|(&i, &r)| self.cap[i][r])
+            .collect();
+        if caps.contains(&0) {
+            return None;
+        }
+        let time = |r: usize, l: u32| self.read(order[r], l, roles[r]) + outs[r];
+        let mut split = vec![1u32; n];
+        let mut heap: BinaryHeap<Reverse<(OrdF64, usize)>> = (0..n)
+            .filter(|&r| caps[r] > 1)
+            .map(|r| Reverse((OrdF64(time(r, 2)), r)))
+            .collect();
+        for _ in 0..(self.layers as usize - n) {
+            let Reverse((_, r)) = heap.pop()?;
+            split[r] += 1;
+            if split[r] < caps[r] {
+                heap.push(Reverse((OrdF64(time(r, split[r] + 1)), r)));
+            }
+        }
+        let worst = (0..n)
+            .map(|r| time(r, split[r]))
+            .fold(f64::NEG_INFINITY, f64::max);
+        Some((worst, split))
+    }
+
+    /// The internal cost (lower is better) and split of a fixed order, for the objective.
+    pub(super) fn order_cost(
+        &self,
+        order: &[usize],
+        objective: Objective,
+    ) -> Option<(f64, Vec<u32>)> {
+        let outs = self.outs(order)?;
+        match objective {
+            Objective::Throughput => self.minmax(order, &outs),
+            Objective::Latency => {
+                let n = order.len();
+                let mut member = vec![false; self.len()];
+                for &i in order {
+                    member[i] = true;
+                }
+                let mut split = vec![0u32; self.len()];
+                let compute = self.greedy(|i| member[i], n, order[0], order[n - 1], &mut split)?;
+                let network: f64 = outs.iter().sum();
+                Some((compute + network, order.iter().map(|&i| split[i]).collect()))
+            }
+        }
+    }
+
+    pub(super) fn to_assignment(
+        &self,
+        ctx: &Ctx<'_>,
+        order: &[usize],
+        split: &[u32],
+    ) -> Assignment {
+        let ranks: Vec<(usize, u32)> = order
+            .iter()
+            .zip(split)
+            .map(|(&i, &l)| (self.pos[i], l))
+            .collect();
+        ctx.assignment(Strategy::Pipeline, &ranks)
+    }
+}
+
+/// f64 with a total order, for heaps.
+#[derive(Clone, Copy, PartialEq)]
+struct OrdF64(f64);
+impl Eq for OrdF64 {}
+impl PartialOrd for OrdF64 {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for OrdF64 {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
