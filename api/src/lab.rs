@@ -119,6 +119,21 @@ impl LabLink {
     }
 }
 
+/// The file's name as errors show it, and its text.
+fn read(path: &Path) -> Result<(String, String), LocatedError> {
+    let name = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok((name, text)),
+        Err(e) => Err(LocatedError {
+            file: name,
+            line: 0,
+            column: 0,
+            path: String::new(),
+            message: format!("cannot read: {e}"),
+        }),
+    }
+}
+
 fn lab_end(s: &str) -> LabEnd<'_> {
     match s.split_once('/') {
         Some((mac, port)) => LabEnd {
@@ -149,14 +164,7 @@ fn positive(path: String, what: &str, v: Option<f64>) -> Result<(), ValidationEr
 impl LabFile {
     /// Reads and checks a lab file.
     pub fn load(path: &Path) -> Result<LabFile, LocatedError> {
-        let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| LocatedError {
-            file: name.clone(),
-            line: 0,
-            column: 0,
-            path: String::new(),
-            message: format!("cannot read: {e}"),
-        })?;
+        let (name, text) = read(path)?;
         Self::parse(&name, &text)
     }
 
@@ -174,14 +182,7 @@ impl LabFile {
     }
 
     pub fn load_for_planning(path: &Path) -> Result<LabFile, LocatedError> {
-        let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| LocatedError {
-            file: name.clone(),
-            line: 0,
-            column: 0,
-            path: String::new(),
-            message: format!("cannot read: {e}"),
-        })?;
+        let (name, text) = read(path)?;
         Self::parse_for_planning(&name, &text)
     }
 
