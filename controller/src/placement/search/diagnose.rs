@@ -32,7 +32,13 @@ pub(super) fn alternatives(ctx: &Ctx<'_>, found: &[Found], keep: usize) -> Vec<A
             let reason = if rate_key(tps) == rate_key(best_tps) {
                 format!("as fast ({tps:.1} tok/s); ties go to fewer Macs, then names")
             } else {
-                format!("slower: {tps:.1} vs {best_tps:.1} tok/s")
+                // Three significant digits, so that close rates still read as different.
+                format!(
+                    "slower: {} vs {} tok/s ({:.1} % less)",
+                    sig3(tps),
+                    sig3(best_tps),
+                    (1.0 - tps / best_tps) * 100.0
+                )
             };
             feasible.push(Alternative {
                 description: describe(&f.assignment),
@@ -294,4 +300,18 @@ fn proportional(layers: u32, weights: &[u64]) -> Vec<u32> {
         }
     }
     split
+}
+
+/// A rate with three significant digits: 0.123, 1.85, 41.2, 512.
+fn sig3(x: f64) -> String {
+    let digits = if x >= 100.0 {
+        0
+    } else if x >= 10.0 {
+        1
+    } else if x >= 1.0 {
+        2
+    } else {
+        3
+    };
+    format!("{x:.digits$}")
 }
