@@ -25,7 +25,10 @@ pub use link::{LinkEnd, LinkSpec, LinkStatus, link_name};
 pub use model::{ModelFormat, ModelSource, ModelSpec};
 pub use node::NodeSpec;
 pub use queue::{QueueQuota, QueueSpec};
-pub use schedule::{ConcurrencyPolicy, JobTemplate, ScheduleSpec, TemplateMetadata};
+pub use schedule::{
+    ANNOTATION_SCHEDULE_UID, ANNOTATION_SCHEDULED_TIME, ConcurrencyPolicy, JobTemplate,
+    LABEL_SCHEDULE, ScheduleSpec, ScheduleStatus, TemplateMetadata, job_from_template,
+};
 pub use training::{Backend, Checkpoints, TrainingJobSpec, TrainingParallelism};
 
 use crate::kind::Kind;

@@ -98,6 +98,72 @@ impl ScheduleSpec {
     }
 }
 
+/// What the schedule controller records: committed through Raft together with the job it
+/// creates, so that a new leader never runs a slot twice.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduleStatus {
+    /// The last slot handled (run, skipped or missed), RFC 3339.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_schedule_time: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_successful_time: String,
+    /// The TrainingJobs it started that have not finished.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub active: Vec<String>,
+}
+
+impl ScheduleStatus {
+    pub fn from_value(v: &serde_json::Value) -> ScheduleStatus {
+        serde_json::from_value(v.clone()).unwrap_or_default()
+    }
+
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
+/// The label every TrainingJob a Schedule creates carries: the Schedule's name.
+pub const LABEL_SCHEDULE: &str = "tb/schedule";
+
+/// The annotation naming the uid of the Schedule that created a job (a Schedule deleted and
+/// created again under the same name does not adopt its predecessor's jobs).
+pub const ANNOTATION_SCHEDULE_UID: &str = "tb/schedule-uid";
+/// The annotation with the slot a job was created for (RFC 3339), or `manual`.
+pub const ANNOTATION_SCHEDULED_TIME: &str = "tb/scheduled-time";
+
+/// The TrainingJob a Schedule starts: its template, labelled with the Schedule's name and
+/// annotated with its uid and the slot, in the Schedule's namespace.
+pub fn job_from_template(
+    schedule: &crate::Object,
+    spec: &ScheduleSpec,
+    name: &str,
+    scheduled_time: &str,
+) -> crate::Object {
+    let meta = spec.job_template.metadata.clone().unwrap_or_default();
+    let mut labels = meta.labels;
+    labels.insert(LABEL_SCHEDULE.into(), schedule.metadata.name.clone());
+    let mut annotations = meta.annotations;
+    annotations.insert(
+        ANNOTATION_SCHEDULE_UID.into(),
+        schedule.metadata.uid.clone(),
+    );
+    annotations.insert(ANNOTATION_SCHEDULED_TIME.into(), scheduled_time.into());
+    crate::Object {
+        api_version: crate::API_VERSION.into(),
+        kind: crate::Kind::TrainingJob.as_str().into(),
+        metadata: crate::ObjectMeta {
+            name: name.into(),
+            namespace: schedule.metadata.namespace.clone(),
+            labels,
+            annotations,
+            ..Default::default()
+        },
+        spec: serde_json::to_value(&spec.job_template.spec).unwrap_or_default(),
+        status: serde_json::Value::Null,
+    }
+}
+
 /// The shape of an IANA zone name (`UTC`, `Europe/Paris`, `America/Argentina/Buenos_Aires`,
 /// `Etc/GMT+5`). Whether the zone exists is for the controller's zone database to say.
 pub fn validate_time_zone(tz: &str) -> Result<(), String> {

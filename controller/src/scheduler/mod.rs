@@ -6,6 +6,7 @@ pub mod jobs;
 pub mod links;
 pub mod nodes;
 pub mod placement;
+pub mod schedules;
 pub mod view;
 
 #[cfg(test)]
@@ -80,6 +81,7 @@ pub fn reconcile(state: &State, clock: &Clock, cfg: &SchedulerConfig) -> Vec<Pla
     let mut plans = nodes::reconcile_nodes(&view, clock, cfg);
     plans.extend(links::reconcile_links(&view, &view.links));
     plans.extend(orphans(state, &view));
+    plans.extend(schedules::reconcile_schedules(state, clock));
     // Jobs in creation order, so that earlier jobs get capacity first.
     let mut jobs: Vec<_> = state
         .list(Kind::TrainingJob.as_str(), "")

@@ -754,3 +754,168 @@ fn exec_ranks_follow_the_cables_and_jaccl_gets_the_device_matrix() {
         status.message
     );
 }
+
+// ---- schedules: cron runs committed with the slot they answer ----
+
+fn apply_schedule(sim: &mut Sim, name: &str, extra: Value) {
+    let mut spec = json!({"schedule": "* * * * *",
+        "jobTemplate": {"spec": {"command": ["python3", "tune.py"], "memory": "1Gi"}}});
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            s.insert(k.clone(), v.clone());
+        }
+    }
+    sim.apply_job("Schedule", name, spec);
+}
+
+fn schedule_runs(sim: &Sim, name: &str) -> Vec<String> {
+    let mut names: Vec<String> = sim
+        .state
+        .list("TrainingJob", "default")
+        .iter()
+        .filter(|j| j.metadata.labels.get("tb/schedule").map(String::as_str) == Some(name))
+        .map(|j| j.metadata.name.clone())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Play the nodelets for a schedule's runs: mark every allocation of `job` Succeeded.
+fn finish_job(sim: &mut Sim, job: &str) {
+    let job = job.to_string();
+    sim.set_phase(
+        |s| s.job.name == job,
+        AllocationPhase::Succeeded,
+        Some(0),
+        "Completed",
+    );
+    sim.settle();
+}
+
+#[test]
+fn a_schedule_runs_each_slot_once() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 16);
+    apply_schedule(&mut sim, "tune", json!({}));
+    sim.settle();
+    assert!(
+        schedule_runs(&sim, "tune").is_empty(),
+        "no slot has passed yet"
+    );
+    sim.run_for(60);
+    sim.settle();
+    sim.run_for(60);
+    sim.settle();
+    let runs = schedule_runs(&sim, "tune");
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    // Settling again at the same time starts nothing more.
+    sim.settle();
+    assert_eq!(schedule_runs(&sim, "tune").len(), 2);
+    assert!(sim.events().contains(&"SuccessfulCreate".to_string()));
+}
+
+#[test]
+fn forbid_skips_while_a_run_is_active_and_replace_replaces_it() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 16);
+    apply_schedule(&mut sim, "forbid", json!({"concurrencyPolicy": "Forbid"}));
+    apply_schedule(&mut sim, "replace", json!({"concurrencyPolicy": "Replace"}));
+    sim.run_for(60);
+    sim.settle();
+    let first_forbid = schedule_runs(&sim, "forbid");
+    let first_replace = schedule_runs(&sim, "replace");
+    assert_eq!((first_forbid.len(), first_replace.len()), (1, 1));
+    sim.run_for(60);
+    sim.settle();
+    sim.obey_stops();
+    sim.settle();
+    assert_eq!(
+        schedule_runs(&sim, "forbid"),
+        first_forbid,
+        "Forbid: still one run"
+    );
+    assert!(sim.events().contains(&"JobSkipped".to_string()));
+    let replaced = schedule_runs(&sim, "replace");
+    assert_eq!(replaced.len(), 1);
+    assert_ne!(replaced, first_replace, "Replace: the old run gave way");
+    // Once the Forbid run finishes, the next slot runs.
+    finish_job(&mut sim, &first_forbid[0]);
+    sim.run_for(60);
+    sim.settle();
+    assert_eq!(schedule_runs(&sim, "forbid").len(), 2);
+}
+
+#[test]
+fn downtime_runs_the_latest_missed_slot_once_and_reports_the_rest() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 16);
+    apply_schedule(&mut sim, "tune", json!({}));
+    sim.settle();
+    // The controllers are down for three slots and a half: nothing reconciles.
+    sim.advance(210);
+    sim.leader_since = sim.now;
+    sim.settle();
+    let runs = schedule_runs(&sim, "tune");
+    assert_eq!(runs.len(), 1, "one catch-up run: {runs:?}");
+    assert!(sim.events().contains(&"MissedSchedule".to_string()));
+    let key = ObjectKey {
+        kind: "Schedule".into(),
+        namespace: "default".into(),
+        name: "tune".into(),
+    };
+    let status = tb_api::specs::ScheduleStatus::from_value(&sim.state.get(&key).unwrap().status);
+    assert_eq!(status.active, runs);
+    assert!(
+        status.last_schedule_time.ends_with(":03:00.000Z"),
+        "{status:?}"
+    );
+}
+
+#[test]
+fn a_slot_past_its_starting_deadline_is_skipped() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 16);
+    apply_schedule(&mut sim, "tune", json!({"startingDeadlineSeconds": 20}));
+    sim.settle();
+    sim.advance(90); // the 1-minute slot is 30 s old
+    sim.settle();
+    assert!(schedule_runs(&sim, "tune").is_empty());
+    assert!(sim.events().contains(&"MissedSchedule".to_string()));
+}
+
+#[test]
+fn two_leaders_planning_the_same_slot_start_one_job() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 16);
+    apply_schedule(&mut sim, "tune", json!({}));
+    sim.settle();
+    sim.run_for(60);
+    // The old leader and the new one both plan from the same state; Raft commits both plans in
+    // turn. The second must fail its guards.
+    let clock = Clock::new(sim.now, sim.leader_since);
+    let first = super::schedules::reconcile_schedules(&sim.state, &clock);
+    let second = super::schedules::reconcile_schedules(&sim.state, &clock);
+    assert_eq!((first.len(), second.len()), (1, 1));
+    for plan in first.into_iter().chain(second) {
+        sim.commit(Op::Plan(plan));
+    }
+    assert_eq!(schedule_runs(&sim, "tune").len(), 1);
+}
+
+#[test]
+fn finished_runs_beyond_the_history_limits_are_deleted() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 16);
+    apply_schedule(&mut sim, "tune", json!({"successfulJobsHistoryLimit": 1}));
+    sim.settle();
+    for _ in 0..3 {
+        sim.run_for(60);
+        sim.settle();
+        for run in schedule_runs(&sim, "tune") {
+            finish_job(&mut sim, &run);
+        }
+    }
+    sim.settle();
+    let runs = schedule_runs(&sim, "tune");
+    assert_eq!(runs.len(), 1, "only the latest success is kept: {runs:?}");
+}
