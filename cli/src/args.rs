@@ -82,6 +82,9 @@ pub enum Command {
     Plan(PlanArgs),
     /// The Macs and the cables between them, with measured bandwidth and latency.
     Topology(TopologyArgs),
+    /// Create an object from another: `create job --from schedule/NAME` runs a Schedule now.
+    #[command(subcommand)]
+    Create(CreateCommand),
     /// Mark a Node unschedulable: running work stays, no new work is placed on it.
     Cordon(NodeArgs),
     /// Make a Node schedulable again (undoes cordon and drain).
@@ -278,6 +281,22 @@ pub struct HostfileArgs {
     pub output: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = HostfileFormat::Mlx)]
     pub format: HostfileFormat,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CreateCommand {
+    /// A TrainingJob from a Schedule's template, started now.
+    #[command(visible_alias = "trainingjob")]
+    Job(CreateJobArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CreateJobArgs {
+    /// The job's name (default: SCHEDULE-manual-TIMESTAMP).
+    pub name: Option<String>,
+    /// schedule/NAME.
+    #[arg(long, value_name = "schedule/NAME", required = true)]
+    pub from: String,
 }
 
 #[derive(Debug, Args)]

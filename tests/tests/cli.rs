@@ -446,3 +446,50 @@ async fn cluster_add_member_adds_a_joining_controller() {
     out.expect_code(1);
     assert!(out.stderr.contains("not-an-address"), "{out}");
 }
+
+#[tokio::test]
+async fn create_job_from_a_schedule_runs_its_template_now() {
+    let s = Setup::new("cli-create-job", 1).await;
+    let file = s.write(
+        "nightly.yaml",
+        "apiVersion: tb/v1
+kind: Schedule
+metadata:
+  name: nightly
+spec:
+  schedule: \"0 2 * * *\"
+  timeZone: Europe/Paris
+  jobTemplate:
+    metadata:
+      labels: {team: vision}
+    spec:
+      command: [python3, tune.py]
+      memory: 1Gi
+",
+    );
+    s.tbctl
+        .run(&["apply", "-f", file.to_str().expect("utf-8 path")])
+        .await
+        .expect_code(0);
+    let out = s
+        .tbctl
+        .run(&["create", "job", "now", "--from", "schedule/nightly"])
+        .await;
+    out.expect_code(0);
+    assert_eq!(lines(&out.stdout), ["trainingjob/now created"], "{out}");
+    let out = s.tbctl.run(&["get", "tj", "now", "-o", "json"]).await;
+    out.expect_code(0);
+    let job = out.json();
+    assert_eq!(job["metadata"]["labels"]["tb/schedule"], "nightly");
+    assert_eq!(job["metadata"]["labels"]["team"], "vision");
+    assert_eq!(job["spec"]["command"][1], "tune.py");
+
+    let out = s
+        .tbctl
+        .run(&["create", "job", "--from", "schedule/missing"])
+        .await;
+    out.expect_code(1);
+    assert!(out.stderr.contains("not found"), "{out}");
+    let out = s.tbctl.run(&["create", "job", "--from", "nightly"]).await;
+    assert!(out.stderr.contains("expected schedule/NAME"), "{out}");
+}

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod completion;
 pub mod config;
 pub mod cordon;
+pub mod create;
 pub mod delete;
 pub mod describe;
 pub mod diff;
@@ -131,6 +132,9 @@ pub async fn run(cli: Cli) -> Result<u8> {
         Command::Top(c) => top::run(&mut ctx, c).await.map(|()| 0),
         Command::Hostfile(a) => hostfile::run(&mut ctx, &a).await.map(|()| 0),
         Command::Plan(a) => plan::run(&mut ctx, &a).await.map(|()| 0),
+        Command::Create(crate::args::CreateCommand::Job(a)) => {
+            create::run(&mut ctx, &a).await.map(|()| 0)
+        }
         Command::Topology(a) => topology::run(&mut ctx, &a, g.timeout).await.map(|()| 0),
         Command::Cordon(a) => cordon::run(&mut ctx, &a.node, cordon::Mark::Cordon)
             .await
