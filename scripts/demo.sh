@@ -27,3 +27,8 @@ echo "== tbctl get nodes / allocations / events"
 tbctl get nodes
 tbctl get allocations
 tbctl events --for tj/echo
+
+echo "== tbctl plan --cluster manifests/labs/mixed.yaml -f manifests/model-llama70b.yaml"
+# Placement on a described lab of four Macs (no cluster needed): which Macs, which layers,
+# the memory each needs, the predicted tokens/s, and why the other candidates lost.
+tbctl plan --cluster manifests/labs/mixed.yaml -f manifests/model-llama70b.yaml
