@@ -218,10 +218,32 @@ pub fn reconcile_job(
     let running_wanted = !live.is_empty() && !plan_stops_all(&plan, &current);
     let backoff_over = parse_time(&status.next_retry_time).is_none_or(|t| clock.now >= t);
     if !running_wanted && backoff_over && status.phase == JobPhase::Pending {
-        match place_job(job, &shape, view) {
-            Ok(placed) => {
+        let placed = view
+            .queues
+            .queue_of(job)
+            .map_err(|h| refuse(h.reason, h.message))
+            .and_then(|queue| {
+                let placed = place_job(job, &shape, view)?;
+                if let Some(q) = &queue {
+                    let memory: u64 = placed.memory_bytes.iter().sum();
+                    let macs = placed.slots.iter().map(|s| s.node.clone()).collect();
+                    view.queues
+                        .admit(q, memory, &macs)
+                        .map_err(|h| refuse(h.reason, h.message))?;
+                }
+                Ok((placed, queue))
+            });
+        match placed {
+            Ok((placed, queue)) => {
                 let epoch = status.epoch + 1;
                 create_gang(job, &shape, &placed, epoch, view, &mut plan);
+                if let Some(q) = &queue {
+                    view.queues.charge(
+                        q,
+                        placed.memory_bytes.iter().sum(),
+                        placed.slots.iter().map(|s| s.node.clone()),
+                    );
+                }
                 let slots = &placed.slots;
                 status.epoch = epoch;
                 status.phase = JobPhase::Scheduled;

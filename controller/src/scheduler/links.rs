@@ -204,6 +204,7 @@ mod tests {
             allocations: Vec::new(),
             links: BTreeMap::new(),
             models: BTreeMap::new(),
+            queues: Default::default(),
         }
     }
 

@@ -6,6 +6,7 @@ pub mod jobs;
 pub mod links;
 pub mod nodes;
 pub mod placement;
+pub mod queues;
 pub mod schedules;
 pub mod view;
 
@@ -82,18 +83,26 @@ pub fn reconcile(state: &State, clock: &Clock, cfg: &SchedulerConfig) -> Vec<Pla
     plans.extend(links::reconcile_links(&view, &view.links));
     plans.extend(orphans(state, &view));
     plans.extend(schedules::reconcile_schedules(state, clock));
-    // Jobs in creation order, so that earlier jobs get capacity first.
+    // Higher priority first (a job's own, else its queue's), then services before batch work,
+    // then creation order: earlier jobs get capacity first.
     let mut jobs: Vec<_> = state
         .list(Kind::TrainingJob.as_str(), "")
         .into_iter()
         .chain(state.list(Kind::InferenceService.as_str(), ""))
+        .map(|j| {
+            let service = j.kind() == Some(Kind::InferenceService);
+            (std::cmp::Reverse(view.queues.priority_of(&j)), !service, j)
+        })
         .collect();
-    jobs.sort_by(|a, b| {
-        a.metadata
-            .creation_timestamp
-            .cmp(&b.metadata.creation_timestamp)
-            .then_with(|| a.key().cmp(&b.key()))
+    jobs.sort_by(|(pa, sa, a), (pb, sb, b)| {
+        pa.cmp(pb).then(sa.cmp(sb)).then_with(|| {
+            a.metadata
+                .creation_timestamp
+                .cmp(&b.metadata.creation_timestamp)
+                .then_with(|| a.key().cmp(&b.key()))
+        })
     });
+    let jobs: Vec<_> = jobs.into_iter().map(|(_, _, j)| j).collect();
     for job in jobs {
         if let Some(plan) = jobs::reconcile_job(&job, &mut view, clock, cfg) {
             plans.push(plan);

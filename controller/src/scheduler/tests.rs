@@ -919,3 +919,108 @@ fn finished_runs_beyond_the_history_limits_are_deleted() {
     let runs = schedule_runs(&sim, "tune");
     assert_eq!(runs.len(), 1, "only the latest success is kept: {runs:?}");
 }
+
+// ---- queues: quota admission and priority order ----
+
+fn apply_queue(sim: &mut Sim, name: &str, spec: Value) {
+    let obj = Object {
+        api_version: "tb/v1".into(),
+        kind: "Queue".into(),
+        metadata: ObjectMeta {
+            name: name.into(),
+            ..Default::default()
+        },
+        spec,
+        status: Value::Null,
+    };
+    let obj = tb_api::validate_object(&obj).expect("valid queue");
+    let r = sim.commit(Op::Apply { objects: vec![obj] });
+    assert!(matches!(r, Response::Applied { .. }), "{r:?}");
+}
+
+#[test]
+fn a_queue_quota_holds_jobs_until_its_work_ends() {
+    let mut sim = Sim::new();
+    for n in ["a", "b", "c"] {
+        sim.add_node(n, 16);
+    }
+    apply_queue(
+        &mut sim,
+        "research",
+        json!({"quota": {"memory": "8Gi"}, "namespaces": ["default"]}),
+    );
+    sim.apply_job("TrainingJob", "first", exec_job(2, "3Gi"));
+    sim.settle();
+    sim.apply_job("TrainingJob", "second", exec_job(2, "3Gi"));
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "first").phase, JobPhase::Scheduled);
+    let held = sim.job("TrainingJob", "second");
+    assert_eq!(
+        (held.phase, held.reason.as_str()),
+        (JobPhase::Pending, "QuotaExceeded")
+    );
+    assert!(
+        held.message
+            .contains("queue research: 6Gi of 8Gi memory in use")
+            && held.message.contains("4Gi over"),
+        "{}",
+        held.message
+    );
+    // The first job ends: its memory returns to the queue and the second starts.
+    sim.set_phase(
+        |s| s.job.name == "first",
+        AllocationPhase::Succeeded,
+        Some(0),
+        "Completed",
+    );
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "second").phase, JobPhase::Scheduled);
+}
+
+#[test]
+fn borrowing_lets_a_queue_go_past_its_quota_up_to_the_limit() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 64);
+    apply_queue(
+        &mut sim,
+        "q",
+        json!({"quota": {"memory": "8Gi"}, "borrowingLimit": {"memory": "4Gi"},
+               "namespaces": ["default"]}),
+    );
+    sim.apply_job("TrainingJob", "twelve", exec_job(1, "12Gi"));
+    sim.advance(1);
+    sim.apply_job("TrainingJob", "one-more", exec_job(1, "1Gi"));
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "twelve").phase, JobPhase::Scheduled);
+    assert_eq!(sim.job("TrainingJob", "one-more").reason, "QuotaExceeded");
+}
+
+#[test]
+fn higher_priority_jobs_take_capacity_first_and_bad_queues_are_named() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 8);
+    let mut low = exec_job(1, "6Gi");
+    low["priority"] = json!(1);
+    let mut high = exec_job(1, "6Gi");
+    high["priority"] = json!(10);
+    // Applied in the same pass, the later but higher-priority job wins the only room.
+    sim.apply_job("TrainingJob", "low", low);
+    sim.advance(1);
+    sim.apply_job("TrainingJob", "high", high);
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "high").phase, JobPhase::Scheduled);
+    assert_eq!(sim.job("TrainingJob", "low").reason, "Unschedulable");
+
+    apply_queue(&mut sim, "vision", json!({"namespaces": ["vision"]}));
+    let mut job = exec_job(1, "1Gi");
+    job["queue"] = json!("nope");
+    sim.apply_job("TrainingJob", "lost", job);
+    let mut job = exec_job(1, "1Gi");
+    job["queue"] = json!("vision");
+    sim.apply_job("TrainingJob", "trespass", job);
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "lost").reason, "QueueNotFound");
+    let t = sim.job("TrainingJob", "trespass");
+    assert_eq!(t.reason, "QueueForbidden");
+    assert!(t.message.contains("not default"), "{}", t.message);
+}

@@ -9,6 +9,7 @@ use tb_api::status::NodeStatus;
 use tb_api::{Kind, Object};
 
 use super::links::{LinkView, parse_links};
+use super::queues::Queues;
 use crate::placement::{Topology, live};
 use crate::store::State;
 
@@ -80,17 +81,33 @@ pub struct ClusterView {
     pub links: BTreeMap<String, LinkView>,
     /// (namespace, name) → spec; Models that do not parse are left out.
     pub models: BTreeMap<(String, String), ModelSpec>,
+    /// Queues and what their running work holds.
+    pub queues: Queues,
 }
 
 impl ClusterView {
     pub fn build(state: &State) -> ClusterView {
         let list = |k: Kind| state.list(k.as_str(), "");
-        ClusterView::from_objects(
+        let mut view = ClusterView::from_objects(
             list(Kind::Node),
             list(Kind::Allocation),
             list(Kind::Link),
             list(Kind::Model),
-        )
+        );
+        view.queues = Queues::new(&list(Kind::Queue));
+        for a in view.allocations.iter().filter(|a| a.holds_resources()) {
+            let key = tb_api::ObjectKey {
+                kind: a.spec.job.kind.clone(),
+                namespace: a.object.metadata.namespace.clone(),
+                name: a.spec.job.name.clone(),
+            };
+            let Some(job) = state.get(&key) else { continue };
+            if let Ok(Some(q)) = view.queues.queue_of(job) {
+                view.queues
+                    .charge(&q, a.spec.memory_bytes, [a.spec.node.clone()]);
+            }
+        }
+        view
     }
 
     /// The view from object lists (as a client fetched them), so `tbctl plan` sees what the
@@ -155,6 +172,7 @@ impl ClusterView {
             allocations,
             links: parse_links(link_objects),
             models,
+            queues: Queues::default(),
         }
     }
 
