@@ -17,7 +17,7 @@ use tb_api::{Kind, Object, ObjectKey, ObjectMeta};
 
 use super::placement::{GangRequest, RankSlot, place};
 use super::view::{Alloc, ClusterView};
-use super::{Clock, SchedulerConfig, event, parse_time};
+use super::{Clock, SchedulerConfig, event, parse_time, preemption};
 use crate::placement::{self as model_placement, Options, Topology, Workload, live};
 use crate::store::{Plan, PlanWrite};
 
@@ -279,7 +279,14 @@ pub fn reconcile_job(
                 status.model_placement = placed.summary;
                 plan.events.push(event(job, false, "Scheduled", &message));
             }
+            // A preempted job keeps saying so until it is placed again.
+            Err(why) if why.reason == "Unschedulable" && status.reason == "Preempted" => {}
             Err(why) => {
+                let why = if why.reason == "Unschedulable" {
+                    make_room(job, &shape, why, view, clock, &mut plan)
+                } else {
+                    why
+                };
                 status.reason = why.reason.into();
                 if status.message != why.message {
                     plan.events
@@ -462,6 +469,70 @@ fn stop(a: &Alloc, plan: &mut Plan) {
     plan.guards
         .push((a.object.key(), a.object.metadata.resource_version));
     plan.writes.push(PlanWrite::Put(obj));
+}
+
+/// A job that fits nowhere: stop lower-priority gangs if that makes room (see `preemption`).
+fn make_room(
+    job: &Object,
+    shape: &JobShape,
+    why: Refusal,
+    view: &ClusterView,
+    clock: &Clock,
+    plan: &mut Plan,
+) -> Refusal {
+    let priority = view.queues.priority_of(job);
+    let fits = |trial: &ClusterView| place_job(job, shape, trial).is_ok();
+    match preemption::choose(job, priority, view, fits) {
+        preemption::Choice::Hopeless => why,
+        preemption::Choice::Waiting => refuse(
+            "WaitingForPreemption",
+            "waiting for the ranks of preempted jobs to end",
+        ),
+        preemption::Choice::Preempt(victims) => {
+            let names: Vec<String> = victims
+                .iter()
+                .map(|v| format!("{}/{}", v.job.kind, v.job.metadata.name))
+                .collect();
+            for v in &victims {
+                preempt(v, job, priority, clock, plan);
+            }
+            refuse(
+                "WaitingForPreemption",
+                format!("stopping lower-priority {} to make room", names.join(", ")),
+            )
+        }
+    }
+}
+
+/// Stop a lower-priority gang for `by` and put it back in line (Pending, reason Preempted); its
+/// retries are not used.
+fn preempt(v: &preemption::Victim, by: &Object, priority: i32, clock: &Clock, plan: &mut Plan) {
+    for a in &v.allocations {
+        stop(a, plan);
+    }
+    let mut status = JobStatus::from_value(&v.job.status);
+    status.phase = JobPhase::Pending;
+    status.reason = "Preempted".into();
+    status.message = format!(
+        "preempted by {}/{} (priority {priority} over {}); waiting to be placed again",
+        by.kind, by.metadata.name, v.priority
+    );
+    status.next_retry_time.clear();
+    status.set_condition(
+        "Scheduled",
+        false,
+        "Preempted",
+        &status.message.clone(),
+        &clock.stamp,
+    );
+    plan.guards
+        .push((v.job.key(), v.job.metadata.resource_version));
+    plan.writes.push(PlanWrite::Status {
+        key: v.job.key(),
+        status: status.to_value(),
+    });
+    plan.events
+        .push(event(&v.job, true, "Preempted", &status.message.clone()));
 }
 
 /// An allocation of an older epoch: stopped, then deleted once it has ended.

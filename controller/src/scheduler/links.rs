@@ -205,6 +205,7 @@ mod tests {
             links: BTreeMap::new(),
             models: BTreeMap::new(),
             queues: Default::default(),
+            jobs: BTreeMap::new(),
         }
     }
 

@@ -6,6 +6,7 @@ pub mod jobs;
 pub mod links;
 pub mod nodes;
 pub mod placement;
+pub mod preemption;
 pub mod queues;
 pub mod schedules;
 pub mod view;

@@ -1024,3 +1024,67 @@ fn higher_priority_jobs_take_capacity_first_and_bad_queues_are_named() {
     assert_eq!(t.reason, "QueueForbidden");
     assert!(t.message.contains("not default"), "{}", t.message);
 }
+
+#[test]
+fn a_higher_priority_job_preempts_a_whole_lower_gang_which_is_requeued() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 16);
+    sim.add_node("b", 16);
+    let mut low = exec_job(2, "12Gi");
+    low["priority"] = json!(1);
+    sim.apply_job("TrainingJob", "low", low);
+    sim.settle();
+    sim.set_phase(
+        |s| s.job.name == "low",
+        AllocationPhase::Running,
+        None,
+        "Started",
+    );
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "low").phase, JobPhase::Running);
+
+    // Same priority: no preemption, the newcomer waits.
+    let mut peer = exec_job(1, "12Gi");
+    peer["priority"] = json!(1);
+    sim.apply_job("TrainingJob", "peer", peer);
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "peer").reason, "Unschedulable");
+    assert_eq!(sim.job("TrainingJob", "low").phase, JobPhase::Running);
+
+    // Higher priority needing one Mac: the whole two-rank gang is stopped, not one rank.
+    let mut high = exec_job(1, "12Gi");
+    high["priority"] = json!(10);
+    sim.apply_job("TrainingJob", "high", high);
+    sim.settle();
+    let low = sim.job("TrainingJob", "low");
+    assert_eq!(
+        (low.phase, low.reason.as_str()),
+        (JobPhase::Pending, "Preempted")
+    );
+    assert!(
+        low.message.contains("preempted by TrainingJob/high"),
+        "{}",
+        low.message
+    );
+    let stopping = sim
+        .allocs()
+        .iter()
+        .filter(|(_, s, _)| s.job.name == "low" && s.desired == Desired::Stop)
+        .count();
+    assert_eq!(stopping, 2, "every rank of the gang");
+    assert_eq!(
+        sim.job("TrainingJob", "high").reason,
+        "WaitingForPreemption"
+    );
+    // Settling again while the ranks stop picks no further victims.
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "peer").reason, "Unschedulable");
+
+    sim.obey_stops();
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "high").phase, JobPhase::Scheduled);
+    let low = sim.job("TrainingJob", "low");
+    assert_eq!(low.phase, JobPhase::Pending, "requeued, not failed");
+    assert_eq!(low.restarts, 0, "preemption uses no retry");
+    assert!(sim.events().contains(&"Preempted".to_string()));
+}

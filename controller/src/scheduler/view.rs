@@ -75,6 +75,7 @@ impl NodeView {
 }
 
 /// Every node, allocation, link and model, parsed once per reconcile pass.
+#[derive(Clone)]
 pub struct ClusterView {
     pub nodes: BTreeMap<String, NodeView>,
     pub allocations: Vec<Alloc>,
@@ -83,6 +84,8 @@ pub struct ClusterView {
     pub models: BTreeMap<(String, String), ModelSpec>,
     /// Queues and what their running work holds.
     pub queues: Queues,
+    /// TrainingJobs and InferenceServices by (kind, namespace, name), for preemption.
+    pub jobs: BTreeMap<(String, String, String), Arc<Object>>,
 }
 
 impl ClusterView {
@@ -95,6 +98,20 @@ impl ClusterView {
             list(Kind::Model),
         );
         view.queues = Queues::new(&list(Kind::Queue));
+        view.jobs = list(Kind::TrainingJob)
+            .into_iter()
+            .chain(list(Kind::InferenceService))
+            .map(|j| {
+                (
+                    (
+                        j.kind.clone(),
+                        j.metadata.namespace.clone(),
+                        j.metadata.name.clone(),
+                    ),
+                    j,
+                )
+            })
+            .collect();
         for a in view.allocations.iter().filter(|a| a.holds_resources()) {
             let key = tb_api::ObjectKey {
                 kind: a.spec.job.kind.clone(),
@@ -173,6 +190,7 @@ impl ClusterView {
             links: parse_links(link_objects),
             models,
             queues: Queues::default(),
+            jobs: BTreeMap::new(),
         }
     }
 
