@@ -8,6 +8,7 @@
 //! - [`capacity`]: what this machine has (memory, CPU, GPU, memory pressure), read from the OS.
 //! - [`exec`]: the exec executor: supervised process groups with rotating logs.
 //! - [`mlx`]: the MLX distributed contract: hostfiles, device matrices and per-rank environment.
+//! - [`transport`]: the data plane: bootstrap, TCP (and RDMA) transports, collectives.
 
 pub mod agent;
 pub mod capacity;
@@ -16,3 +17,4 @@ pub mod exec;
 pub mod mlx;
 pub mod probe;
 pub mod topology;
+pub mod transport;

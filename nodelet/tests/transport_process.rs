@@ -1,0 +1,86 @@
+//! The data plane with real processes: `tb-collbench --check` spawns rank processes that run
+//! every collective over loopback TCP and check every element; killing one rank process in the
+//! middle of a sweep must make every other rank exit with an error naming a peer, within the
+//! collective timeout.
+
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn bench() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tb-collbench"))
+}
+
+#[test]
+fn check_mode_with_real_processes() {
+    for (ranks, op) in [("3", "allreduce"), ("2", "allgather"), ("4", "broadcast")] {
+        let out = bench()
+            .args(["--ranks", ranks, "--check", "--min", "1", "--max", "300K"])
+            .args(["--op", op, "--chunk", "64K"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{op} on {ranks} ranks: {}\n{text}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains("bfloat16") && text.contains("float16"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn killed_rank_process_fails_the_others_in_time() {
+    let coord = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let world = 3;
+    let mut kids: Vec<_> = (0..world)
+        .map(|r| {
+            bench()
+                .args([
+                    "--ranks", "3", "--min", "1M", "--max", "4M", "--iters", "100000",
+                ])
+                .args(["--warmup", "0", "--budget", "100", "--timeout", "5"])
+                .args(["--rank", &r.to_string(), "--coordinator", &coord])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    kids[1].kill().unwrap();
+    let _ = kids[1].wait();
+    let start = Instant::now();
+    for (r, k) in kids.iter_mut().enumerate() {
+        if r == 1 {
+            continue;
+        }
+        let status = loop {
+            if let Some(s) = k.try_wait().unwrap() {
+                break s;
+            }
+            if start.elapsed() > Duration::from_secs(12) {
+                let _ = k.kill();
+                panic!("rank {r} still running 12 s after rank 1 was killed");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(k.stderr.as_mut().unwrap(), &mut err).unwrap();
+        assert!(
+            !status.success(),
+            "rank {r} succeeded after rank 1 died: {err}"
+        );
+        assert!(
+            err.contains("rank ") && (err.contains("closed") || err.contains("timed out")),
+            "rank {r}: {err}"
+        );
+    }
+}
