@@ -875,31 +875,36 @@ impl Lab {
             .args(["--timeout", "3s"])
             .args(args)
             .env("HOME", &self.home)
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let Ok(mut child) = cmd.spawn() else {
-            return "(tbctl could not be started)".into();
-        };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return match child.wait_with_output() {
-                    Ok(o) => format!(
-                        "{}{}",
-                        String::from_utf8_lossy(&o.stdout),
-                        String::from_utf8_lossy(&o.stderr)
-                    ),
-                    Err(e) => format!("(tbctl: {e})"),
-                };
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        "(tbctl did not answer within 5s)".into()
+            .env("NO_COLOR", "1");
+        bounded_output(cmd, Duration::from_secs(5))
     }
+}
+
+/// Stdout and stderr of `cmd`, killed after `timeout`.
+pub fn bounded_output(mut cmd: Command, timeout: Duration) -> String {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let Ok(mut child) = cmd.spawn() else {
+        return "(could not be started)\n".into();
+    };
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return match child.wait_with_output() {
+                Ok(o) => format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+                Err(e) => format!("({e})\n"),
+            };
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    format!("(no answer within {timeout:?})\n")
 }
 
 impl Drop for Lab {

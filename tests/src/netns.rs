@@ -45,7 +45,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::lab::{LOG_TAIL_LINES, Proc, kill_leftover_ranks, nodelet_bin, process_alive};
+use crate::lab::{
+    LOG_TAIL_LINES, Proc, bounded_output, kill_leftover_ranks, nodelet_bin, process_alive,
+};
 use crate::tbctl::TbctlOutput;
 use crate::workdir::TestDir;
 
@@ -877,33 +879,6 @@ fn run(argv: &[&str]) -> Output {
         );
     }
     out
-}
-
-/// Stdout and stderr of `cmd`, killed after `timeout`.
-fn bounded_output(mut cmd: Command, timeout: Duration) -> String {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let Ok(mut child) = cmd.spawn() else {
-        return "(could not be started)\n".into();
-    };
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return match child.wait_with_output() {
-                Ok(o) => format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&o.stdout),
-                    String::from_utf8_lossy(&o.stderr)
-                ),
-                Err(e) => format!("({e})\n"),
-            };
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    format!("(no answer within {timeout:?})\n")
 }
 
 /// Deletes the namespaces of emulated labs whose test process is gone (`tbe<pid>-...` with
