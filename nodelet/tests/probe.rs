@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use tb_nodelet::probe::client::measure;
 use tb_nodelet::probe::server::ProbeServer;
-use tb_nodelet::probe::{OP_BULK, OP_PING, PING_SIZE, ProbeConfig, ProbeError};
+use tb_nodelet::probe::session::Request;
+use tb_nodelet::probe::{OP_TRANSPORT, ProbeConfig, ProbeError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -39,7 +40,8 @@ async fn probes_measure_latency_and_bandwidth_between_two_addresses() {
         .expect("probe succeeds");
     eprintln!("127.0.0.1 -> 127.0.0.2: {m:?}");
     assert_eq!(m.round_trips, 200);
-    assert_eq!(m.streams, 4);
+    assert_eq!(m.streams, 4, "4 rails");
+    assert_eq!(m.transport, "tcp", "no RDMA device here");
     assert!(m.latency_us_p50 > 0.0, "{m:?}");
     assert!(m.latency_us_p50 <= m.latency_us_p99, "{m:?}");
     assert!(m.bytes > 0, "{m:?}");
@@ -78,7 +80,7 @@ async fn bulk_bytes_are_capped_and_counted_exactly() {
     let m = measure(A, SocketAddr::new(A, server.port()), &cfg)
         .await
         .expect("probe succeeds");
-    assert_eq!(m.bytes, 1_000_000, "the byte cap ends the streams");
+    assert_eq!(m.bytes, 1_000_000, "the byte cap ends the bulk stream");
     assert!(started.elapsed() < Duration::from_secs(10));
 }
 
@@ -127,41 +129,94 @@ async fn a_dead_peer_fails_within_the_timeout() {
 }
 
 #[tokio::test]
-async fn the_server_speaks_the_documented_protocol() {
+async fn the_server_refuses_strangers_and_reports_failed_sessions() {
     let server = ProbeServer::new(0);
     server.serve_on(&[A]).await;
     let at = SocketAddr::new(A, server.port());
 
-    // Ping-pong: each 64-byte message comes back whole; EOF ends it.
-    let mut s = TcpStream::connect(at).await.expect("connect");
-    s.write_all(&[OP_PING]).await.expect("op");
-    for i in 0..3u8 {
-        let msg = [i; PING_SIZE];
-        s.write_all(&msg).await.expect("ping");
-        let mut back = [0u8; PING_SIZE];
-        s.read_exact(&mut back).await.expect("pong");
-        assert_eq!(back, msg);
-    }
-    s.shutdown().await.expect("eof");
-    let mut rest = Vec::new();
-    s.read_to_end(&mut rest).await.expect("closed");
-    assert!(rest.is_empty());
-
-    // Bulk: the count of bytes after the op, as u64 big-endian.
-    let mut s = TcpStream::connect(at).await.expect("connect");
-    s.write_all(&[OP_BULK]).await.expect("op");
-    s.write_all(&vec![7u8; 300_001]).await.expect("bulk");
-    s.shutdown().await.expect("eof");
-    let mut count = [0u8; 8];
-    s.read_exact(&mut count).await.expect("count");
-    assert_eq!(u64::from_be_bytes(count), 300_001);
-
-    // Anything else: closed.
+    // An unknown op byte: closed without an answer.
     let mut s = TcpStream::connect(at).await.expect("connect");
     s.write_all(b"X").await.expect("op");
     let mut rest = Vec::new();
     let _ = s.read_to_end(&mut rest).await;
     assert!(rest.is_empty());
+
+    // A malformed request (0 rails): closed without an answer.
+    let mut s = TcpStream::connect(at).await.expect("connect");
+    let mut bad = Request {
+        rdma: false,
+        coordinator_port: 9,
+        rails: 1,
+        warmup: 0,
+        round_trips: 1,
+        timeout_ms: 1000,
+    }
+    .encode();
+    bad[3] = 0;
+    s.write_all(&[OP_TRANSPORT]).await.expect("op");
+    s.write_all(&bad).await.expect("request");
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest).await;
+    assert!(rest.is_empty());
+
+    // A well-formed request whose prober never opens its coordinator: the server's session
+    // times out in the bootstrap and says so on the control connection (a failed verdict).
+    let dead = std::net::TcpListener::bind((A, 0)).expect("bind");
+    let dead_port = dead.local_addr().expect("addr").port();
+    drop(dead);
+    let mut s = TcpStream::connect(at).await.expect("connect");
+    let req = Request {
+        rdma: false,
+        coordinator_port: dead_port,
+        rails: 1,
+        warmup: 0,
+        round_trips: 1,
+        timeout_ms: 1000,
+    };
+    s.write_all(&[OP_TRANSPORT]).await.expect("op");
+    s.write_all(&req.encode()).await.expect("request");
+    let mut code = [0u8; 1];
+    let answered = tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut code)).await;
+    assert!(matches!(answered, Ok(Ok(_))), "a verdict comes back");
+    assert_eq!(code[0], 1, "the session failed");
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len).await.expect("length");
+    let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    s.read_exact(&mut msg).await.expect("message");
+    let msg = String::from_utf8_lossy(&msg);
+    assert!(
+        msg.contains("bootstrap") || msg.contains("timed out"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn a_prober_that_dies_mid_probe_fails_the_server_session_not_the_server() {
+    let server = ProbeServer::new(0);
+    server.serve_on(&[A, B]).await;
+    let port = server.port();
+    // A probe cut short by its own deadline during the bulk phase...
+    let cut = ProbeConfig {
+        duration: Duration::from_secs(30),
+        max_bytes: u64::MAX,
+        timeout: Duration::from_millis(1500),
+        ..ProbeConfig::default()
+    };
+    let err = measure(A, SocketAddr::new(B, port), &cut)
+        .await
+        .expect_err("the deadline ends it");
+    assert!(
+        matches!(
+            err,
+            ProbeError::Timeout { .. } | ProbeError::Transport { .. }
+        ),
+        "{err}"
+    );
+    // ...leaves the server able to serve the next one.
+    let m = measure(A, SocketAddr::new(B, port), &quick())
+        .await
+        .expect("the next probe succeeds");
+    assert!(m.bandwidth_gbps > 0.0);
 }
 
 #[tokio::test]

@@ -1,25 +1,24 @@
-//! The prober: one probe of one link, from a local port address to a peer's probe server.
+//! The prober: one probe of one link, from a local port address to a peer's probe server, over
+//! tb's data-plane transport ([`super::session`]).
 //!
-//! Latency: `warmup` untimed then `round_trips` timed ping-pongs of [`PING_SIZE`] bytes on one
-//! connection; p50 and p99 of the round-trip times (nearest rank). Bandwidth: `streams`
-//! connections, all set up before the clock starts, each writing [`CHUNK`]-byte chunks until
-//! `duration` has passed or all streams together have written `max_bytes`; then each waits for
-//! the server's byte count. Gb/s = acknowledged bytes × 8 / time from the first byte to the
-//! last count.
+//! A control connection to the peer's probe server carries the request (op `T`); both ends then
+//! open a 2-rank transport between the two port addresses (this end is rank 0 and the bootstrap
+//! coordinator), time `warmup` + `round_trips` ping-pongs of [`PING_SIZE`](super::PING_SIZE) bytes (p50 and p99,
+//! nearest rank) and stream bulk messages for `duration` or until `max_bytes`; Gb/s = bytes the
+//! server acknowledged × 8 / time from the first bulk byte to the count. The server reports its
+//! own failure on the control connection, so either end's error reaches the Link status.
 //!
-//! Every socket is bound to the local port address, so the traffic leaves by that link. Each
-//! connection must be set up within `connect_timeout` and the whole probe must end within
+//! Each connection must be set up within `connect_timeout` and the whole probe must end within
 //! `timeout`; nothing here waits longer.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
-use super::{CHUNK, Measurement, OP_BULK, OP_PING, PING_SIZE, ProbeConfig, ProbeError};
+use super::session::{self, Request};
+use super::{Measurement, OP_TRANSPORT, ProbeConfig, ProbeError};
 
 /// Probes the link from `local` (an address of this machine) to the probe server at `peer`.
 pub async fn measure(
@@ -41,18 +40,100 @@ async fn run(
     peer: SocketAddr,
     cfg: &ProbeConfig,
 ) -> Result<Measurement, ProbeError> {
-    let (latency_us_p50, latency_us_p99) = latency(local, peer, cfg).await?;
-    let (bytes, elapsed) = bandwidth(local, peer, cfg).await?;
-    let secs = elapsed.as_secs_f64().max(1e-9);
-    Ok(Measurement {
-        latency_us_p50,
-        latency_us_p99,
+    if cfg.round_trips == 0 {
+        return Err(ProbeError::Protocol {
+            peer,
+            message: "no round trips to time".into(),
+        });
+    }
+    let mut control = connect(local, peer, cfg).await?;
+    let coordinator_port = session::pick_coordinator_port(local)
+        .map_err(|source| ProbeError::Bind { local, source })?;
+    // The transport's own deadline is a little inside the probe's, so its error (naming the
+    // step) wins over the bare timeout.
+    let inner = cfg.timeout.saturating_sub(Duration::from_millis(200));
+    let req = Request {
+        rdma: cfg.rdma,
+        coordinator_port,
+        rails: cfg.streams.clamp(1, 16) as u8,
+        warmup: cfg.warmup,
         round_trips: cfg.round_trips,
-        bandwidth_gbps: bytes as f64 * 8.0 / secs / 1e9,
-        streams: cfg.streams,
-        bytes,
-        elapsed,
-    })
+        timeout_ms: (inner.as_millis() as u32).clamp(1, session::MAX_SESSION_MS),
+    };
+    let mut hello = vec![OP_TRANSPORT];
+    hello.extend_from_slice(&req.encode());
+    control
+        .write_all(&hello)
+        .await
+        .map_err(io(peer, "sending the probe request"))?;
+    let (bulk_for, max_bytes) = (cfg.duration, cfg.max_bytes);
+    let started = Instant::now();
+    let prober = tokio::task::spawn_blocking(move || {
+        session::run_prober(local, peer.ip(), &req, bulk_for, max_bytes, inner)
+    });
+    let (figures, open_transport) = match prober.await.map_err(|e| ProbeError::Protocol {
+        peer,
+        message: format!("the prober stopped: {e}"),
+    })? {
+        Ok((f, t)) => (Ok(f), Some(t)),
+        Err(e) => (Err(e), None),
+    };
+    // The server's verdict: its error explains ours (a peer that closed, say).
+    let verdict = tokio::time::timeout(
+        inner
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_millis(200)),
+        read_verdict(&mut control),
+    )
+    .await;
+    drop(open_transport);
+    let server_said = match verdict {
+        Ok(Ok(Ok(()))) => None,
+        Ok(Ok(Err(message))) => Some(message),
+        Ok(Err(e)) => Some(format!("no verdict from the probe server: {e}")),
+        Err(_) => Some("no verdict from the probe server in time".into()),
+    };
+    match (figures, server_said) {
+        (Ok(f), None) => {
+            let secs = f.elapsed.as_secs_f64().max(1e-9);
+            Ok(Measurement {
+                latency_us_p50: percentile(&f.rtts_us, 0.50),
+                latency_us_p99: percentile(&f.rtts_us, 0.99),
+                round_trips: cfg.round_trips,
+                bandwidth_gbps: f.bytes as f64 * 8.0 / secs / 1e9,
+                streams: f.rails as u32,
+                bytes: f.bytes,
+                elapsed: f.elapsed,
+                transport: f.transport,
+            })
+        }
+        (Ok(_), Some(theirs)) => Err(ProbeError::Protocol {
+            peer,
+            message: format!("the probe server failed: {theirs}"),
+        }),
+        (Err(ours), None) => Err(ProbeError::Transport {
+            peer,
+            message: ours.to_string(),
+        }),
+        (Err(ours), Some(theirs)) => Err(ProbeError::Transport {
+            peer,
+            message: format!("{ours} (the probe server: {theirs})"),
+        }),
+    }
+}
+
+/// The server's answer on the control connection: `0`, or `1` + u16 length + message.
+async fn read_verdict(control: &mut TcpStream) -> std::io::Result<Result<(), String>> {
+    let mut code = [0u8; 1];
+    control.read_exact(&mut code).await?;
+    if code[0] == 0 {
+        return Ok(Ok(()));
+    }
+    let mut len = [0u8; 2];
+    control.read_exact(&mut len).await?;
+    let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    control.read_exact(&mut msg).await?;
+    Ok(Err(String::from_utf8_lossy(&msg).into_owned()))
 }
 
 /// A connection from `local` to `peer`, set up within the connect timeout.
@@ -84,50 +165,6 @@ fn io(peer: SocketAddr, what: &'static str) -> impl Fn(std::io::Error) -> ProbeE
     move |source| ProbeError::Io { peer, what, source }
 }
 
-/// Round trips of [`PING_SIZE`] bytes: (p50, p99) in microseconds.
-async fn latency(
-    local: IpAddr,
-    peer: SocketAddr,
-    cfg: &ProbeConfig,
-) -> Result<(f64, f64), ProbeError> {
-    if cfg.round_trips == 0 {
-        return Err(ProbeError::Protocol {
-            peer,
-            message: "no round trips to time".into(),
-        });
-    }
-    let mut stream = connect(local, peer, cfg).await?;
-    stream
-        .write_all(&[OP_PING])
-        .await
-        .map_err(io(peer, "sending the ping op"))?;
-    let mut msg = [0u8; PING_SIZE];
-    let mut back = [0u8; PING_SIZE];
-    let mut samples = Vec::with_capacity(cfg.round_trips as usize);
-    for i in 0..u64::from(cfg.warmup) + u64::from(cfg.round_trips) {
-        msg[..8].copy_from_slice(&i.to_be_bytes());
-        let started = Instant::now();
-        stream.write_all(&msg).await.map_err(io(peer, "ping"))?;
-        stream
-            .read_exact(&mut back)
-            .await
-            .map_err(io(peer, "pong"))?;
-        let rtt = started.elapsed();
-        if back != msg {
-            return Err(ProbeError::Protocol {
-                peer,
-                message: format!("round trip {i} came back changed"),
-            });
-        }
-        if i >= u64::from(cfg.warmup) {
-            samples.push(rtt.as_secs_f64() * 1e6);
-        }
-    }
-    let _ = stream.shutdown().await;
-    samples.sort_by(f64::total_cmp);
-    Ok((percentile(&samples, 0.50), percentile(&samples, 0.99)))
-}
-
 /// Nearest-rank percentile of sorted samples (0 for none).
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -135,95 +172,6 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let rank = (p * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-/// Parallel bulk streams: (bytes the server acknowledged, elapsed).
-async fn bandwidth(
-    local: IpAddr,
-    peer: SocketAddr,
-    cfg: &ProbeConfig,
-) -> Result<(u64, Duration), ProbeError> {
-    let streams = cfg.streams.max(1);
-    let mut connections = Vec::with_capacity(streams as usize);
-    for _ in 0..streams {
-        let mut s = connect(local, peer, cfg).await?;
-        s.write_all(&[OP_BULK])
-            .await
-            .map_err(io(peer, "sending the bulk op"))?;
-        connections.push(s);
-    }
-    let chunk: Arc<[u8]> = vec![0xA5u8; CHUNK].into();
-    let budget = Arc::new(AtomicU64::new(cfg.max_bytes));
-    let started = Instant::now();
-    let deadline = tokio::time::Instant::from_std(started + cfg.duration);
-    let mut tasks = tokio::task::JoinSet::new();
-    for stream in connections {
-        tasks.spawn(bulk_stream(
-            stream,
-            peer,
-            chunk.clone(),
-            budget.clone(),
-            deadline,
-        ));
-    }
-    let mut total: u64 = 0;
-    while let Some(joined) = tasks.join_next().await {
-        let acked = joined.map_err(|e| ProbeError::Protocol {
-            peer,
-            message: format!("a bulk stream stopped: {e}"),
-        })??;
-        total = total.saturating_add(acked);
-    }
-    Ok((total, started.elapsed()))
-}
-
-/// Takes up to `want` bytes from the shared budget.
-fn take(budget: &AtomicU64, want: u64) -> u64 {
-    let mut taken = 0;
-    let _ = budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
-        taken = left.min(want);
-        Some(left - taken)
-    });
-    taken
-}
-
-/// One stream: write until the deadline or the budget runs out, then read the server's count.
-async fn bulk_stream(
-    mut stream: TcpStream,
-    peer: SocketAddr,
-    chunk: Arc<[u8]>,
-    budget: Arc<AtomicU64>,
-    deadline: tokio::time::Instant,
-) -> Result<u64, ProbeError> {
-    let mut sent: u64 = 0;
-    while tokio::time::Instant::now() < deadline {
-        let n = take(&budget, chunk.len() as u64) as usize;
-        if n == 0 {
-            break;
-        }
-        stream
-            .write_all(&chunk[..n])
-            .await
-            .map_err(io(peer, "bulk write"))?;
-        sent += n as u64;
-    }
-    stream
-        .shutdown()
-        .await
-        .map_err(io(peer, "ending the bulk stream"))?;
-    let mut count = [0u8; 8];
-    stream
-        .read_exact(&mut count)
-        .await
-        .map_err(io(peer, "reading the byte count"))?;
-    let acked = u64::from_be_bytes(count);
-    if acked != sent {
-        return Err(ProbeError::Protocol {
-            peer,
-            message: format!("the server counted {acked} of {sent} bytes"),
-        });
-    }
-    Ok(acked)
 }
 
 #[cfg(test)]
@@ -237,14 +185,5 @@ mod tests {
         assert_eq!(percentile(&s, 0.99), 198.0);
         assert_eq!(percentile(&[7.0], 0.99), 7.0);
         assert_eq!(percentile(&[], 0.5), 0.0);
-    }
-
-    #[test]
-    fn the_budget_is_shared_and_never_overdrawn() {
-        let b = AtomicU64::new(10);
-        assert_eq!(take(&b, 4), 4);
-        assert_eq!(take(&b, 4), 4);
-        assert_eq!(take(&b, 4), 2);
-        assert_eq!(take(&b, 4), 0);
     }
 }

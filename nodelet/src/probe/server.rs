@@ -1,5 +1,5 @@
 //! The probe server: a TCP listener on each port address, all at one TCP port, serving the
-//! protocol of [`crate::probe`] (ping-pong echo and bulk sink).
+//! protocol of [`crate::probe`]: each request opens a transport session back to the prober.
 //!
 //! [`ProbeServer::serve_on`] is called with the current port addresses (every heartbeat): it
 //! starts listeners for new addresses and stops those whose address is gone. With a requested
@@ -17,7 +17,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use super::{CHUNK, IDLE_TIMEOUT, MAX_CONNECTIONS, OP_BULK, OP_PING, PING_SIZE};
+use super::session::{self, Request};
+use super::{IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_SESSIONS, OP_TRANSPORT};
 
 /// How long before an address that could not be bound is tried again.
 pub const RETRY_BIND: Duration = Duration::from_secs(30);
@@ -30,6 +31,7 @@ pub struct ProbeServer {
     requested: u16,
     state: Mutex<State>,
     permits: Arc<Semaphore>,
+    sessions: Arc<Semaphore>,
 }
 
 #[derive(Default)]
@@ -50,6 +52,7 @@ impl ProbeServer {
                 ..Default::default()
             }),
             permits: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+            sessions: Arc::new(Semaphore::new(MAX_SESSIONS)),
         })
     }
 
@@ -126,10 +129,10 @@ impl ProbeServer {
                     }
                     tracing::info!(addr = %SocketAddr::new(addr, local), "probe server listening");
                     state.failed.remove(&addr);
-                    let permits = self.permits.clone();
+                    let (permits, sessions) = (self.permits.clone(), self.sessions.clone());
                     state
                         .listeners
-                        .insert(addr, tokio::spawn(accept_loop(listener, permits)));
+                        .insert(addr, tokio::spawn(accept_loop(listener, permits, sessions)));
                 }
                 Err(e) => {
                     if state.failed.insert(addr, Instant::now()).is_none() {
@@ -188,7 +191,7 @@ async fn pick_common_port(addrs: &[IpAddr]) -> Bound {
     last
 }
 
-async fn accept_loop(listener: TcpListener, permits: Arc<Semaphore>) {
+async fn accept_loop(listener: TcpListener, permits: Arc<Semaphore>, sessions: Arc<Semaphore>) {
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
@@ -196,9 +199,10 @@ async fn accept_loop(listener: TcpListener, permits: Arc<Semaphore>) {
                     tracing::debug!(%peer, "probe server busy; connection closed");
                     continue;
                 };
+                let sessions = sessions.clone();
                 tokio::spawn(async move {
                     let _permit = permit;
-                    if let Err(e) = serve(stream).await {
+                    if let Err(e) = serve(stream, sessions).await {
                         tracing::debug!(%peer, "probe connection: {e}");
                     }
                 });
@@ -249,37 +253,49 @@ async fn read_message(stream: &mut TcpStream, buf: &mut [u8]) -> std::io::Result
     Ok(true)
 }
 
-/// One connection: the op byte, then ping-pong or bulk sink until EOF.
-pub async fn serve(mut stream: TcpStream) -> std::io::Result<()> {
+/// One control connection: the op byte and request, then a transport session back to the
+/// prober, then the verdict.
+pub async fn serve(mut stream: TcpStream, sessions: Arc<Semaphore>) -> std::io::Result<()> {
     let _ = stream.set_nodelay(true);
     let mut op = [0u8; 1];
     if !read_message(&mut stream, &mut op).await? {
         return Ok(());
     }
-    match op[0] {
-        OP_PING => {
-            let mut msg = [0u8; PING_SIZE];
-            while read_message(&mut stream, &mut msg).await? {
-                write_all(&mut stream, &msg).await?;
-            }
-            Ok(())
-        }
-        OP_BULK => {
-            let mut buf = vec![0u8; CHUNK];
-            let mut total: u64 = 0;
-            loop {
-                let n = read_some(&mut stream, &mut buf).await?;
-                if n == 0 {
-                    break;
-                }
-                total = total.saturating_add(n as u64);
-            }
-            write_all(&mut stream, &total.to_be_bytes()).await?;
-            stream.shutdown().await
-        }
-        other => Err(std::io::Error::new(
+    if op[0] != OP_TRANSPORT {
+        return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!("unknown op byte {other:#04x}"),
-        )),
+            format!("unknown op byte {:#04x}", op[0]),
+        ));
     }
+    let mut raw = [0u8; Request::LEN];
+    if !read_message(&mut stream, &mut raw).await? {
+        return Ok(());
+    }
+    let req = Request::decode(&raw)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let (local, peer) = (stream.local_addr()?.ip(), stream.peer_addr()?.ip());
+    let outcome = match sessions.try_acquire_owned() {
+        Err(_) => Err(format!("busy: {MAX_SESSIONS} probes are running")),
+        Ok(permit) => tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            session::run_server(local, peer, &req)
+        })
+        .await
+        .map_err(|e| format!("the probe session stopped: {e}"))
+        .and_then(|r| r.map_err(|e| e.to_string())),
+    };
+    let verdict = match outcome {
+        Ok(()) => vec![0u8],
+        Err(message) => {
+            tracing::debug!(%peer, "probe session failed: {message}");
+            let bytes = message.as_bytes();
+            let n = bytes.len().min(u16::MAX as usize);
+            let mut v = vec![1u8];
+            v.extend_from_slice(&(n as u16).to_be_bytes());
+            v.extend_from_slice(&bytes[..n]);
+            v
+        }
+    };
+    write_all(&mut stream, &verdict).await?;
+    stream.shutdown().await
 }

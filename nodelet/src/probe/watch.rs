@@ -277,7 +277,12 @@ impl Prober {
         let local = parse("a.address", &spec.a.address)?;
         let peer = parse("b.address", &spec.b.address)?;
         let port = self.probe_port(&spec.b.node).await?;
-        client::measure(local, SocketAddr::new(peer, port), &self.config)
+        // RDMA first where both ends report it, as a job's transport would choose.
+        let cfg = ProbeConfig {
+            rdma: spec.rdma,
+            ..self.config
+        };
+        client::measure(local, SocketAddr::new(peer, port), &cfg)
             .await
             .map_err(|e| e.to_string())
     }

@@ -13,6 +13,42 @@ use std::time::{Duration, Instant};
 use super::TransportError;
 
 const MAGIC: u32 = u32::from_le_bytes(*b"TBB1");
+/// One bootstrap all-gather round: takes this rank's blob, returns every rank's blob in rank
+/// order. Transports take one of these so that several rounds (a vote, then the set-up of the
+/// chosen transport) can share one coordinator listener.
+pub type Exchange<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>, TransportError> + 'a;
+
+/// Rounds of all-gather over `coordinator`: rank 0 binds it on first use (so a set-up that
+/// fails before any round never touches the network) and serves every round from that one
+/// listener, so a rank that hurries on to the next round waits in its backlog instead of
+/// meeting a closed port.
+pub fn coordinator_exchange(
+    coordinator: SocketAddr,
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+) -> impl FnMut(&[u8]) -> Result<Vec<Vec<u8>>, TransportError> {
+    let mut listener: Option<TcpListener> = None;
+    move |blob: &[u8]| {
+        if rank != 0 {
+            return all_gather(coordinator, rank, world, blob, timeout);
+        }
+        if listener.is_none() {
+            listener = Some(TcpListener::bind(coordinator).map_err(|e| {
+                TransportError::Bootstrap(format!(
+                    "rank 0 cannot listen on coordinator {coordinator}: {e}"
+                ))
+            })?);
+        }
+        let l = listener
+            .as_ref()
+            .ok_or_else(|| TransportError::Bootstrap("coordinator listener missing".into()))?
+            .try_clone()
+            .map_err(|e| TransportError::Bootstrap(format!("coordinator socket: {e}")))?;
+        serve(l, world, blob, timeout)
+    }
+}
+
 /// Largest blob a rank may contribute.
 pub const MAX_BLOB: usize = 1 << 20;
 

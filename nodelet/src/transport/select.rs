@@ -2,12 +2,17 @@
 //! opens (feature `rdma`), else TCP, with one log line saying why. `TB_TRANSPORT=tcp|rdma` in the
 //! environment forces a choice (a forced `rdma` that cannot open is an error, not a fallback).
 //!
-//! The RDMA hook is `crate::transport::rdma::open(&Endpoints) -> Result<Box<dyn Transport>,
-//! TransportError>` behind the `rdma` feature.
+//! The ranks must all make the same choice, or they would wait for each other on different
+//! transports. So when RDMA is wanted, every rank first checks locally whether its devices open
+//! (`rdma::local_ready`, no network) and the ranks all-gather that vote over the bootstrap; RDMA
+//! is used only when every rank voted yes, and the chosen transport's set-up then runs over the
+//! same coordinator listener. A device that passes the local check but fails while connecting
+//! fails the job (every rank errors out within the connect timeout) rather than splitting it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::bootstrap::{Exchange, coordinator_exchange};
 use super::tcp::{TcpConfig, TcpTransport};
 use super::{Endpoints, Transport, TransportError};
 
@@ -79,29 +84,74 @@ pub fn open_endpoints(
     want: Preference,
     tcp: TcpConfig,
 ) -> Result<Box<dyn Transport>, TransportError> {
+    let mut exchange = coordinator_exchange(ep.coordinator, ep.rank, ep.world, ep.connect_timeout);
     let why_tcp = match want {
         Preference::Tcp => "TCP requested".to_string(),
         Preference::Auto => "the placement does not report RDMA on every link".to_string(),
-        Preference::Rdma | Preference::RdmaIfAvailable => match open_rdma(ep) {
-            Ok(t) => {
+        Preference::Rdma | Preference::RdmaIfAvailable => {
+            let mine = rdma_ready(ep);
+            let votes = exchange(&[u8::from(mine.is_ok())])?;
+            let lacking: Vec<String> = votes
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.first() != Some(&1))
+                .map(|(r, _)| r.to_string())
+                .collect();
+            let mine_why = mine
+                .err()
+                .map(|e| format!(" (here: {e})"))
+                .unwrap_or_default();
+            if !lacking.is_empty() {
+                let why = format!(
+                    "rank(s) {} cannot open an RDMA device{mine_why}",
+                    lacking.join(", ")
+                );
+                if want == Preference::Rdma {
+                    return Err(TransportError::Unsupported(format!(
+                        "RDMA was required: {why}"
+                    )));
+                }
+                why
+            } else {
+                let t = open_rdma(ep, &mut exchange)?;
                 tracing::info!(rank = ep.rank, world = ep.world, "data plane: RDMA");
                 return Ok(t);
             }
-            Err(e) if want == Preference::Rdma => return Err(e),
-            Err(e) => format!("RDMA did not open: {e}"),
-        },
+        }
     };
     tracing::info!(rank = ep.rank, world = ep.world, reason = %why_tcp, "data plane: TCP");
-    Ok(Box::new(TcpTransport::open(ep, tcp)?))
+    Ok(Box::new(TcpTransport::open_exchanging(
+        ep,
+        tcp,
+        &mut exchange,
+    )?))
 }
 
 #[cfg(feature = "rdma")]
-fn open_rdma(ep: &Endpoints) -> Result<Box<dyn Transport>, TransportError> {
-    crate::transport::rdma::open(ep)
+fn rdma_ready(ep: &Endpoints) -> Result<(), TransportError> {
+    crate::transport::rdma::local_ready(ep)
 }
 
 #[cfg(not(feature = "rdma"))]
-fn open_rdma(_ep: &Endpoints) -> Result<Box<dyn Transport>, TransportError> {
+fn rdma_ready(_ep: &Endpoints) -> Result<(), TransportError> {
+    Err(TransportError::Unsupported(
+        "this tb-nodelet was built without the `rdma` feature".into(),
+    ))
+}
+
+#[cfg(feature = "rdma")]
+fn open_rdma(
+    ep: &Endpoints,
+    exchange: &mut Exchange<'_>,
+) -> Result<Box<dyn Transport>, TransportError> {
+    crate::transport::rdma::open(ep, exchange)
+}
+
+#[cfg(not(feature = "rdma"))]
+fn open_rdma(
+    _ep: &Endpoints,
+    _exchange: &mut Exchange<'_>,
+) -> Result<Box<dyn Transport>, TransportError> {
     Err(TransportError::Unsupported(
         "this tb-nodelet was built without the `rdma` feature".into(),
     ))
@@ -134,5 +184,60 @@ mod tests {
             .map(|_| ())
             .unwrap_err();
         assert!(matches!(e, TransportError::Unsupported(_)), "{e}");
+    }
+
+    /// Ranks that would like RDMA but lack a device agree on TCP together (no device can
+    /// exist on these machines), and a rank that requires RDMA makes every rank fail.
+    #[test]
+    fn ranks_vote_and_fall_back_to_tcp_together() {
+        for world in [2usize, 3] {
+            let coord = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let coordinator = coord.local_addr().unwrap();
+            drop(coord);
+            let handles: Vec<_> = (0..world)
+                .map(|rank| {
+                    std::thread::spawn(move || {
+                        let ep = Endpoints {
+                            rank,
+                            world,
+                            peers: vec!["127.0.0.1:0".parse().unwrap(); world],
+                            coordinator,
+                            connect_timeout: Duration::from_secs(10),
+                        };
+                        open_endpoints(&ep, Preference::RdmaIfAvailable, TcpConfig::default())
+                            .map(|t| t.capabilities().name)
+                    })
+                })
+                .collect();
+            for h in handles {
+                assert_eq!(h.join().unwrap().unwrap(), "tcp");
+            }
+        }
+        let coord = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let coordinator = coord.local_addr().unwrap();
+        drop(coord);
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                std::thread::spawn(move || {
+                    let ep = Endpoints {
+                        rank,
+                        world: 2,
+                        peers: vec!["127.0.0.1:0".parse().unwrap(); 2],
+                        coordinator,
+                        connect_timeout: Duration::from_secs(3),
+                    };
+                    let want = if rank == 0 {
+                        Preference::Rdma
+                    } else {
+                        Preference::RdmaIfAvailable
+                    };
+                    open_endpoints(&ep, want, TcpConfig::default()).map(|_| ())
+                })
+            })
+            .collect();
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let e = results[0].as_ref().unwrap_err().to_string();
+        assert!(e.contains("RDMA was required") && e.contains("0, 1"), "{e}");
+        assert!(results[1].is_err(), "rank 1 cannot finish the set-up alone");
     }
 }

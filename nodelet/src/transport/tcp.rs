@@ -161,6 +161,17 @@ impl TcpTransport {
     /// Listens on `ep.peers[ep.rank]`, exchanges addresses through the bootstrap at
     /// `ep.coordinator`, and connects to every rank.
     pub fn open(ep: &Endpoints, cfg: TcpConfig) -> Result<Self, TransportError> {
+        let mut exchange =
+            bootstrap::coordinator_exchange(ep.coordinator, ep.rank, ep.world, ep.connect_timeout);
+        Self::open_exchanging(ep, cfg, &mut exchange)
+    }
+
+    /// [`TcpTransport::open`] with the addresses exchanged through `exchange` (one round).
+    pub fn open_exchanging(
+        ep: &Endpoints,
+        cfg: TcpConfig,
+        exchange: &mut bootstrap::Exchange<'_>,
+    ) -> Result<Self, TransportError> {
         let (rank, world) = (ep.rank, ep.world);
         if world == 0 || rank >= world || ep.peers.len() != world {
             return Err(TransportError::Invalid(format!(
@@ -186,13 +197,7 @@ impl TcpTransport {
             peer: None,
             source: e,
         })?;
-        let blobs = bootstrap::all_gather(
-            ep.coordinator,
-            rank,
-            world,
-            local.to_string().as_bytes(),
-            ep.connect_timeout,
-        )?;
+        let blobs = exchange(local.to_string().as_bytes())?;
         let mut addrs = Vec::with_capacity(world);
         for (r, b) in blobs.iter().enumerate() {
             let a = std::str::from_utf8(b)

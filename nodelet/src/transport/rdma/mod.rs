@@ -26,15 +26,18 @@ pub mod ibverbs;
 #[cfg(test)]
 mod tests;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
+#[cfg(feature = "rdma")]
 use std::time::Duration;
 
 pub use transport::{RdmaConfig, RdmaStats, RdmaTransport};
 pub use verbs::{Verbs, VerbsError};
 
+use super::TransportError;
+#[cfg(feature = "rdma")]
+use super::bootstrap::Exchange;
 #[cfg(feature = "rdma")]
 use super::{Endpoints, Transport};
-use super::{TransportError, bootstrap};
 
 /// Environment variable naming the device of each link: a JSON list with one entry per rank,
 /// a device name or `null` (one row of MLX's `MLX_IBV_DEVICES` matrix), e.g.
@@ -83,34 +86,7 @@ pub fn default_devices<V: Verbs>(
     }
 }
 
-/// A bootstrap exchange over the coordinator: rank 0 binds `coordinator` on first use (so a
-/// failed device set-up never touches the network) and serves every round from that listener.
-pub fn coordinator_exchange(
-    coordinator: SocketAddr,
-    rank: usize,
-    world: usize,
-    timeout: Duration,
-) -> impl FnMut(&[u8]) -> Result<Vec<Vec<u8>>, TransportError> {
-    let mut listener: Option<TcpListener> = None;
-    move |blob: &[u8]| {
-        if rank != 0 {
-            return bootstrap::all_gather(coordinator, rank, world, blob, timeout);
-        }
-        if listener.is_none() {
-            listener = Some(TcpListener::bind(coordinator).map_err(|e| {
-                TransportError::Bootstrap(format!(
-                    "rank 0 cannot listen on coordinator {coordinator}: {e}"
-                ))
-            })?);
-        }
-        let l = listener
-            .as_ref()
-            .ok_or_else(|| TransportError::Bootstrap("coordinator listener missing".into()))?
-            .try_clone()
-            .map_err(|e| TransportError::Bootstrap(format!("coordinator socket: {e}")))?;
-        bootstrap::serve(l, world, blob, timeout)
-    }
-}
+pub use super::bootstrap::coordinator_exchange;
 
 /// Opens the RDMA transport with provider `verbs`: `devices[p]` is the device of the link to
 /// rank `p` (`None`: no link), the queue-pair info goes through the bootstrap at `coordinator`.
@@ -142,13 +118,18 @@ pub fn open_devices(
         connect_timeout: timeout,
         ..RdmaConfig::default()
     };
-    open_native(rank, world, Some(device_names), coordinator, cfg)
+    let mut exchange = coordinator_exchange(coordinator, rank, world, timeout);
+    open_native(rank, world, Some(device_names), &mut exchange, cfg)
 }
 
 /// The hook of [`crate::transport::select`]: [`open_devices`] with the devices from
-/// [`DEVICES_ENV`], else the machine's only device for every peer.
+/// [`DEVICES_ENV`], else the machine's only device for every peer; the queue-pair info goes
+/// through `exchange` (the select's bootstrap, shared with its earlier rounds).
 #[cfg(feature = "rdma")]
-pub fn open(ep: &Endpoints) -> Result<Box<dyn Transport>, TransportError> {
+pub fn open(
+    ep: &Endpoints,
+    exchange: &mut Exchange<'_>,
+) -> Result<Box<dyn Transport>, TransportError> {
     let devices = match std::env::var(DEVICES_ENV) {
         Ok(v) => Some(parse_devices(&v, ep.world)?),
         Err(_) => None,
@@ -157,7 +138,48 @@ pub fn open(ep: &Endpoints) -> Result<Box<dyn Transport>, TransportError> {
         connect_timeout: ep.connect_timeout,
         ..RdmaConfig::default()
     };
-    open_native(ep.rank, ep.world, devices.as_deref(), ep.coordinator, cfg)
+    open_native(ep.rank, ep.world, devices.as_deref(), exchange, cfg)
+}
+
+/// Whether this machine can open the devices [`open`] would use, without touching the network:
+/// the provider loads and every peer has a device. The select's vote is made of this.
+#[cfg(feature = "rdma")]
+pub fn local_ready(ep: &Endpoints) -> Result<(), TransportError> {
+    if let Ok(v) = std::env::var(DEVICES_ENV) {
+        parse_devices(&v, ep.world)?;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        let verbs = ibverbs::IbVerbs;
+        if std::env::var(DEVICES_ENV).is_err() {
+            default_devices(&verbs, ep.rank, ep.world)?;
+        } else if verbs
+            .device_names()
+            .map_err(|e| TransportError::Unsupported(e.to_string()))?
+            .is_empty()
+        {
+            return Err(TransportError::Unsupported(format!(
+                "{}: no RDMA device",
+                verbs.provider()
+            )));
+        }
+        Ok(())
+    }
+    #[cfg(target_os = "macos")]
+    {
+        let verbs =
+            apple::AppleVerbs::load().map_err(|e| TransportError::Unsupported(e.to_string()))?;
+        if std::env::var(DEVICES_ENV).is_err() {
+            default_devices(&verbs, ep.rank, ep.world)?;
+        }
+        Ok(())
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "macos")))]
+    {
+        Err(TransportError::Unsupported(
+            "RDMA verbs are supported on Linux (libibverbs) and macOS (librdma) only".into(),
+        ))
+    }
 }
 
 #[cfg(all(feature = "rdma", target_os = "linux"))]
@@ -165,7 +187,7 @@ fn open_native(
     rank: usize,
     world: usize,
     devices: Option<&[Option<String>]>,
-    coordinator: SocketAddr,
+    exchange: &mut Exchange<'_>,
     cfg: RdmaConfig,
 ) -> Result<Box<dyn Transport>, TransportError> {
     let verbs = ibverbs::IbVerbs;
@@ -173,13 +195,8 @@ fn open_native(
         Some(d) => d.to_vec(),
         None => default_devices(&verbs, rank, world)?,
     };
-    Ok(Box::new(open_with(
-        verbs,
-        rank,
-        world,
-        &devices,
-        coordinator,
-        cfg,
+    Ok(Box::new(RdmaTransport::connect(
+        verbs, rank, world, &devices, cfg, exchange,
     )?))
 }
 
@@ -188,7 +205,7 @@ fn open_native(
     rank: usize,
     world: usize,
     devices: Option<&[Option<String>]>,
-    coordinator: SocketAddr,
+    exchange: &mut Exchange<'_>,
     cfg: RdmaConfig,
 ) -> Result<Box<dyn Transport>, TransportError> {
     let verbs =
@@ -197,13 +214,8 @@ fn open_native(
         Some(d) => d.to_vec(),
         None => default_devices(&verbs, rank, world)?,
     };
-    Ok(Box::new(open_with(
-        verbs,
-        rank,
-        world,
-        &devices,
-        coordinator,
-        cfg,
+    Ok(Box::new(RdmaTransport::connect(
+        verbs, rank, world, &devices, cfg, exchange,
     )?))
 }
 
@@ -212,7 +224,7 @@ fn open_native(
     _rank: usize,
     _world: usize,
     _devices: Option<&[Option<String>]>,
-    _coordinator: SocketAddr,
+    _exchange: &mut Exchange<'_>,
     _cfg: RdmaConfig,
 ) -> Result<Box<dyn Transport>, TransportError> {
     Err(TransportError::Unsupported(

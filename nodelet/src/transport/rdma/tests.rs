@@ -6,6 +6,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::transport::bootstrap;
 use crate::transport::verbs_sim::{Fabric, SimQpState, SimVerbs};
 use crate::transport::{BufId, Completion, CompletionKind, Transport, TransportError};
 
@@ -633,7 +634,11 @@ fn open_without_a_device_fails_with_a_clear_error() {
         connect_timeout: Duration::from_secs(1),
     };
     if std::env::var_os(DEVICES_ENV).is_none() {
-        let err = open(&ep).map(|_| ()).unwrap_err();
+        let err = local_ready(&ep).map(|_| ()).unwrap_err();
+        assert!(matches!(err, TransportError::Unsupported(_)), "{err}");
+        assert!(err.to_string().contains("no RDMA device"), "{err}");
+        let mut exchange = coordinator_exchange(coordinator, 0, 2, Duration::from_secs(1));
+        let err = open(&ep, &mut exchange).map(|_| ()).unwrap_err();
         assert!(matches!(err, TransportError::Unsupported(_)), "{err}");
         assert!(err.to_string().contains("no RDMA device"), "{err}");
     }

@@ -37,8 +37,7 @@ use super::link::{Cx, Link, RecvOp, SendOp};
 use super::verbs::{Region, Verbs, WorkCompletion};
 use crate::transport::{BufId, Capabilities, Completion, Transport, TransportError};
 
-/// The bootstrap all-gather: takes this rank's blob, returns every rank's blob in rank order.
-pub type Exchange<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>, TransportError> + 'a;
+pub use crate::transport::bootstrap::Exchange;
 
 /// The RDMA transport over verbs provider `V`.
 pub struct RdmaTransport<V: Verbs> {
