@@ -1,0 +1,159 @@
+//! One llama-family transformer block (attention + SwiGLU MLP) and the RoPE tables, mirroring the
+//! math of candle-transformers' `models/quantized_llama.rs` (0.11) so a shard's output matches the
+//! whole model's: pre-norm RMSNorm, q/k/v projections (+ biases for qwen2), RoPE (interleaved
+//! `rope_i` for llama/mistral GGUFs, whose q/k weights llama.cpp's converter permuted; NEOX `rope`
+//! for qwen2), grouped-query attention with a causal mask, SwiGLU MLP, residuals.
+
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Device, Module, Tensor};
+use candle_transformers::quantized_nn::RmsNorm;
+
+use crate::error::Result;
+
+/// Precomputed cos/sin tables, [positions, head_dim / 2].
+#[derive(Debug, Clone)]
+pub(crate) struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+    neox: bool,
+}
+
+impl Rope {
+    pub(crate) fn new(
+        head_dim: usize,
+        theta: f32,
+        positions: usize,
+        neox: bool,
+        device: &Device,
+    ) -> Result<Self> {
+        let inv: Vec<f32> = (0..head_dim)
+            .step_by(2)
+            .map(|i| 1f32 / theta.powf(i as f32 / head_dim as f32))
+            .collect();
+        let inv_len = inv.len();
+        let inv = Tensor::from_vec(inv, (1, inv_len), device)?;
+        let pos = Tensor::arange(0, positions as u32, device)?
+            .to_dtype(DType::F32)?
+            .reshape((positions, 1))?;
+        let freqs = pos.matmul(&inv)?;
+        Ok(Self {
+            cos: freqs.cos()?,
+            sin: freqs.sin()?,
+            neox,
+        })
+    }
+
+    /// Rotates x: [batch, heads, seq, head_dim] whose first position is `pos`.
+    fn apply(&self, x: &Tensor, pos: usize) -> Result<Tensor> {
+        let (_b, _h, seq, _d) = x.dims4()?;
+        let cos = self.cos.narrow(0, pos, seq)?;
+        let sin = self.sin.narrow(0, pos, seq)?;
+        let x = x.contiguous()?;
+        Ok(if self.neox {
+            candle_nn::rotary_emb::rope(&x, &cos, &sin)?
+        } else {
+            candle_nn::rotary_emb::rope_i(&x, &cos, &sin)?
+        })
+    }
+}
+
+/// Weights of one block.
+#[derive(Debug)]
+pub(crate) struct Block {
+    pub(crate) attn_norm: RmsNorm,
+    pub(crate) wq: QMatMul,
+    pub(crate) wk: QMatMul,
+    pub(crate) wv: QMatMul,
+    pub(crate) wo: QMatMul,
+    pub(crate) bq: Option<Tensor>,
+    pub(crate) bk: Option<Tensor>,
+    pub(crate) bv: Option<Tensor>,
+    pub(crate) ffn_norm: RmsNorm,
+    pub(crate) gate: QMatMul,
+    pub(crate) up: QMatMul,
+    pub(crate) down: QMatMul,
+    pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
+    pub(crate) head_dim: usize,
+}
+
+/// Per-block KV cache: keys and values [1, kv_heads, positions, head_dim].
+pub(crate) type KvCache = Option<(Tensor, Tensor)>;
+
+fn project(w: &QMatMul, b: Option<&Tensor>, x: &Tensor) -> Result<Tensor> {
+    let y = w.forward(x)?;
+    Ok(match b {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
+    })
+}
+
+impl Block {
+    /// x: [1, seq, hidden] at positions pos..pos+seq; `mask` (u8, 1 = masked) for seq > 1.
+    pub(crate) fn forward(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        mask: Option<&Tensor>,
+        pos: usize,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        let residual = x;
+        let h = self.attn_norm.forward(x)?;
+        let attn = self.attention(&h, rope, mask, pos, cache)?;
+        let x = (attn + residual)?;
+        let residual = &x;
+        let h = self.ffn_norm.forward(&x)?;
+        let gate = self.gate.forward(&h)?;
+        let up = self.up.forward(&h)?;
+        let mlp = self.down.forward(&(candle_nn::ops::silu(&gate)? * up)?)?;
+        Ok((mlp + residual)?)
+    }
+
+    fn attention(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        mask: Option<&Tensor>,
+        pos: usize,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        let (b, seq, _) = x.dims3()?;
+        let q = project(&self.wq, self.bq.as_ref(), x)?
+            .reshape((b, seq, self.heads, self.head_dim))?
+            .transpose(1, 2)?;
+        let k = project(&self.wk, self.bk.as_ref(), x)?
+            .reshape((b, seq, self.kv_heads, self.head_dim))?
+            .transpose(1, 2)?;
+        let v = project(&self.wv, self.bv.as_ref(), x)?
+            .reshape((b, seq, self.kv_heads, self.head_dim))?
+            .transpose(1, 2)?
+            .contiguous()?;
+        let q = rope.apply(&q, pos)?;
+        let k = rope.apply(&k, pos)?;
+        let (k, v) = match cache.as_ref() {
+            Some((kc, vc)) if pos > 0 => (Tensor::cat(&[kc, &k], 2)?, Tensor::cat(&[vc, &v], 2)?),
+            _ => (k, v),
+        };
+        *cache = Some((k.clone(), v.clone()));
+        let n_rep = self.heads / self.kv_heads;
+        let k = candle_transformers::utils::repeat_kv(k, n_rep)?;
+        let v = candle_transformers::utils::repeat_kv(v, n_rep)?;
+        let att = (q.matmul(&k.t()?)? / (self.head_dim as f64).sqrt())?;
+        let att = match mask {
+            None => att,
+            Some(mask) => {
+                let mask = mask.broadcast_as(att.shape())?;
+                let neg_inf =
+                    Tensor::new(f32::NEG_INFINITY, att.device())?.broadcast_as(att.shape())?;
+                mask.where_cond(&neg_inf, &att)?
+            }
+        };
+        let att = candle_nn::ops::softmax_last_dim(&att)?;
+        let y = att.matmul(&v.contiguous()?)?;
+        let y = y
+            .transpose(1, 2)?
+            .reshape((b, seq, self.heads * self.head_dim))?;
+        Ok(self.wo.forward(&y)?)
+    }
+}

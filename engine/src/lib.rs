@@ -1,0 +1,36 @@
+//! tb-engine: tb's built-in model engine on candle. It runs a *shard* of a llama-family GGUF
+//! model (a contiguous range of transformer blocks) so a model can be split across Macs as a
+//! pipeline, and, as a reference, the whole model in one process ([`generate::Engine`]), with the
+//! tokenizer and chat template read from the GGUF and token sampling.
+//!
+//! Features `metal` and `accelerate` forward to candle's.
+
+pub mod chat;
+pub mod error;
+pub mod generate;
+pub mod gguf;
+pub mod sample;
+pub mod shard;
+pub mod tokenizer;
+pub mod weights;
+
+mod block;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use error::EngineError;
+pub use generate::{Engine, FinishReason, Generation};
+pub use gguf::{GgufIndex, ModelConfig, TensorEntry};
+pub use sample::{Sampler, SamplingParams, StopMatcher};
+pub use shard::{Activation, LoadOptions, Shard, StageInput, StageOutput};
+pub use tokenizer::{Decoder, Tokenizer};
+
+/// Where the tests and the bench find the model: `$TB_TEST_MODEL`, else
+/// `<workspace>/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf` (fetched by
+/// `scripts/fetch-model.sh`).
+pub fn test_model_path() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("TB_TEST_MODEL") {
+        return p.into();
+    }
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}

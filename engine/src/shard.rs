@@ -1,0 +1,411 @@
+//! `Shard`: a contiguous range of transformer blocks [first, first+count) of a GGUF model, with
+//! the embedding when it is the first shard and the final norm + output head when it is the last,
+//! and a KV cache per sequence. Shards chained in order compute exactly what the whole model
+//! computes: activations cross stage boundaries as f32 [`Activation`]s.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{Device, IndexOp, Module, Tensor};
+use candle_transformers::quantized_nn::RmsNorm;
+
+use crate::block::{Block, KvCache, Rope};
+use crate::error::{EngineError, Result};
+use crate::gguf::{GgufIndex, ModelConfig};
+use crate::weights::{DEFAULT_REQUANTIZE, TensorReader};
+
+/// How to load a shard.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadOptions {
+    /// Requantise Q4_0/Q4_1 weight matrices to Q8_0 at load (more memory; see
+    /// [`crate::weights`] for the measurement that picked the default).
+    pub requantize_to_q8_0: bool,
+    /// Cap on the KV cache length (positions); `None` = the model's context length.
+    pub max_context: Option<usize>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            requantize_to_q8_0: DEFAULT_REQUANTIZE,
+            max_context: None,
+        }
+    }
+}
+
+/// Input of a pipeline stage.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StageInput {
+    /// Token ids (first shard only).
+    Tokens(Vec<u32>),
+    /// Hidden states from the previous stage.
+    Hidden(Activation),
+}
+
+/// Output of a pipeline stage.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StageOutput {
+    /// Hidden states for every input position (not the last shard).
+    Hidden(Activation),
+    /// Logits of the last position only, len = vocab (last shard).
+    Logits(Vec<f32>),
+}
+
+/// Hidden states crossing a stage boundary: row-major f32 [tokens, hidden].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Activation {
+    pub tokens: usize,
+    pub hidden: usize,
+    pub data: Vec<f32>,
+}
+
+impl Activation {
+    /// Wire form: the f32 values, little-endian, row-major.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        self.data.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    /// The inverse of [`Self::to_le_bytes`]; `bytes` must hold tokens x hidden f32 values.
+    pub fn from_le_bytes(tokens: usize, hidden: usize, bytes: &[u8]) -> Result<Self> {
+        if bytes.len() != tokens * hidden * 4 {
+            return Err(EngineError::BadActivation {
+                expected_hidden: hidden,
+                got: format!("{} bytes for {tokens} x {hidden} f32 values", bytes.len()),
+            });
+        }
+        let data = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Ok(Self {
+            tokens,
+            hidden,
+            data,
+        })
+    }
+}
+
+#[derive(Debug)]
+struct SeqState {
+    len: usize,
+    kv: Vec<KvCache>,
+}
+
+/// Blocks [first, first+count) of a model, ready to run.
+#[derive(Debug)]
+pub struct Shard {
+    config: ModelConfig,
+    first: usize,
+    count: usize,
+    context: usize,
+    device: Device,
+    embed: Option<Arc<QTensor>>,
+    blocks: Vec<Block>,
+    head: Option<(RmsNorm, QMatMul)>,
+    rope: Rope,
+    weight_bytes: u64,
+    seqs: HashMap<u64, SeqState>,
+}
+
+/// The device a shard runs on: Metal when built with the `metal` feature and a GPU is present,
+/// else the CPU.
+pub fn default_device() -> Device {
+    #[cfg(feature = "metal")]
+    {
+        match Device::new_metal(0) {
+            Ok(d) => return d,
+            Err(e) => tracing::warn!(error = %e, "no Metal device; running on the CPU"),
+        }
+    }
+    Device::Cpu
+}
+
+impl Shard {
+    /// Load blocks [first, first+count) of the GGUF at `path` (first==0 → embedding; last →
+    /// norm+head), reading only those tensors from the file, on [`default_device`].
+    pub fn load(path: &Path, first: usize, count: usize, opts: &LoadOptions) -> Result<Shard> {
+        Self::load_on(path, first, count, opts, &default_device())
+    }
+
+    /// [`Self::load`] on a given device.
+    pub fn load_on(
+        path: &Path,
+        first: usize,
+        count: usize,
+        opts: &LoadOptions,
+        device: &Device,
+    ) -> Result<Shard> {
+        let index = GgufIndex::open(path)?;
+        Self::from_index(&index, first, count, opts, device)
+    }
+
+    /// [`Self::load`] from an already parsed header.
+    pub fn from_index(
+        index: &GgufIndex,
+        first: usize,
+        count: usize,
+        opts: &LoadOptions,
+        device: &Device,
+    ) -> Result<Shard> {
+        let started = std::time::Instant::now();
+        let config = index.config().clone();
+        let needed = index.shard_tensors(first, count)?;
+        for entry in &needed {
+            index.check_in_file(entry)?;
+        }
+        let is_first = first == 0;
+        let is_last = first + count == config.n_layers;
+        let mut r = TensorReader::new(index, index.path(), device, opts.requantize_to_q8_0)?;
+        let embed = if is_first || (is_last && !r.has("output.weight")) {
+            Some(r.shared("token_embd.weight")?)
+        } else {
+            None
+        };
+        let mut blocks = Vec::with_capacity(count);
+        for i in first..first + count {
+            blocks.push(load_block(&mut r, &config, i)?);
+        }
+        let head = if is_last {
+            let norm = r.norm("output_norm.weight", config.rms_eps)?;
+            let out = if r.has("output.weight") {
+                r.matrix("output.weight")?
+            } else {
+                let e = embed.as_ref().ok_or_else(|| EngineError::MissingTensor {
+                    name: "token_embd.weight".into(),
+                })?;
+                r.matrix_from_shared(e)?
+            };
+            Some((norm, out))
+        } else {
+            None
+        };
+        // The embedding was loaded only for the tied head when this is not the first shard.
+        let embed = if is_first { embed } else { None };
+        let context = opts
+            .max_context
+            .map_or(config.context, |m| m.min(config.context))
+            .max(1);
+        let neox = config.architecture == "qwen2";
+        let rope = Rope::new(config.head_dim, config.rope_theta, context, neox, device)?;
+        let weight_bytes = r.bytes();
+        tracing::info!(
+            path = %index.path().display(), first, count, layers = config.n_layers, weight_bytes,
+            requantize = opts.requantize_to_q8_0, elapsed_ms = started.elapsed().as_millis() as u64,
+            "loaded shard"
+        );
+        Ok(Shard {
+            config,
+            first,
+            count,
+            context,
+            device: device.clone(),
+            embed,
+            blocks,
+            head,
+            rope,
+            weight_bytes,
+            seqs: HashMap::new(),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+    pub fn first(&self) -> usize {
+        self.first
+    }
+    pub fn count(&self) -> usize {
+        self.count
+    }
+    pub fn is_first(&self) -> bool {
+        self.first == 0
+    }
+    pub fn is_last(&self) -> bool {
+        self.first + self.count == self.config.n_layers
+    }
+    /// Max positions of a sequence (the model's context, capped by `LoadOptions::max_context`).
+    pub fn context(&self) -> usize {
+        self.context
+    }
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Bytes of weights this shard holds in memory (for the memory check).
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
+    }
+
+    /// Positions held in the KV cache of `seq` (0 for an unknown sequence).
+    pub fn seq_len(&self, seq: u64) -> usize {
+        self.seqs.get(&seq).map_or(0, |s| s.len)
+    }
+
+    /// Run this shard for sequence `seq` over `input` whose first token is at position `pos`
+    /// (the sequence's KV cache must hold exactly `pos` positions, else EngineError::Position).
+    /// A new `seq` gets a fresh KV cache; pos==0 resets it. `Tokens` input is accepted only by
+    /// the first shard; `Hidden` by any shard. On error the sequence is dropped.
+    pub fn forward(&mut self, seq: u64, input: StageInput, pos: usize) -> Result<StageOutput> {
+        let have = self.seq_len(seq);
+        if pos != 0 && pos != have {
+            return Err(EngineError::Position {
+                seq,
+                expected: have,
+                got: pos,
+            });
+        }
+        let result = self.forward_inner(seq, input, pos);
+        if result.is_err() {
+            self.seqs.remove(&seq);
+        }
+        result
+    }
+
+    fn forward_inner(&mut self, seq: u64, input: StageInput, pos: usize) -> Result<StageOutput> {
+        let hidden = self.config.hidden;
+        let x = match input {
+            StageInput::Tokens(ids) => {
+                let embed = self.embed.as_ref().ok_or_else(|| EngineError::BadInput {
+                    detail: format!(
+                        "shard [{}, {}) is not the first shard and takes hidden states, not tokens",
+                        self.first,
+                        self.first + self.count
+                    ),
+                })?;
+                if ids.is_empty() {
+                    return Err(EngineError::BadInput {
+                        detail: "no tokens".into(),
+                    });
+                }
+                if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.config.vocab) {
+                    return Err(EngineError::BadToken {
+                        id,
+                        vocab: self.config.vocab,
+                    });
+                }
+                self.check_context(pos, ids.len())?;
+                let n = ids.len();
+                let ids = Tensor::from_vec(ids, n, &self.device)?;
+                embed.embedding(&ids)?.reshape((1, n, hidden))?
+            }
+            StageInput::Hidden(act) => {
+                if act.hidden != hidden
+                    || act.tokens == 0
+                    || act.data.len() != act.tokens * act.hidden
+                {
+                    return Err(EngineError::BadActivation {
+                        expected_hidden: hidden,
+                        got: format!(
+                            "hidden {}, tokens {}, {} values",
+                            act.hidden,
+                            act.tokens,
+                            act.data.len()
+                        ),
+                    });
+                }
+                self.check_context(pos, act.tokens)?;
+                Tensor::from_vec(act.data, (1, act.tokens, hidden), &self.device)?
+            }
+        };
+        let n = x.dim(1)?;
+        let mask = if n > 1 {
+            Some(candle_transformers::utils::build_causal_mask(
+                n,
+                pos,
+                &self.device,
+            )?)
+        } else {
+            None
+        };
+        let state = self.seqs.entry(seq).or_insert_with(|| SeqState {
+            len: 0,
+            kv: Vec::new(),
+        });
+        if pos == 0 {
+            state.kv = vec![None; self.blocks.len()];
+            state.len = 0;
+        }
+        let mut x = x;
+        for (block, cache) in self.blocks.iter().zip(state.kv.iter_mut()) {
+            x = block.forward(&x, &self.rope, mask.as_ref(), pos, cache)?;
+        }
+        state.len = pos + n;
+        match &self.head {
+            Some((norm, out)) => {
+                let last = x.i((.., n - 1..n, ..))?.contiguous()?;
+                let last = norm.forward(&last)?;
+                let logits = out.forward(&last)?.flatten_all()?.to_vec1::<f32>()?;
+                Ok(StageOutput::Logits(logits))
+            }
+            None => Ok(StageOutput::Hidden(Activation {
+                tokens: n,
+                hidden,
+                data: x.flatten_all()?.to_vec1::<f32>()?,
+            })),
+        }
+    }
+
+    fn check_context(&self, pos: usize, n: usize) -> Result<()> {
+        if pos + n > self.context {
+            return Err(EngineError::ContextExceeded {
+                tokens: pos + n,
+                context: self.context,
+            });
+        }
+        Ok(())
+    }
+
+    /// Forget the KV cache of `seq`.
+    pub fn drop_sequence(&mut self, seq: u64) {
+        self.seqs.remove(&seq);
+    }
+}
+
+fn load_block(r: &mut TensorReader<'_>, c: &ModelConfig, i: usize) -> Result<Block> {
+    let p = format!("blk.{i}");
+    Ok(Block {
+        attn_norm: r.norm(&format!("{p}.attn_norm.weight"), c.rms_eps)?,
+        wq: r.matrix(&format!("{p}.attn_q.weight"))?,
+        wk: r.matrix(&format!("{p}.attn_k.weight"))?,
+        wv: r.matrix(&format!("{p}.attn_v.weight"))?,
+        wo: r.matrix(&format!("{p}.attn_output.weight"))?,
+        bq: r.optional_vector(&format!("{p}.attn_q.bias"))?,
+        bk: r.optional_vector(&format!("{p}.attn_k.bias"))?,
+        bv: r.optional_vector(&format!("{p}.attn_v.bias"))?,
+        ffn_norm: r.norm(&format!("{p}.ffn_norm.weight"), c.rms_eps)?,
+        gate: r.matrix(&format!("{p}.ffn_gate.weight"))?,
+        up: r.matrix(&format!("{p}.ffn_up.weight"))?,
+        down: r.matrix(&format!("{p}.ffn_down.weight"))?,
+        heads: c.heads,
+        kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send + 'static>() {}
+
+    #[test]
+    fn types_can_move_across_threads() {
+        assert_send::<Shard>();
+        assert_send::<crate::generate::Engine>();
+        assert_send::<crate::tokenizer::Decoder>();
+    }
+
+    #[test]
+    fn activation_wire_round_trip() {
+        let a = Activation {
+            tokens: 2,
+            hidden: 3,
+            data: vec![1.0, -2.5, 3.25, 0.0, f32::MIN_POSITIVE, 7.0],
+        };
+        let b = Activation::from_le_bytes(2, 3, &a.to_le_bytes()).expect("round trip");
+        assert_eq!(a, b);
+        assert!(Activation::from_le_bytes(2, 4, &a.to_le_bytes()).is_err());
+    }
+}
