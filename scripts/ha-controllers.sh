@@ -24,10 +24,21 @@ stop() {
 }
 trap stop EXIT
 
+# Controllers share one cluster secret; the admin token is chosen here so that any member may
+# be the one that makes the admin user.
+mkdir -p "$data"
+echo "tbcluster-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" >"$data/cluster.secret"
+echo "tbuser-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" >"$data/admin.token"
+chmod 600 "$data/cluster.secret" "$data/admin.token"
+export TB_TOKEN
+TB_TOKEN=$(cat "$data/admin.token")
+
 start() {
   local id=$1
   "$bin/tb-controller" --id "$id" --listen "127.0.0.1:${ports[$((id - 1))]}" \
-    --data-dir "$data/c$id" --initial-cluster "$cluster" >"$data/c$id.log" 2>&1 &
+    --data-dir "$data/c$id" --initial-cluster "$cluster" \
+    --cluster-secret-file "$data/cluster.secret" --admin-token-file "$data/admin.token" \
+    >"$data/c$id.log" 2>&1 &
   pids[$((id - 1))]=$!
 }
 

@@ -12,16 +12,22 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use tb_api::proto::auth_client::AuthClient;
 use tb_api::proto::cluster_client::ClusterClient;
 use tb_api::proto::nodes_client::NodesClient;
 use tb_api::proto::objects_client::ObjectsClient;
 use tb_api::proto::{
-    AddMemberRequest, ApplyRequest, ApplyResponse, ClusterStatusRequest, ClusterStatusResponse,
-    CreateTokenRequest, CreateTokenResponse, DeleteRequest, DeleteResponse, GetRequest,
-    GetResponse, ListRequest, ListResponse, LogLine, LogsRequest, RemoveMemberRequest, WatchEvent,
-    WatchRequest,
+    AddMemberRequest, ApplyRequest, ApplyResponse, AuditRequest, AuditResponse, CanIRequest,
+    CanIResponse, ClusterStatusRequest, ClusterStatusResponse, CreateTokenRequest,
+    CreateTokenResponse, CreateUserRequest, DeleteRequest, DeleteResponse, DeleteUserRequest,
+    DeleteUserResponse, GetRequest, GetResponse, IssueTokenRequest, IssueTokenResponse,
+    ListRequest, ListResponse, ListUsersRequest, ListUsersResponse, LogLine, LogsRequest,
+    RemoveMemberRequest, RevokeTokenRequest, RevokeTokenResponse, WatchEvent, WatchRequest,
+    WhoAmIRequest, WhoAmIResponse,
 };
 use tokio::time::Instant;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status, Streaming};
 
@@ -78,8 +84,25 @@ pub fn is_failover(s: &Status) -> bool {
     }
 }
 
+/// Adds the bearer token (when there is one) to every call.
+#[derive(Clone)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A channel whose calls carry the token.
+pub type AuthChannel = InterceptedService<Channel, Bearer>;
+
 pub struct Client {
     servers: Vec<ServerAddr>,
+    bearer: Bearer,
     /// Index of the server to try first: the one that last answered.
     current: usize,
     channel: Option<(usize, Channel)>,
@@ -91,10 +114,17 @@ impl Client {
     pub fn new(servers: Vec<ServerAddr>, timeout: Duration) -> Client {
         Client {
             servers,
+            bearer: Bearer(None),
             current: 0,
             channel: None,
             timeout,
         }
+    }
+
+    /// Authenticate every call with this bearer token.
+    pub fn with_token(mut self, token: Option<&str>) -> Client {
+        self.bearer = Bearer(token.and_then(|t| format!("Bearer {}", t.trim()).parse().ok()));
+        self
     }
 
     /// The server the next call goes to first.
@@ -151,7 +181,7 @@ impl Client {
     /// back, or the timeout passes. `call` gets a channel and the time the attempt may take.
     async fn call<T, F, Fut>(&mut self, rpc: &str, mut call: F) -> Result<T, RpcError>
     where
-        F: FnMut(Channel, Duration) -> Fut,
+        F: FnMut(AuthChannel, Duration) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         if self.servers.is_empty() {
@@ -182,6 +212,7 @@ impl Client {
                         continue;
                     }
                 };
+                let ch = InterceptedService::new(ch, self.bearer.clone());
                 match tokio::time::timeout(budget, call(ch, budget)).await {
                     Ok(Ok(resp)) => return Ok(resp.into_inner()),
                     Ok(Err(s)) if is_failover(&s) => {
@@ -288,6 +319,76 @@ impl Client {
         .await
     }
 
+    pub async fn create_user(
+        &mut self,
+        req: CreateUserRequest,
+    ) -> Result<IssueTokenResponse, RpcError> {
+        self.call("CreateUser", |ch, t| {
+            let req = timed(req.clone(), t);
+            async move { auth(ch).create_user(req).await }
+        })
+        .await
+    }
+
+    pub async fn list_users(&mut self) -> Result<ListUsersResponse, RpcError> {
+        self.call("ListUsers", |ch, t| {
+            let req = timed(ListUsersRequest {}, t);
+            async move { auth(ch).list_users(req).await }
+        })
+        .await
+    }
+
+    pub async fn delete_user(&mut self, name: &str) -> Result<DeleteUserResponse, RpcError> {
+        self.call("DeleteUser", |ch, t| {
+            let req = timed(DeleteUserRequest { name: name.into() }, t);
+            async move { auth(ch).delete_user(req).await }
+        })
+        .await
+    }
+
+    pub async fn issue_token(
+        &mut self,
+        req: IssueTokenRequest,
+    ) -> Result<IssueTokenResponse, RpcError> {
+        self.call("IssueToken", |ch, t| {
+            let req = timed(req.clone(), t);
+            async move { auth(ch).issue_token(req).await }
+        })
+        .await
+    }
+
+    pub async fn revoke_token(&mut self, id: &str) -> Result<RevokeTokenResponse, RpcError> {
+        self.call("RevokeToken", |ch, t| {
+            let req = timed(RevokeTokenRequest { id: id.into() }, t);
+            async move { auth(ch).revoke_token(req).await }
+        })
+        .await
+    }
+
+    pub async fn who_am_i(&mut self) -> Result<WhoAmIResponse, RpcError> {
+        self.call("WhoAmI", |ch, t| {
+            let req = timed(WhoAmIRequest {}, t);
+            async move { auth(ch).who_am_i(req).await }
+        })
+        .await
+    }
+
+    pub async fn can_i(&mut self, req: CanIRequest) -> Result<CanIResponse, RpcError> {
+        self.call("CanI", |ch, t| {
+            let req = timed(req.clone(), t);
+            async move { auth(ch).can_i(req).await }
+        })
+        .await
+    }
+
+    pub async fn audit(&mut self, req: AuditRequest) -> Result<AuditResponse, RpcError> {
+        self.call("Audit", |ch, t| {
+            let req = timed(req.clone(), t);
+            async move { auth(ch).audit(req).await }
+        })
+        .await
+    }
+
     pub async fn cluster_status(&mut self) -> Result<ClusterStatusResponse, RpcError> {
         self.call("Status", |ch, t| {
             let req = timed(ClusterStatusRequest {}, t);
@@ -321,19 +422,23 @@ impl Client {
     }
 }
 
-fn objects(ch: Channel) -> ObjectsClient<Channel> {
+fn objects(ch: AuthChannel) -> ObjectsClient<AuthChannel> {
     ObjectsClient::new(ch)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES)
 }
 
-fn nodes(ch: Channel) -> NodesClient<Channel> {
+fn nodes(ch: AuthChannel) -> NodesClient<AuthChannel> {
     NodesClient::new(ch)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES)
 }
 
-fn cluster(ch: Channel) -> ClusterClient<Channel> {
+fn auth(ch: AuthChannel) -> AuthClient<AuthChannel> {
+    AuthClient::new(ch)
+}
+
+fn cluster(ch: AuthChannel) -> ClusterClient<AuthChannel> {
     ClusterClient::new(ch)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES)

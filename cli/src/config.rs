@@ -9,6 +9,7 @@
 //! - name: lab
 //!   server: mac1:7400,mac2:7400,mac3:7400
 //!   namespace: team-a
+//!   token: tbuser-…        # from `tbctl login`; the file is kept mode 0600
 //! ```
 
 use std::io::Write;
@@ -39,6 +40,9 @@ pub struct Context {
     pub server: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
+    /// The bearer token calls carry (`tbctl login`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 impl ConfigFile {
@@ -75,7 +79,15 @@ impl ConfigFile {
             .unwrap_or("config.yaml");
         let tmp = dir.join(format!(".{file_name}.tmp.{}", std::process::id()));
         let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
+            let mut opts = std::fs::OpenOptions::new();
+            opts.write(true).create(true).truncate(true);
+            // The file may hold tokens: only its owner reads it.
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                opts.mode(0o600);
+            }
+            let mut f = opts.open(&tmp)?;
             f.write_all(text.as_bytes())?;
             f.sync_all()?;
             std::fs::rename(&tmp, path)
@@ -122,6 +134,19 @@ pub struct Overrides {
     pub context: Option<String>,
     /// `-n/--namespace`.
     pub namespace: Option<String>,
+    /// `--token`.
+    pub token_flag: Option<String>,
+    /// `$TB_TOKEN`.
+    pub token_env: Option<String>,
+}
+
+/// The bearer token: `--token` > `TB_TOKEN` > the context's (`--context`, else the current).
+pub fn resolve_token(o: &Overrides, file: &ConfigFile) -> Option<String> {
+    if let Some(t) = o.token_flag.clone().or_else(|| o.token_env.clone()) {
+        return Some(t);
+    }
+    let name = o.context.as_ref().or(file.current_context.as_ref())?;
+    file.context(name).and_then(|c| c.token.clone())
 }
 
 /// The servers and namespace a command runs against.
@@ -197,11 +222,13 @@ mod tests {
                     name: "lab".into(),
                     server: "mac1:7400,mac2:7400".into(),
                     namespace: Some("team-a".into()),
+                    token: None,
                 },
                 Context {
                     name: "home".into(),
                     server: "127.0.0.1:7400".into(),
                     namespace: None,
+                    token: None,
                 },
             ],
         }

@@ -5,7 +5,8 @@
 //! its cluster is already running.
 //!
 //! Verbs: apply, diff, get, describe, delete, logs, events, wait, explain, top nodes, hostfile,
-//! cordon, uncordon, drain, token create, up, down, cluster, config, completion; each in its
+//! cordon, uncordon, drain, token create, login, whoami, auth can-i, admin, audit, up, down,
+//! cluster, config, completion; each in its
 //! own module under `commands/`.
 
 mod args;

@@ -1,35 +1,82 @@
 //! The one layer every gRPC call passes through, before any handler: it identifies the caller
-//! (the place where TLS client identities and bearer tokens are checked), and records the
-//! method, the resulting code and the latency. Handlers never repeat any of this.
+//! from its bearer token (`crate::auth::authenticate`, against this member's applied state),
+//! refuses unknown, expired or revoked credentials with UNAUTHENTICATED and no detail, keeps
+//! the controller-to-controller `Raft` service to controllers, and records the method, the
+//! resulting code and the latency. Handlers never repeat any of this; they read the
+//! [`Caller`] from the request's extensions and ask `crate::auth::authorize`.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use http::{Request, Response};
 use tower::{Layer, Service};
 
-/// Who is calling. Until authentication is switched on every caller is anonymous; handlers
-/// read this from the request's extensions, so adding tokens changes no handler.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Caller {
-    Anonymous,
+pub use crate::auth::Caller;
+use crate::auth::{UNAUTHENTICATED, authenticate};
+use crate::raft::Shared;
+
+/// Methods served without credentials: they carry their own (a join token, a node credential).
+const ANONYMOUS_METHODS: [&str; 2] = ["/tb.v1.Nodes/Join", "/tb.v1.Nodes/Heartbeat"];
+/// Served to other controllers only.
+const CONTROLLER_SERVICE: &str = "/tb.v1.Raft/";
+
+#[derive(Clone)]
+pub struct RpcLayer {
+    store: Arc<Shared>,
 }
 
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RpcLayer;
+impl RpcLayer {
+    /// Credentials are looked up in `store`, this member's applied state.
+    pub fn new(store: Arc<Shared>) -> RpcLayer {
+        RpcLayer { store }
+    }
+}
 
 impl<S> Layer<S> for RpcLayer {
     type Service = RpcService<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        RpcService { inner }
+        RpcService {
+            inner,
+            store: self.store.clone(),
+        }
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RpcService<S> {
     inner: S,
+    store: Arc<Shared>,
+}
+
+/// Who `req` comes from, or the refusal to answer with.
+fn identify<B>(store: &Shared, method: &str, req: &Request<B>) -> Result<Caller, tonic::Status> {
+    let header = match req.headers().get(http::header::AUTHORIZATION) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| tonic::Status::unauthenticated(UNAUTHENTICATED))?,
+        ),
+    };
+    let now = crate::service::now();
+    let caller = authenticate(&store.read(), header, &now)
+        .map_err(|()| tonic::Status::unauthenticated(UNAUTHENTICATED))?;
+    if method.starts_with(CONTROLLER_SERVICE) {
+        return match caller {
+            Caller::Controller => Ok(caller),
+            Caller::Anonymous => Err(tonic::Status::unauthenticated(UNAUTHENTICATED)),
+            other => Err(tonic::Status::permission_denied(format!(
+                "{other} may not call {method}: it is for controllers of this cluster"
+            ))),
+        };
+    }
+    if caller == Caller::Anonymous && !ANONYMOUS_METHODS.contains(&method) {
+        return Err(tonic::Status::unauthenticated(UNAUTHENTICATED));
+    }
+    Ok(caller)
 }
 
 impl<S, B, RB> Service<Request<B>> for RpcService<S>
@@ -37,6 +84,7 @@ where
     S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     B: Send + 'static,
+    RB: Default + Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -48,11 +96,22 @@ where
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let method = req.uri().path().to_string();
-        req.extensions_mut().insert(Caller::Anonymous);
+        let short = method.trim_start_matches("/tb.v1.").to_string();
+        let started = Instant::now();
+        match identify(&self.store, &method, &req) {
+            Ok(caller) => {
+                req.extensions_mut().insert(caller);
+            }
+            Err(status) => {
+                let code = format!("{:?}", status.code());
+                crate::metrics::observe_request(&short, &code, started.elapsed());
+                tracing::debug!(method = %method, code = %code, "request refused before its handler");
+                return Box::pin(async move { Ok(status.into_http()) });
+            }
+        }
         // Take the service that was driven to readiness, leave a fresh clone in its place.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let started = Instant::now();
         Box::pin(async move {
             let result = inner.call(req).await;
             let code = match &result {
@@ -67,8 +126,7 @@ where
                     .unwrap_or_else(|| "Ok".into()),
                 Err(_) => "TransportError".into(),
             };
-            let short = method.trim_start_matches("/tb.v1.");
-            crate::metrics::observe_request(short, &code, started.elapsed());
+            crate::metrics::observe_request(&short, &code, started.elapsed());
             if code != "Ok" {
                 tracing::debug!(method = %method, code = %code, "request refused");
             }

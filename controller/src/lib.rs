@@ -1,6 +1,8 @@
 //! tb-controller: the replicated control plane. The Raft store (`raft`, `store`) holds every
-//! object; `service` serves the gRPC API through one `interceptor`; `server` assembles them.
+//! object; `service` serves the gRPC API through one `interceptor`, which identifies callers
+//! for `auth`; `server` assembles them.
 
+pub mod auth;
 pub mod interceptor;
 pub mod metrics;
 pub mod placement;

@@ -57,6 +57,14 @@ struct Args {
     /// Longest delay (ms) between gang restarts.
     #[arg(long, default_value_t = 300_000)]
     backoff_cap_ms: u64,
+    /// The secret controllers of this cluster present to each other (`tbcluster-…`); every
+    /// controller needs the same one. Default: DATA_DIR/cluster.secret, created when missing.
+    #[arg(long)]
+    cluster_secret_file: Option<PathBuf>,
+    /// The first admin's token (`tbuser-…`) when this controller forms a new cluster. Default:
+    /// a random one, written once to DATA_DIR/admin.token (mode 0600).
+    #[arg(long)]
+    admin_token_file: Option<PathBuf>,
 }
 
 fn init_logging(format: &str) {
@@ -104,6 +112,8 @@ async fn main() -> anyhow::Result<()> {
             backoff_cap: TimeDelta::milliseconds(args.backoff_cap_ms as i64),
             ..SchedulerConfig::default()
         },
+        cluster_secret_file: args.cluster_secret_file,
+        admin_token_file: args.admin_token_file,
     };
     run(opts).await.context("tb-controller")
 }

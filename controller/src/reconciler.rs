@@ -45,6 +45,7 @@ pub async fn run(node: Arc<RaftNode>, cfg: SchedulerConfig) {
                 request_id: String::new(),
                 now: clock.stamp.clone(),
                 op: Op::Plan(plan),
+                user: String::new(),
             };
             match node.propose(cmd).await {
                 Ok(Response::Rejected(StoreError::Conflict { key, .. })) => {

@@ -1,12 +1,15 @@
 //! Assembles a controller: opens the Raft store, serves the gRPC services behind the RPC layer,
-//! serves metrics, and bootstraps a new cluster when asked to.
+//! serves metrics, and bootstraps a new cluster when asked to (with its first admin user, whose
+//! token is written to `<data-dir>/admin.token` once).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use tb_api::proto::auth_server::AuthServer;
 use tb_api::proto::cluster_server::ClusterServer;
 use tb_api::proto::nodes_server::NodesServer;
 use tb_api::proto::objects_server::ObjectsServer;
@@ -14,6 +17,7 @@ use tb_api::proto::raft_server::RaftServer;
 
 use crate::interceptor::RpcLayer;
 use crate::raft::{MAX_MESSAGE, NodeId, RaftNode, RaftOptions, RaftService};
+use crate::service::auth::AuthService;
 use crate::service::cluster::ClusterService;
 use crate::service::nodes::NodesService;
 use crate::service::objects::ObjectsService;
@@ -35,7 +39,18 @@ pub struct ServerOptions {
     pub metrics_listen: Option<SocketAddr>,
     pub raft: RaftOptions,
     pub scheduler: crate::scheduler::SchedulerConfig,
+    /// The secret controllers present to each other; None: `<data-dir>/cluster.secret`,
+    /// created when missing. Every controller of a cluster needs the same one.
+    pub cluster_secret_file: Option<PathBuf>,
+    /// The first admin's token for a new cluster; None: a random one, written to
+    /// `<data-dir>/admin.token`.
+    pub admin_token_file: Option<PathBuf>,
 }
+
+/// The file a new cluster's admin token is written to, in the data dir.
+pub const ADMIN_TOKEN_FILE: &str = "admin.token";
+/// How long the first admin's token lives: a year.
+const ADMIN_TOKEN_TTL: u64 = 365 * 24 * 3600;
 
 /// Parse `1=HOST:PORT,2=HOST:PORT`.
 pub fn parse_initial_cluster(s: &str) -> Result<BTreeMap<NodeId, String>, String> {
@@ -78,6 +93,28 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", opts.listen))?;
     let node = RaftNode::start(opts.id, opts.advertise.clone(), &opts.data_dir, &opts.raft).await?;
+    let secret_path = opts
+        .cluster_secret_file
+        .clone()
+        .unwrap_or_else(|| opts.data_dir.join("cluster.secret"));
+    crate::auth::set_cluster_secret(crate::auth::load_or_create_secret(&secret_path)?);
+    let admin_token = match &opts.admin_token_file {
+        None => None,
+        Some(p) => {
+            let t = std::fs::read_to_string(p)
+                .with_context(|| format!("--admin-token-file {}", p.display()))?
+                .trim()
+                .to_string();
+            if !t.starts_with(crate::auth::USER_TOKEN_PREFIX) {
+                anyhow::bail!(
+                    "--admin-token-file {}: expected a token starting with {}",
+                    p.display(),
+                    crate::auth::USER_TOKEN_PREFIX
+                );
+            }
+            Some(t)
+        }
+    };
 
     if let Some(addr) = opts.metrics_listen {
         let l = tokio::net::TcpListener::bind(addr)
@@ -96,6 +133,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let heartbeat_ms = (opts.scheduler.node_grace.num_milliseconds() / 5).max(200) as u64;
     let nodes = NodesServer::new(NodesService::new(node.clone(), heartbeat_ms))
         .max_decoding_message_size(MAX_REQUEST);
+    let auth = AuthService::new(node.clone());
     let raft = RaftServer::new(RaftService::new(node.clone()))
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
@@ -105,8 +143,9 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let serve = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .layer(RpcLayer)
+        .layer(RpcLayer::new(node.store().clone()))
         .add_service(objects)
+        .add_service(AuthServer::new(auth))
         .add_service(cluster)
         .add_service(nodes)
         .add_service(raft)
@@ -131,6 +170,13 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         node.bootstrap(&members)
             .await
             .context("forming the cluster")?;
+        if !node.store().read().bootstrapped {
+            tokio::spawn(bootstrap_admin(
+                node.clone(),
+                opts.data_dir.clone(),
+                admin_token,
+            ));
+        }
     }
     tokio::spawn(crate::reconciler::run(node.clone(), opts.scheduler.clone()));
     tracing::info!(id = opts.id, listen = %opts.listen, advertise = %opts.advertise, "tb-controller serving");
@@ -140,6 +186,69 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     node.shutdown().await;
     result.context("gRPC server")?;
     Ok(())
+}
+
+/// Make the first admin user of a new cluster, once: every member that forms the cluster
+/// proposes it, the first to commit wins, and only the winner writes its token (when it made
+/// one) to `<data-dir>/admin.token`, mode 0600.
+async fn bootstrap_admin(node: Arc<RaftNode>, data_dir: PathBuf, given: Option<String>) {
+    use crate::store::{Op, Response, StoreError, TokenRecord};
+    let generated = given.is_none();
+    let token = given.unwrap_or_else(|| crate::auth::secret(crate::auth::USER_TOKEN_PREFIX));
+    let expires_at = match crate::service::auth::expires_at(ADMIN_TOKEN_TTL) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(error = %e.message(), "bootstrapping the admin user");
+            return;
+        }
+    };
+    let op = Op::BootstrapAdmin {
+        token_hash: crate::auth::hash_secret(&token),
+        token: TokenRecord {
+            id: crate::auth::short_id(),
+            user: crate::store::users::ADMIN_USER.into(),
+            expires_at,
+            created_at: String::new(),
+            description: "made with the cluster".into(),
+        },
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let cmd = crate::store::Command {
+            request_id: String::new(),
+            now: crate::service::now(),
+            op: op.clone(),
+            user: String::new(),
+        };
+        match node.propose(cmd).await {
+            Ok(Response::Rejected(StoreError::AlreadyExists(_))) => return,
+            Ok(Response::Rejected(e)) => {
+                tracing::error!(error = %e, "bootstrapping the admin user");
+                return;
+            }
+            Ok(_) => break,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e, "bootstrapping the admin user: retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "bootstrapping the admin user: giving up");
+                return;
+            }
+        }
+    }
+    if !generated {
+        tracing::info!("created user admin with the token from --admin-token-file");
+        return;
+    }
+    let path = data_dir.join(ADMIN_TOKEN_FILE);
+    match crate::auth::write_private(&path, &format!("{token}\n")) {
+        Ok(()) => tracing::info!(
+            path = %path.display(),
+            "created user admin; its token is in this file (shown nowhere else)"
+        ),
+        Err(e) => tracing::error!(error = %format!("{e:#}"), "writing the admin token"),
+    }
 }
 
 async fn shutdown_signal() {

@@ -5,6 +5,9 @@
 //! [`Client::apply`] and friends, which retry with the *same* `request_id` on the next member
 //! whenever the outcome is unknown (no leader, connection lost, deadline exceeded): the store
 //! deduplicates on that id, so the write takes effect once however often it is sent.
+//!
+//! Every call carries a bearer token: the harness's admin token ([`crate::auth`]) unless the
+//! client was made with [`Client::with_token`].
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -16,6 +19,8 @@ use tb_api::proto::{
     ApplyRequest, ApplyResponse, ClusterStatusRequest, ClusterStatusResponse, DeleteRequest,
     DeleteResponse, GetRequest, ListRequest, ListResponse,
 };
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
@@ -39,10 +44,37 @@ pub fn is_retryable(status: &Status) -> bool {
     }
 }
 
+/// Adds `authorization: Bearer TOKEN` to every call (nothing when there is no token).
+#[derive(Clone)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Bearer {
+    pub fn new(token: Option<&str>) -> Bearer {
+        Bearer(token.map(|t| {
+            format!("Bearer {t}")
+                .parse()
+                .unwrap_or_else(|e| panic!("a token that is not a header value: {e}"))
+        }))
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A channel whose calls carry the client's token.
+pub type AuthChannel = InterceptedService<Channel, Bearer>;
+
 /// Channels to a fixed set of members.
 pub struct Client {
     addrs: Vec<String>,
     channels: Mutex<HashMap<String, Channel>>,
+    bearer: Bearer,
 }
 
 impl Client {
@@ -51,7 +83,20 @@ impl Client {
         Client {
             addrs,
             channels: Mutex::new(HashMap::new()),
+            bearer: Bearer::new(Some(crate::auth::admin_token())),
         }
+    }
+
+    /// A client of the same members calling with `token` (None: no credentials at all).
+    pub fn with_token(addrs: Vec<String>, token: Option<&str>) -> Client {
+        let mut c = Client::new(addrs);
+        c.bearer = Bearer::new(token);
+        c
+    }
+
+    /// The channel to `addr`, carrying this client's token.
+    pub fn authed(&self, addr: &str) -> AuthChannel {
+        InterceptedService::new(self.channel(addr), self.bearer.clone())
     }
 
     pub fn addrs(&self) -> &[String] {
@@ -73,14 +118,22 @@ impl Client {
             .clone()
     }
 
-    pub fn objects(&self, addr: &str) -> ObjectsClient<Channel> {
-        ObjectsClient::new(self.channel(addr))
+    pub fn objects(&self, addr: &str) -> ObjectsClient<AuthChannel> {
+        ObjectsClient::new(self.authed(addr))
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE)
     }
 
-    pub fn cluster(&self, addr: &str) -> ClusterClient<Channel> {
-        ClusterClient::new(self.channel(addr))
+    pub fn cluster(&self, addr: &str) -> ClusterClient<AuthChannel> {
+        ClusterClient::new(self.authed(addr))
+    }
+
+    pub fn auth(&self, addr: &str) -> tb_api::proto::auth_client::AuthClient<AuthChannel> {
+        tb_api::proto::auth_client::AuthClient::new(self.authed(addr))
+    }
+
+    pub fn nodes(&self, addr: &str) -> tb_api::proto::nodes_client::NodesClient<AuthChannel> {
+        tb_api::proto::nodes_client::NodesClient::new(self.authed(addr))
     }
 
     /// Apply once, on one member.

@@ -65,6 +65,7 @@ impl ControllerConfig {
             "--heartbeat-ms".into(),
             self.heartbeat_ms.to_string(),
         ];
+        args.extend(crate::auth::controller_args());
         if let Some(members) = &self.initial_cluster {
             args.extend(["--initial-cluster".into(), members.clone()]);
         }
@@ -228,6 +229,8 @@ impl Controller {
             req.set_timeout(Duration::from_secs(2));
             match tokio::time::timeout(Duration::from_secs(3), cluster.status(req)).await {
                 Ok(Ok(_)) => return,
+                // Serving, and insisting on credentials.
+                Ok(Err(e)) if e.code() == tonic::Code::Unauthenticated => return,
                 Ok(Err(e)) => last = format!("{}: {}", e.code(), e.message()),
                 Err(_) => last = "no answer within 3s".into(),
             }

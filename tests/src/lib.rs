@@ -25,6 +25,7 @@
 //! - `TB_TEST_BIN_DIR=DIR` uses prebuilt binaries from DIR instead of building them;
 //! - `RUST_LOG` is passed on to the controllers (default `info,openraft=warn`).
 
+pub mod auth;
 pub mod bins;
 pub mod client;
 pub mod cluster;

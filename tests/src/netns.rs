@@ -579,6 +579,7 @@ impl EmulatedLab {
             "--node-grace-ms".into(),
             NODE_GRACE_MS.to_string(),
         ];
+        let args = [args, crate::auth::controller_args()].concat();
         let hub = self.hub.clone();
         self.spawn_in(&hub, "controller", &crate::bins::controller(), args);
         self.controller = Some(addr.clone());
@@ -709,6 +710,7 @@ impl EmulatedLab {
                 cmd.env_remove(k);
             }
         }
+        cmd.env("TB_TOKEN", crate::auth::admin_token());
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("starting `ip netns exec {} tbctl`: {e}", self.hub));
@@ -764,6 +766,7 @@ impl EmulatedLab {
             .arg(crate::bins::tbctl())
             .args(["--server", addr, "--timeout", "3s"])
             .args(args)
+            .env("TB_TOKEN", crate::auth::admin_token())
             .env("HOME", &self.home)
             .env("NO_COLOR", "1");
         bounded_output(cmd, Duration::from_secs(5))

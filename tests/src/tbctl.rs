@@ -1,7 +1,9 @@
 //! Runs `tbctl` as a user would and captures what it said.
 //!
 //! Every run gets a private `HOME` and `XDG_CONFIG_HOME` (so no user config or context leaks
-//! in), no `TB_*` variables from the environment, and the server list passed with `--server`.
+//! in), no `TB_*` variables from the environment but `TB_TOKEN` (the harness's admin token, see
+//! [`crate::auth`], unless [`Tbctl::with_token`] says otherwise), and the server list passed
+//! with `--server`.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -55,6 +57,8 @@ impl std::fmt::Display for TbctlOutput {
 pub struct Tbctl {
     servers: String,
     home: PathBuf,
+    /// Passed as TB_TOKEN: the harness's admin token unless changed.
+    token: Option<String>,
 }
 
 impl Tbctl {
@@ -65,6 +69,16 @@ impl Tbctl {
         Tbctl {
             servers: servers.join(","),
             home: home.to_path_buf(),
+            token: Some(crate::auth::admin_token().to_string()),
+        }
+    }
+
+    /// The same tbctl calling with `token` (None: no token at all).
+    pub fn with_token(&self, token: Option<&str>) -> Tbctl {
+        Tbctl {
+            servers: self.servers.clone(),
+            home: self.home.clone(),
+            token: token.map(str::to_string),
         }
     }
 
@@ -86,6 +100,9 @@ impl Tbctl {
             if k.to_string_lossy().starts_with("TB_") {
                 cmd.env_remove(k);
             }
+        }
+        if let Some(t) = &self.token {
+            cmd.env("TB_TOKEN", t);
         }
         let child = cmd
             .spawn()

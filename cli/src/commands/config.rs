@@ -69,6 +69,7 @@ pub fn set_context(
                 name: name.to_string(),
                 server: server.to_string(),
                 namespace: ns,
+                token: None,
             });
             format!("Context \"{name}\" created.\n")
         }

@@ -33,6 +33,7 @@ use crate::config::{ConfigFile, Context, config_path};
 use crate::local::{self, CONTEXT, Proc};
 use crate::output::{Table, emit};
 use crate::servers::parse_server_list;
+use tb_controller::server::ADMIN_TOKEN_FILE;
 
 /// How long the controller gets to elect itself, and the nodelets to become Ready.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -82,14 +83,15 @@ pub fn node_name(i: u32) -> String {
     format!("node-{i}")
 }
 
-/// Set the context `local` to this cluster's controller (replacing any earlier one) and make it
-/// current.
-pub fn point_context(file: &mut ConfigFile, server: &str) {
+/// Set the context `local` to this cluster's controller and admin token (replacing any earlier
+/// one) and make it current.
+pub fn point_context(file: &mut ConfigFile, server: &str, token: Option<String>) {
     file.contexts.retain(|c| c.name != CONTEXT);
     file.contexts.push(Context {
         name: CONTEXT.into(),
         server: server.into(),
         namespace: None,
+        token,
     });
     file.current_context = Some(CONTEXT.into());
 }
@@ -245,19 +247,19 @@ pub async fn run(args: &UpArgs) -> Result<()> {
         dir: dir.clone(),
         started: Vec::new(),
     };
-    match start(&mut cluster, args, &server, &controller_bin, &nodelet_bin).await {
-        Ok(()) => {}
+    let token = match start(&mut cluster, args, &server, &controller_bin, &nodelet_bin).await {
+        Ok(token) => token,
         Err(e) => {
             cluster.tear_down().await;
             return Err(
                 e.context("the local cluster did not start; what was started is stopped again")
             );
         }
-    }
+    };
     let mut file_path_note = String::new();
     match config_path().and_then(|path| {
         let mut file = ConfigFile::load(&path)?;
-        point_context(&mut file, &server);
+        point_context(&mut file, &server, Some(token));
         file.save(&path).map(|()| path)
     }) {
         Ok(path) => file_path_note.push_str(&format!(
@@ -291,7 +293,7 @@ async fn start(
     server: &str,
     controller_bin: &Path,
     nodelet_bin: &Path,
-) -> Result<()> {
+) -> Result<String> {
     let dir = cluster.dir.clone();
     let controller_args: Vec<String> = vec![
         "--id".into(),
@@ -314,6 +316,8 @@ async fn start(
         cluster.check_alive()?;
         match client.cluster_status().await {
             Ok(s) if s.has_leader => break,
+            // Serving, and asking for credentials: the admin token is next.
+            Err(e) if e.code == tonic::Code::Unauthenticated => break,
             Ok(_) => tracing::debug!("no leader yet"),
             Err(e) => tracing::debug!(error = %e, "controller not answering yet"),
         }
@@ -327,7 +331,27 @@ async fn start(
         tokio::time::sleep(POLL).await;
     }
 
-    let mut client = Client::new(parse_server_list(server)?, Duration::from_secs(10));
+    // The controller writes its admin token once, when it forms the cluster.
+    let token_path = dir.join("controller").join(ADMIN_TOKEN_FILE);
+    let admin_token = loop {
+        cluster.check_alive()?;
+        if let Ok(t) = std::fs::read_to_string(&token_path)
+            && !t.trim().is_empty()
+        {
+            break t.trim().to_string();
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "the controller wrote no admin token to {} within {}s; see {}",
+                token_path.display(),
+                START_TIMEOUT.as_secs(),
+                dir.join("controller.log").display()
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    let mut client = Client::new(parse_server_list(server)?, Duration::from_secs(10))
+        .with_token(Some(&admin_token));
     let token = client
         .create_token(CreateTokenRequest {
             ttl_seconds: 3600,
@@ -378,7 +402,7 @@ async fn start(
             }
         };
         if waiting.is_empty() {
-            return Ok(());
+            return Ok(admin_token);
         }
         if Instant::now() >= deadline {
             let logs: Vec<String> = waiting
@@ -441,15 +465,17 @@ mod tests {
                     name: "lab".into(),
                     server: "mac1:7400".into(),
                     namespace: None,
+                    token: None,
                 },
                 Context {
                     name: "local".into(),
                     server: "127.0.0.1:7500".into(),
                     namespace: Some("old".into()),
+                    token: None,
                 },
             ],
         };
-        point_context(&mut file, "127.0.0.1:7400");
+        point_context(&mut file, "127.0.0.1:7400", None);
         assert_eq!(file.current_context.as_deref(), Some("local"));
         assert_eq!(file.contexts.len(), 2);
         let local = file.context("local").expect("local");

@@ -23,7 +23,7 @@ use tb_api::proto::{
     ClusterStatusResponse, MemberStatus, MemberStatusRequest, RaftPayload, ReadIndexRequest,
 };
 
-pub use network::MAX_MESSAGE;
+pub use network::{MAX_MESSAGE, PeerAuth, PeerChannel};
 pub use service::RaftService;
 pub use state_machine::Shared;
 

@@ -22,12 +22,31 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tb_api::proto::RaftPayload;
 use tb_api::proto::raft_client::RaftClient;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use super::{NodeId, Snapshot, TypeConfig, Vote};
 
 /// The largest message between controllers: a full snapshot travels in one.
 pub const MAX_MESSAGE: usize = 512 * 1024 * 1024;
+
+/// Every call to another controller carries the cluster secret (`crate::auth`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PeerAuth;
+
+impl tonic::service::Interceptor for PeerAuth {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(secret) = crate::auth::cluster_secret()
+            && let Ok(v) = format!("Bearer {secret}").parse()
+        {
+            req.metadata_mut().insert("authorization", v);
+        }
+        Ok(req)
+    }
+}
+
+/// A channel to another controller that presents the cluster secret.
+pub type PeerChannel = InterceptedService<Channel, PeerAuth>;
 
 /// Lazily connected channels to other controllers, shared by Raft replication and forwarding.
 #[derive(Clone, Default)]
@@ -36,7 +55,7 @@ pub struct Peers {
 }
 
 impl Peers {
-    pub fn client(&self, addr: &str) -> Result<RaftClient<Channel>, tonic::transport::Error> {
+    pub fn client(&self, addr: &str) -> Result<RaftClient<PeerChannel>, tonic::transport::Error> {
         let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
         let channel = match channels.get(addr) {
             Some(c) => c.clone(),
@@ -50,7 +69,7 @@ impl Peers {
                 c
             }
         };
-        Ok(RaftClient::new(channel)
+        Ok(RaftClient::with_interceptor(channel, PeerAuth)
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE))
     }
@@ -83,7 +102,7 @@ struct PeerError {
 }
 
 type Call = fn(
-    RaftClient<Channel>,
+    RaftClient<PeerChannel>,
     tonic::Request<RaftPayload>,
 ) -> std::pin::Pin<
     Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>,
@@ -133,7 +152,7 @@ impl PeerClient {
 }
 
 fn append(
-    mut c: RaftClient<Channel>,
+    mut c: RaftClient<PeerChannel>,
     r: tonic::Request<RaftPayload>,
 ) -> std::pin::Pin<
     Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>,
@@ -141,7 +160,7 @@ fn append(
     Box::pin(async move { c.append(r).await })
 }
 fn vote(
-    mut c: RaftClient<Channel>,
+    mut c: RaftClient<PeerChannel>,
     r: tonic::Request<RaftPayload>,
 ) -> std::pin::Pin<
     Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>,
@@ -149,7 +168,7 @@ fn vote(
     Box::pin(async move { c.vote(r).await })
 }
 fn snapshot(
-    mut c: RaftClient<Channel>,
+    mut c: RaftClient<PeerChannel>,
     r: tonic::Request<RaftPayload>,
 ) -> std::pin::Pin<
     Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>,
@@ -157,7 +176,7 @@ fn snapshot(
     Box::pin(async move { c.snapshot(r).await })
 }
 fn transfer_leader(
-    mut c: RaftClient<Channel>,
+    mut c: RaftClient<PeerChannel>,
     r: tonic::Request<RaftPayload>,
 ) -> std::pin::Pin<
     Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>,

@@ -11,6 +11,9 @@ use tb_api::proto::{
 };
 use tonic::{Request, Response, Status};
 
+use super::{caller, check};
+use crate::auth::authorize::CLUSTER_MEMBER;
+use crate::auth::{Access, Verb};
 use crate::raft::RaftNode;
 
 pub struct ClusterService {
@@ -25,7 +28,7 @@ impl ClusterService {
     /// Membership changes run on the leader; a follower passes the request on.
     async fn leader_client(
         &self,
-    ) -> Result<Option<ClusterClient<tonic::transport::Channel>>, Status> {
+    ) -> Result<Option<ClusterClient<crate::raft::PeerChannel>>, Status> {
         let (leader, addr) = self.node.leader().ok_or_else(|| {
             Status::unavailable("no leader is elected (is a majority of controllers up?)")
         })?;
@@ -38,7 +41,10 @@ impl ClusterService {
             .connect()
             .await
             .map_err(|e| Status::unavailable(format!("leader {leader} at {addr}: {e}")))?;
-        Ok(Some(ClusterClient::new(channel)))
+        Ok(Some(ClusterClient::with_interceptor(
+            channel,
+            crate::raft::PeerAuth,
+        )))
     }
 }
 
@@ -59,8 +65,13 @@ fn check_address(addr: &str) -> Result<(), Status> {
 impl Cluster for ClusterService {
     async fn status(
         &self,
-        _req: Request<ClusterStatusRequest>,
+        req: Request<ClusterStatusRequest>,
     ) -> Result<Response<ClusterStatusResponse>, Status> {
+        check(
+            &self.node,
+            &caller(&req),
+            &Access::new(Verb::Get, CLUSTER_MEMBER, "", ""),
+        )?;
         Ok(Response::new(self.node.cluster_status().await))
     }
 
@@ -68,6 +79,11 @@ impl Cluster for ClusterService {
         &self,
         req: Request<AddMemberRequest>,
     ) -> Result<Response<AddMemberResponse>, Status> {
+        check(
+            &self.node,
+            &caller(&req),
+            &Access::new(Verb::Create, CLUSTER_MEMBER, "", ""),
+        )?;
         let req = req.into_inner();
         if req.id == 0 {
             return Err(Status::invalid_argument("id: controller ids start at 1"));
@@ -89,6 +105,11 @@ impl Cluster for ClusterService {
         &self,
         req: Request<RemoveMemberRequest>,
     ) -> Result<Response<RemoveMemberResponse>, Status> {
+        check(
+            &self.node,
+            &caller(&req),
+            &Access::new(Verb::Delete, CLUSTER_MEMBER, "", ""),
+        )?;
         let req = req.into_inner();
         if let Some(mut leader) = self.leader_client().await? {
             return leader.remove_member(req).await;

@@ -8,8 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
-use rand::RngCore;
-use sha2::{Digest, Sha256};
 use tb_api::proto::nodelet_client::NodeletClient;
 use tb_api::proto::nodes_server::Nodes;
 use tb_api::proto::{
@@ -21,6 +19,9 @@ use tb_api::{Kind, Object, ObjectKey};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response as TonicResponse, Status};
 
+use super::{caller, check};
+use crate::auth::authorize::JOIN_TOKEN;
+use crate::auth::{Access, Caller, NODE_CREDENTIAL_PREFIX, Verb, hash_secret, secret};
 use crate::raft::RaftNode;
 use crate::store::{Op, Response};
 
@@ -40,20 +41,9 @@ impl NodesService {
         }
     }
 
-    async fn commit(&self, op: Op) -> Result<Response, Status> {
-        super::commit(&self.node, String::new(), op).await
+    async fn commit(&self, caller: &Caller, op: Op) -> Result<Response, Status> {
+        super::commit(&self.node, String::new(), caller.user(), op).await
     }
-}
-
-/// A fresh secret: 32 random bytes, hex, with a prefix saying what it is.
-fn secret(prefix: &str) -> String {
-    let mut bytes = [0u8; 32];
-    rand::rng().fill_bytes(&mut bytes);
-    format!("{prefix}{}", hex::encode(bytes))
-}
-
-pub fn hash_secret(secret: &str) -> String {
-    hex::encode(Sha256::digest(secret.as_bytes()))
 }
 
 type LogStream = Pin<Box<dyn Stream<Item = Result<LogLine, Status>> + Send>>;
@@ -64,6 +54,12 @@ impl Nodes for NodesService {
         &self,
         req: Request<CreateTokenRequest>,
     ) -> Result<TonicResponse<CreateTokenResponse>, Status> {
+        let caller = caller(&req);
+        check(
+            &self.node,
+            &caller,
+            &Access::new(Verb::Create, JOIN_TOKEN, "", ""),
+        )?;
         let req = req.into_inner();
         let ttl = if req.ttl_seconds == 0 {
             DEFAULT_TOKEN_TTL
@@ -77,11 +73,14 @@ impl Nodes for NodesService {
             .ok_or_else(|| Status::invalid_argument("ttlSeconds: too large"))?;
         let expires_at = crate::scheduler::stamp(expires);
         let token = secret("tbjoin-");
-        self.commit(Op::CreateToken {
-            token_hash: hash_secret(&token),
-            expires_at: expires_at.clone(),
-            description: req.description,
-        })
+        self.commit(
+            &caller,
+            Op::CreateToken {
+                token_hash: hash_secret(&token),
+                expires_at: expires_at.clone(),
+                description: req.description,
+            },
+        )
         .await?;
         Ok(TonicResponse::new(CreateTokenResponse {
             token,
@@ -103,13 +102,13 @@ impl Nodes for NodesService {
         }
         tb_api::validate::validate_status(Kind::Node, &node.status)
             .map_err(|e| Status::invalid_argument(format!("node: {e}")))?;
-        let credential = secret("tbnode-");
+        let credential = secret(NODE_CREDENTIAL_PREFIX);
         let op = Op::Join {
             token_hash: hash_secret(&req.token),
             node,
             credential_hash: hash_secret(&credential),
         };
-        match self.commit(op).await? {
+        match self.commit(&Caller::Anonymous, op).await? {
             Response::Status { object } => Ok(TonicResponse::new(JoinResponse {
                 credential,
                 node_json: object.to_json(),
@@ -127,11 +126,14 @@ impl Nodes for NodesService {
             .map_err(|e| Status::invalid_argument(format!("status: not valid JSON: {e}")))?;
         tb_api::validate::validate_status(Kind::Node, &status)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        self.commit(Op::Heartbeat {
-            node: req.node,
-            credential_hash: hash_secret(&req.credential),
-            status,
-        })
+        self.commit(
+            &Caller::Anonymous,
+            Op::Heartbeat {
+                node: req.node,
+                credential_hash: hash_secret(&req.credential),
+                status,
+            },
+        )
         .await?;
         Ok(TonicResponse::new(HeartbeatResponse {
             heartbeat_interval_ms: self.heartbeat_interval_ms,
@@ -144,6 +146,7 @@ impl Nodes for NodesService {
         &self,
         req: Request<LogsRequest>,
     ) -> Result<TonicResponse<Self::LogsStream>, Status> {
+        let caller = caller(&req);
         let req = req.into_inner();
         let kind = Kind::parse(&req.kind)
             .filter(|k| matches!(k, Kind::TrainingJob | Kind::InferenceService))
@@ -160,6 +163,11 @@ impl Nodes for NodesService {
             namespace: namespace.clone(),
             name: req.name.clone(),
         };
+        check(
+            &self.node,
+            &caller,
+            &Access::new(Verb::Get, &key.kind, &key.namespace, &key.name),
+        )?;
         // Where each rank ran: the job's placement, and the nodelets' addresses.
         let targets: Vec<(u32, String, String)> = {
             let state = self.node.store().read();

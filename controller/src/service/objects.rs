@@ -18,7 +18,8 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response as TonicResponse, Status};
 
-use super::{store_error, unavailable};
+use super::{caller, check, store_error, unavailable};
+use crate::auth::{Access, Caller, Verb};
 use crate::raft::RaftNode;
 use crate::store::{Change, Op, Response};
 
@@ -36,8 +37,31 @@ impl ObjectsService {
         ObjectsService { node, stopping }
     }
 
-    async fn commit(&self, request_id: String, op: Op) -> Result<Response, Status> {
-        super::commit(&self.node, request_id, op).await
+    async fn commit(
+        &self,
+        request_id: String,
+        caller: &Caller,
+        op: Op,
+    ) -> Result<Response, Status> {
+        super::commit(&self.node, request_id, caller.user(), op).await
+    }
+
+    fn check(&self, caller: &Caller, access: &Access<'_>) -> Result<(), Status> {
+        check(&self.node, caller, access)
+    }
+
+    /// The node an Allocation (its `spec.node`) or a Link (its end `a`) belongs to.
+    fn owner(&self, key: &ObjectKey) -> Option<String> {
+        let state = self.node.store().read();
+        let obj = state.get(key)?;
+        let node = if key.kind == Kind::Allocation.as_str() {
+            obj.spec.get("node")
+        } else if key.kind == Kind::Link.as_str() {
+            obj.spec.get("a").and_then(|a| a.get("node"))
+        } else {
+            None
+        };
+        node.and_then(Value::as_str).map(str::to_string)
     }
 
     async fn read_barrier(&self, stale: bool) -> Result<(), Status> {
@@ -105,6 +129,7 @@ impl Objects for ObjectsService {
         &self,
         req: Request<ApplyRequest>,
     ) -> Result<TonicResponse<ApplyResponse>, Status> {
+        let caller = caller(&req);
         let req = req.into_inner();
         if req.objects_json.is_empty() {
             return Err(Status::invalid_argument(
@@ -130,6 +155,15 @@ impl Objects for ObjectsService {
             }
             objects.push(obj);
         }
+        for obj in &objects {
+            let access = Access::new(
+                Verb::Apply,
+                &obj.kind,
+                &obj.metadata.namespace,
+                &obj.metadata.name,
+            );
+            self.check(&caller, &access)?;
+        }
         if req.dry_run {
             self.read_barrier(false).await?;
             let state = self.node.store().read();
@@ -154,7 +188,7 @@ impl Objects for ObjectsService {
             }));
         }
         match self
-            .commit(request_id(req.request_id), Op::Apply { objects })
+            .commit(request_id(req.request_id), &caller, Op::Apply { objects })
             .await?
         {
             Response::Applied {
@@ -172,8 +206,13 @@ impl Objects for ObjectsService {
     }
 
     async fn get(&self, req: Request<GetRequest>) -> Result<TonicResponse<GetResponse>, Status> {
+        let caller = caller(&req);
         let req = req.into_inner();
         let key = object_key(&req.kind, &req.namespace, &req.name)?;
+        self.check(
+            &caller,
+            &Access::new(Verb::Get, &key.kind, &key.namespace, &key.name),
+        )?;
         self.read_barrier(req.stale).await?;
         let state = self.node.store().read();
         let obj = state
@@ -185,6 +224,7 @@ impl Objects for ObjectsService {
     }
 
     async fn list(&self, req: Request<ListRequest>) -> Result<TonicResponse<ListResponse>, Status> {
+        let caller = caller(&req);
         let req = req.into_inner();
         let kind = parse_kind(&req.kind, "kind")?;
         let selector = parse_selector(&req.label_selector)?;
@@ -193,6 +233,10 @@ impl Objects for ObjectsService {
         } else {
             String::new()
         };
+        self.check(
+            &caller,
+            &Access::new(Verb::List, kind.as_str(), &namespace, ""),
+        )?;
         self.read_barrier(req.stale).await?;
         let state = self.node.store().read();
         let objects_json = state
@@ -211,8 +255,13 @@ impl Objects for ObjectsService {
         &self,
         req: Request<DeleteRequest>,
     ) -> Result<TonicResponse<DeleteResponse>, Status> {
+        let caller = caller(&req);
         let req = req.into_inner();
         let key = object_key(&req.kind, &req.namespace, &req.name)?;
+        self.check(
+            &caller,
+            &Access::new(Verb::Delete, &key.kind, &key.namespace, &key.name),
+        )?;
         if key.kind == Kind::Event.as_str() {
             return Err(Status::invalid_argument(
                 "kind: Events expire on their own and cannot be deleted",
@@ -222,7 +271,7 @@ impl Objects for ObjectsService {
             key,
             resource_version: req.resource_version,
         };
-        match self.commit(request_id(req.request_id), op).await? {
+        match self.commit(request_id(req.request_id), &caller, op).await? {
             Response::Deleted {
                 object,
                 resource_version,
@@ -238,8 +287,18 @@ impl Objects for ObjectsService {
         &self,
         req: Request<UpdateStatusRequest>,
     ) -> Result<TonicResponse<UpdateStatusResponse>, Status> {
+        let caller = caller(&req);
         let req = req.into_inner();
         let key = object_key(&req.kind, &req.namespace, &req.name)?;
+        let owner = match caller {
+            Caller::Node { .. } => self.owner(&key),
+            _ => None,
+        };
+        self.check(
+            &caller,
+            &Access::new(Verb::UpdateStatus, &key.kind, &key.namespace, &key.name)
+                .owned_by(owner.as_deref()),
+        )?;
         let kind = parse_kind(&req.kind, "kind")?;
         let status: Value = serde_json::from_str(&req.status_json)
             .map_err(|e| Status::invalid_argument(format!("status: not valid JSON: {e}")))?;
@@ -250,7 +309,7 @@ impl Objects for ObjectsService {
             status,
             resource_version: req.resource_version,
         };
-        match self.commit(request_id(req.request_id), op).await? {
+        match self.commit(request_id(req.request_id), &caller, op).await? {
             Response::Status { object } => Ok(TonicResponse::new(UpdateStatusResponse {
                 object_json: object.to_json(),
             })),
@@ -262,6 +321,7 @@ impl Objects for ObjectsService {
         &self,
         req: Request<RecordEventRequest>,
     ) -> Result<TonicResponse<RecordEventResponse>, Status> {
+        let caller = caller(&req);
         let req = req.into_inner();
         let mut raw: Object = serde_json::from_str(&req.event_json)
             .map_err(|e| Status::invalid_argument(format!("event: {e}")))?;
@@ -274,8 +334,21 @@ impl Objects for ObjectsService {
         if event.kind != Kind::Event.as_str() {
             return Err(Status::invalid_argument("event: kind: expected Event"));
         }
+        self.check(
+            &caller,
+            &Access::new(
+                Verb::RecordEvent,
+                &event.kind,
+                &event.metadata.namespace,
+                "",
+            ),
+        )?;
         match self
-            .commit(request_id(req.request_id), Op::RecordEvent { event })
+            .commit(
+                request_id(req.request_id),
+                &caller,
+                Op::RecordEvent { event },
+            )
             .await?
         {
             Response::Event { object } => Ok(TonicResponse::new(RecordEventResponse {
@@ -291,6 +364,7 @@ impl Objects for ObjectsService {
         &self,
         req: Request<WatchRequest>,
     ) -> Result<TonicResponse<Self::WatchStream>, Status> {
+        let caller = caller(&req);
         let req = req.into_inner();
         let kind = if req.kind.is_empty() {
             None
@@ -305,6 +379,15 @@ impl Objects for ObjectsService {
             },
             selector: parse_selector(&req.label_selector)?,
         };
+        self.check(
+            &caller,
+            &Access::new(
+                Verb::Watch,
+                filter.kind.as_deref().unwrap_or(""),
+                &filter.namespace,
+                "",
+            ),
+        )?;
         let store = self.node.store().clone();
         let (initial, mut live, from) = if req.resource_version == 0 {
             // Start with everything there is, then what changes: list and subscribe under

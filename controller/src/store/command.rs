@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tb_api::{Object, ObjectKey};
 
+use super::users::{AuditRecord, Role, TokenRecord};
+
 /// A write to the object store.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Command {
@@ -18,6 +20,10 @@ pub struct Command {
     /// RFC 3339 time stamped by the proposing controller.
     pub now: String,
     pub op: Op,
+    /// The user on whose behalf the command runs, for the audit log; empty for tb itself
+    /// (reconcilers, nodelets), whose writes are not audited.
+    #[serde(default)]
+    pub user: String,
 }
 
 impl std::fmt::Display for Command {
@@ -31,6 +37,12 @@ impl std::fmt::Display for Command {
             Op::Join { node, .. } => write!(f, "join {}", node.metadata.name),
             Op::Heartbeat { node, .. } => write!(f, "heartbeat {node}"),
             Op::Plan(p) => write!(f, "plan of {} write(s)", p.writes.len()),
+            Op::CreateUser { name, .. } => write!(f, "create user {name}"),
+            Op::DeleteUser { name } => write!(f, "delete user {name}"),
+            Op::IssueToken { token, .. } => write!(f, "issue token {}", token.id),
+            Op::RevokeToken { id } => write!(f, "revoke token {id}"),
+            Op::BootstrapAdmin { .. } => write!(f, "bootstrap admin"),
+            Op::RecordAudit { record } => write!(f, "audit {} {}", record.verb, record.kind),
         }
     }
 }
@@ -38,7 +50,9 @@ impl std::fmt::Display for Command {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Op {
     /// Create or update these objects, all or none. Objects are already validated.
-    Apply { objects: Vec<Object> },
+    Apply {
+        objects: Vec<Object>,
+    },
     Delete {
         key: ObjectKey,
         /// 0: whatever is stored.
@@ -51,7 +65,9 @@ pub enum Op {
         resource_version: u64,
     },
     /// Record an Event (kind Event); repeats of the latest identical event bump its count.
-    RecordEvent { event: Object },
+    RecordEvent {
+        event: Object,
+    },
     /// Keep a join token (its hash only) until `expires_at` (RFC 3339, UTC).
     CreateToken {
         token_hash: String,
@@ -73,6 +89,34 @@ pub enum Op {
     /// A reconciler's plan: applied whole, and only if every object it read is unchanged
     /// (as Nomad's plan applier checks a scheduler's plan against the state it was made from).
     Plan(Plan),
+    /// A user (its role and the namespaces a member may write in).
+    CreateUser {
+        name: String,
+        role: Role,
+        namespaces: Vec<String>,
+    },
+    /// Remove a user and every token it has.
+    DeleteUser {
+        name: String,
+    },
+    /// Keep a user's bearer token (its hash only) until `token.expires_at`.
+    IssueToken {
+        token_hash: String,
+        token: TokenRecord,
+    },
+    RevokeToken {
+        id: String,
+    },
+    /// The first admin and its token, made by the controller that forms the cluster; applied
+    /// once per cluster.
+    BootstrapAdmin {
+        token_hash: String,
+        token: TokenRecord,
+    },
+    /// Record a refusal that never reached the store (a denied mutation).
+    RecordAudit {
+        record: AuditRecord,
+    },
 }
 
 /// What a reconciler computed from one snapshot of the store.
@@ -130,6 +174,8 @@ pub enum Response {
         resource_version: u64,
     },
     TokenCreated,
+    /// A command with nothing to answer succeeded.
+    Done,
     Rejected(StoreError),
 }
 
@@ -174,4 +220,6 @@ pub enum StoreError {
     Invalid(String),
     #[error("{0}")]
     Unauthenticated(String),
+    #[error("{0}")]
+    AlreadyExists(String),
 }

@@ -12,6 +12,7 @@ use serde_json::Value;
 use tb_api::{Kind, Object, ObjectKey};
 
 use super::command::{ApplyResult, Command, Op, Outcome, Plan, PlanWrite, Response, StoreError};
+use super::users::{AuditRecord, TokenRecord, User, result_code};
 
 /// How many Event objects the store keeps; older ones are dropped.
 pub const MAX_EVENTS: usize = 1000;
@@ -63,6 +64,18 @@ pub struct State {
     /// Node name → hash of the credential it was given at join.
     #[serde(default)]
     pub node_credentials: BTreeMap<String, String>,
+    /// Users by name.
+    #[serde(default)]
+    pub users: BTreeMap<String, User>,
+    /// Users' bearer tokens by hash. Never listed with their hashes, never sent back.
+    #[serde(default)]
+    pub user_tokens: BTreeMap<String, TokenRecord>,
+    /// Whether the first admin was made (once per cluster).
+    #[serde(default)]
+    pub bootstrapped: bool,
+    /// The last `MAX_AUDIT` mutations by users, oldest first.
+    #[serde(default)]
+    pub audit: VecDeque<AuditRecord>,
 }
 
 impl State {
@@ -112,11 +125,91 @@ impl State {
                 credential_hash,
                 status,
             } => self.heartbeat(index, &cmd.now, node, credential_hash, status),
+            Op::CreateUser {
+                name,
+                role,
+                namespaces,
+            } => (
+                self.create_user(&cmd.now, name, *role, namespaces),
+                Vec::new(),
+            ),
+            Op::DeleteUser { name } => (self.delete_user(name), Vec::new()),
+            Op::IssueToken { token_hash, token } => {
+                (self.issue_token(&cmd.now, token_hash, token), Vec::new())
+            }
+            Op::RevokeToken { id } => (self.revoke_token(id), Vec::new()),
+            Op::BootstrapAdmin { token_hash, token } => (
+                self.bootstrap_admin(&cmd.now, token_hash, token),
+                Vec::new(),
+            ),
+            Op::RecordAudit { record } => {
+                self.audit(record.clone());
+                (Response::Done, Vec::new())
+            }
         };
+        if !cmd.user.is_empty() {
+            self.audit_command(cmd, &response);
+        }
         if !cmd.request_id.is_empty() {
             self.remember(cmd.request_id.clone(), response.clone());
         }
         (response, changes)
+    }
+
+    /// Append what a user's command did to the audit log: one record per object it named.
+    fn audit_command(&mut self, cmd: &Command, response: &Response) {
+        let result = match response {
+            Response::Rejected(e) => result_code(e).to_string(),
+            _ => "ok".to_string(),
+        };
+        let key = |k: &ObjectKey| (k.kind.clone(), k.namespace.clone(), k.name.clone());
+        let targets: Vec<(&str, (String, String, String))> = match &cmd.op {
+            Op::Apply { objects } => objects.iter().map(|o| ("apply", key(&o.key()))).collect(),
+            Op::Delete { key: k, .. } => vec![("delete", key(k))],
+            Op::UpdateStatus { key: k, .. } => vec![("update-status", key(k))],
+            Op::RecordEvent { event } => vec![(
+                "record-event",
+                (
+                    "Event".into(),
+                    event.metadata.namespace.clone(),
+                    String::new(),
+                ),
+            )],
+            Op::CreateToken { .. } => {
+                vec![("create", ("JoinToken".into(), String::new(), String::new()))]
+            }
+            Op::CreateUser { name, .. } => {
+                vec![("create", ("User".into(), String::new(), name.clone()))]
+            }
+            Op::DeleteUser { name } => {
+                vec![("delete", ("User".into(), String::new(), name.clone()))]
+            }
+            Op::IssueToken { token, .. } => vec![(
+                "create",
+                (
+                    "Token".into(),
+                    String::new(),
+                    format!("{} ({})", token.id, token.user),
+                ),
+            )],
+            Op::RevokeToken { id } => vec![("delete", ("Token".into(), String::new(), id.clone()))],
+            Op::Join { .. }
+            | Op::Heartbeat { .. }
+            | Op::Plan(_)
+            | Op::BootstrapAdmin { .. }
+            | Op::RecordAudit { .. } => Vec::new(),
+        };
+        for (verb, (kind, namespace, name)) in targets {
+            self.audit(AuditRecord {
+                time: cmd.now.clone(),
+                user: cmd.user.clone(),
+                verb: verb.into(),
+                kind,
+                namespace,
+                name,
+                result: result.clone(),
+            });
+        }
     }
 
     /// Advance the revision for a log entry that carries no command (blank, membership).
@@ -645,6 +738,7 @@ mod tests {
             request_id: id.into(),
             now: "2026-01-01T00:00:00Z".into(),
             op,
+            user: String::new(),
         }
     }
 

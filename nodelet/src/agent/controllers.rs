@@ -1,17 +1,42 @@
 //! Connections to the controllers, failing over among the addresses the nodelet was given.
+//! Once the node has its credential, every call carries it (`authorization: Bearer tbnode-…`):
+//! the controllers let a node read objects and write only its own statuses.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tb_api::proto::nodes_client::NodesClient;
 use tb_api::proto::objects_client::ObjectsClient;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 /// The controllers, and which one answered last.
 pub struct Controllers {
     addresses: Vec<String>,
     preferred: Mutex<usize>,
+    credential: Arc<RwLock<Option<String>>>,
 }
+
+/// Adds the node's credential to every call, once it has one.
+#[derive(Clone)]
+pub struct NodeAuth {
+    credential: Arc<RwLock<Option<String>>>,
+}
+
+impl tonic::service::Interceptor for NodeAuth {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let credential = self.credential.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = credential.as_deref()
+            && let Ok(v) = format!("Bearer {c}").parse()
+        {
+            req.metadata_mut().insert("authorization", v);
+        }
+        Ok(req)
+    }
+}
+
+/// A channel to a controller that presents the node's credential.
+pub type AuthChannel = InterceptedService<Channel, NodeAuth>;
 
 const MAX_MESSAGE: usize = 64 * 1024 * 1024;
 
@@ -20,6 +45,18 @@ impl Controllers {
         Controllers {
             addresses,
             preferred: Mutex::new(0),
+            credential: Arc::new(RwLock::new(None)),
+        }
+    }
+
+    /// The credential later calls carry.
+    pub fn set_credential(&self, credential: &str) {
+        *self.credential.write().unwrap_or_else(|e| e.into_inner()) = Some(credential.to_string());
+    }
+
+    fn auth(&self) -> NodeAuth {
+        NodeAuth {
+            credential: self.credential.clone(),
         }
     }
 
@@ -57,14 +94,19 @@ impl Controllers {
         *p = (*p + 1) % self.addresses.len().max(1);
     }
 
-    pub async fn objects(&self) -> anyhow::Result<ObjectsClient<Channel>> {
-        Ok(ObjectsClient::new(self.channel().await?)
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE))
+    pub async fn objects(&self) -> anyhow::Result<ObjectsClient<AuthChannel>> {
+        Ok(
+            ObjectsClient::with_interceptor(self.channel().await?, self.auth())
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        )
     }
 
-    pub async fn nodes(&self) -> anyhow::Result<NodesClient<Channel>> {
-        Ok(NodesClient::new(self.channel().await?))
+    pub async fn nodes(&self) -> anyhow::Result<NodesClient<AuthChannel>> {
+        Ok(NodesClient::with_interceptor(
+            self.channel().await?,
+            self.auth(),
+        ))
     }
 }
 

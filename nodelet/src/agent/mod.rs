@@ -93,6 +93,7 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         node,
     )
     .await?;
+    controllers.set_credential(&credential.credential);
 
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let server = tonic::transport::Server::builder()
