@@ -109,6 +109,9 @@ pub struct JobStatus {
     /// The model placement behind `nodes`, when the job names a Model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_placement: Option<PlacementSummary>,
+    /// Where an InferenceService answers (its OpenAI-compatible base URL).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub endpoint: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

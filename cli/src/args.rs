@@ -41,6 +41,11 @@ pub struct Global {
     /// default 10s). For `wait` and `drain`: how long to wait in all (default 60s and 5m).
     #[arg(long, global = true, value_name = "DURATION", value_parser = parse_duration)]
     pub timeout: Option<Duration>,
+    /// The bearer token to call with (default: $TB_TOKEN, then the context's, from
+    /// `tbctl login`). Visible to other users of this machine in the process list: prefer
+    /// TB_TOKEN or `tbctl login`.
+    #[arg(long, global = true, value_name = "TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// Format of log lines on stderr (verbosity from RUST_LOG, default warn).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -82,6 +87,8 @@ pub enum Command {
     Plan(PlanArgs),
     /// The Macs and the cables between them, with measured bandwidth and latency.
     Topology(TopologyArgs),
+    /// Ask an InferenceService through its OpenAI-compatible endpoint; the answer streams out.
+    Chat(ChatArgs),
     /// Create an object from another: `create job --from schedule/NAME` runs a Schedule now.
     #[command(subcommand)]
     Create(CreateCommand),
@@ -106,6 +113,103 @@ pub enum Command {
     Config(ConfigCommand),
     /// Print a shell completion script.
     Completion(CompletionArgs),
+    /// Keep a bearer token in the current context (read from --token-file, else stdin).
+    Login(LoginArgs),
+    /// Who the server takes you for.
+    Whoami,
+    /// Ask the server what you may do.
+    #[command(subcommand)]
+    Auth(AuthCommand),
+    /// Users and their tokens (admins).
+    #[command(subcommand)]
+    Admin(AdminCommand),
+    /// The audit log of mutations (admins).
+    Audit(AuditArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LoginArgs {
+    /// A file holding the token (e.g. a controller's admin.token); `-` or absent: stdin.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuthCommand {
+    /// Whether you may do VERB on KIND: prints yes or no, exits 0 or 1.
+    CanI {
+        /// get, list, watch, apply, delete, update-status, record-event, create.
+        verb: String,
+        /// A kind (trainingjob, tj, node, ...) or User, Token, JoinToken, AuditLog,
+        /// ClusterMember.
+        kind: String,
+        /// An object's name, when it matters.
+        name: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Users.
+    #[command(subcommand)]
+    User(AdminUserCommand),
+    /// Users' bearer tokens.
+    #[command(subcommand)]
+    Token(AdminTokenCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminUserCommand {
+    /// Create a user; its first token alone is printed on stdout (shown once).
+    Create {
+        name: String,
+        /// admin (everything), member (read all, write jobs in its namespaces), viewer (read).
+        #[arg(long, value_parser = ["admin", "member", "viewer"])]
+        role: String,
+        /// Namespaces a member may write jobs in (besides the one of -n/--namespace, which
+        /// may also list several: `--namespace vision,nlp`).
+        #[arg(long = "namespaces", value_name = "NS[,NS...]", value_delimiter = ',')]
+        namespaces: Vec<String>,
+        /// How long the token lives, e.g. 12h, 30d.
+        #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = parse_seconds)]
+        ttl: u64,
+    },
+    /// List users and their live tokens (ids and expiry, never the tokens).
+    List {
+        /// json or yaml instead of the table.
+        #[arg(short = 'o', long, value_enum)]
+        output: Option<OutputFormat>,
+    },
+    /// Delete a user and every token it has.
+    Delete { name: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminTokenCommand {
+    /// Another token for a user; it alone is printed on stdout.
+    Create {
+        #[arg(long, value_name = "NAME")]
+        user: String,
+        #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = parse_seconds)]
+        ttl: u64,
+        #[arg(long, value_name = "TEXT")]
+        description: Option<String>,
+    },
+    /// Revoke a token by its id (`tbctl admin user list` shows them).
+    Revoke { id: String },
+}
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// Only this user's records.
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+    /// Only records this recent, e.g. 1h, 7d.
+    #[arg(long, value_name = "DURATION", value_parser = parse_seconds)]
+    pub since: Option<u64>,
+    /// json or yaml instead of the table.
+    #[arg(short = 'o', long, value_enum)]
+    pub output: Option<OutputFormat>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -288,6 +392,23 @@ pub enum CreateCommand {
     /// A TrainingJob from a Schedule's template, started now.
     #[command(visible_alias = "trainingjob")]
     Job(CreateJobArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ChatArgs {
+    /// The InferenceService.
+    pub name: String,
+    /// What to ask.
+    pub prompt: String,
+    /// A system message first.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Most tokens to generate (the service's default when absent).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_tokens: Option<u32>,
+    /// 0 picks the likeliest token every time.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
 }
 
 #[derive(Debug, Args)]

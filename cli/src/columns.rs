@@ -73,7 +73,7 @@ impl View {
 fn kind_headers(kind: Kind) -> &'static [&'static str] {
     match kind {
         Kind::Model => &["FORMAT", "LAYERS"],
-        Kind::InferenceService => &["MODEL", "PARALLELISM", "NODES", "READY"],
+        Kind::InferenceService => &["MODEL", "PARALLELISM", "NODES", "READY", "ENDPOINT"],
         Kind::TrainingJob => &["RANKS", "EXECUTOR", "STATUS", "RESTARTS", "NODES"],
         Kind::Schedule => &["SCHEDULE", "SUSPEND", "LAST SCHEDULE"],
         Kind::Queue => &["PRIORITY", "WEIGHT"],
@@ -94,6 +94,11 @@ fn kind_cells(kind: Kind, o: &Object) -> Vec<String> {
             cell(at(spec, &["parallelism"])),
             isvc_nodes(o),
             condition(o, "Ready").unwrap_or_else(|| "Unknown".into()),
+            at(status, &["endpoint"])
+                .and_then(Value::as_str)
+                .filter(|e| !e.is_empty())
+                .unwrap_or(NONE)
+                .to_string(),
         ],
         Kind::TrainingJob => vec![
             cell(at(spec, &["ranks"]).or_else(|| at(spec, &["nodes"]))),
@@ -494,7 +499,8 @@ mod tests {
             "metadata": {"name": "chat", "namespace": "team-a", "creationTimestamp": "2025-06-01T11:00:00Z",
                          "labels": {"app": "chat", "tier": "gold"}},
             "spec": {"model": "qwen3-235b", "parallelism": "pipeline", "nodes": {"min": 2, "max": 4}},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+            "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                       "endpoint": "http://10.0.0.1:32324/v1"}
         }));
         let view = View {
             kind: Kind::InferenceService,
@@ -510,6 +516,7 @@ mod tests {
                 "PARALLELISM",
                 "NODES",
                 "READY",
+                "ENDPOINT",
                 "AGE",
                 "LABELS"
             ]
@@ -523,6 +530,7 @@ mod tests {
                 "pipeline",
                 "2-4",
                 "True",
+                "http://10.0.0.1:32324/v1",
                 "60m",
                 "app=chat,tier=gold"
             ]

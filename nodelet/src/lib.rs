@@ -11,6 +11,7 @@
 //! - [`transport`]: the data plane: bootstrap, TCP (and RDMA) transports, collectives.
 
 pub mod agent;
+pub mod builtin;
 pub mod capacity;
 pub mod discovery;
 pub mod exec;

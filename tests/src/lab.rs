@@ -52,6 +52,8 @@ pub struct LabOptions {
     pub reserve: Option<String>,
     /// Start the nodelets in the lab's directory with a relative `--data-dir node-N`.
     pub relative_data_dirs: bool,
+    /// A described lab (`--topology`): ports and cables between the nodelets.
+    pub topology: Option<PathBuf>,
 }
 
 impl LabOptions {
@@ -63,6 +65,7 @@ impl LabOptions {
             heartbeat_ms: NODELET_HEARTBEAT_MS,
             reserve: None,
             relative_data_dirs: false,
+            topology: None,
         }
     }
 }
@@ -508,6 +511,7 @@ impl Lab {
             "--backoff-base-ms".into(),
             opts.backoff_base.as_millis().to_string(),
         ];
+        let controller_args = [controller_args, crate::auth::controller_args()].concat();
         let controller = Proc::start(
             "controller",
             &crate::bins::controller(),
@@ -566,6 +570,14 @@ impl Lab {
             ];
             if let Some(r) = &opts.reserve {
                 args.extend(["--reserve".to_string(), r.clone()]);
+            }
+            if let Some(t) = &opts.topology {
+                args.extend([
+                    "--topology".to_string(),
+                    t.display().to_string(),
+                    "--probe-port".into(),
+                    "0".into(),
+                ]);
             }
             let log = lab.dir.path().join(format!("{name}.log"));
             let cwd = opts
@@ -674,6 +686,7 @@ impl Lab {
                 cmd.env_remove(k);
             }
         }
+        cmd.env("TB_TOKEN", crate::auth::admin_token());
         cmd
     }
 
@@ -874,6 +887,7 @@ impl Lab {
             .arg(&self.addr)
             .args(["--timeout", "3s"])
             .args(args)
+            .env("TB_TOKEN", crate::auth::admin_token())
             .env("HOME", &self.home)
             .env("NO_COLOR", "1");
         bounded_output(cmd, Duration::from_secs(5))

@@ -53,6 +53,30 @@ pub struct MlxAssignment {
     pub ibv_devices: Option<Vec<Vec<Option<String>>>>,
 }
 
+/// What a rank of the built-in executor runs: its share of a model, and where the other
+/// ranks of the pipeline are.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BuiltinAssignment {
+    /// The Model object's name (also the model id the endpoint serves).
+    pub model: String,
+    /// The weights file, as the Model's `source.path` names it.
+    pub model_path: String,
+    /// Each rank's data-plane IP, in rank order (= pipeline order).
+    pub hosts: Vec<String>,
+    /// Rank 0's bootstrap coordinator, `ip:port`.
+    pub coordinator: String,
+    /// The port rank 0 serves the OpenAI-compatible API on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_port: Option<u16>,
+    /// Tokens of context each sequence may use (the model's own when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<u32>,
+    /// Sequences served at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<u32>,
+}
+
 /// The model layers a rank holds: `[first, first + count)`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -87,6 +111,9 @@ pub struct AllocationSpec {
     /// The layers this rank holds, when placement split a model (pipeline).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layers: Option<LayerRange>,
+    /// Set for the built-in executor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub builtin: Option<BuiltinAssignment>,
     /// Seconds between SIGTERM and SIGKILL when stopping.
     #[serde(default = "default_grace")]
     pub stop_grace_seconds: u64,
@@ -109,6 +136,12 @@ impl AllocationSpec {
         }
         if self.node.trim().is_empty() {
             return Err(ValidationError::new("node", "must name a Node"));
+        }
+        if self.executor == Executor::Builtin && self.builtin.is_none() {
+            return Err(ValidationError::new(
+                "builtin",
+                "the built-in executor needs its model assignment",
+            ));
         }
         if self.executor == Executor::Exec && self.command.is_empty() {
             return Err(ValidationError::new(
@@ -172,6 +205,12 @@ pub struct AllocationStatus {
     pub started_at: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub finished_at: String,
+    /// Where the rank serves requests (rank 0 of a built-in service), e.g. `http://ip:port/v1`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub endpoint: String,
+    /// The endpoint has answered a request end to end through every stage.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ready: bool,
 }
 
 impl AllocationStatus {

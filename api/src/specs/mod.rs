@@ -16,7 +16,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 pub use allocation::{
-    AllocationPhase, AllocationSpec, AllocationStatus, Desired, JobRef, LayerRange, MlxAssignment,
+    AllocationPhase, AllocationSpec, AllocationStatus, BuiltinAssignment, Desired, JobRef,
+    LayerRange, MlxAssignment,
 };
 pub use common::Executor;
 pub use event::{EventSpec, EventType, ObjectRef};

@@ -3,6 +3,8 @@
 //! namespace), a lazily made client, and small helpers for kinds, objects and jobs.
 
 pub mod apply;
+pub mod auth;
+pub mod chat;
 pub mod cluster;
 pub mod completion;
 pub mod config;
@@ -35,7 +37,7 @@ use tb_api::{Kind, Object};
 
 use crate::args::{Cli, Command};
 use crate::client::Client;
-use crate::config::{ConfigFile, Overrides, Target, config_path, resolve};
+use crate::config::{ConfigFile, Overrides, Target, config_path, resolve, resolve_token};
 
 /// An error already reported on stderr: exit with this code and print nothing more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +57,8 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// What a command that talks to the cluster needs.
 pub struct Ctx {
     pub target: Target,
+    /// The bearer token calls carry.
+    token: Option<String>,
     timeout: Duration,
     client: Option<Client>,
 }
@@ -63,15 +67,24 @@ impl Ctx {
     pub fn new(target: Target, timeout: Duration) -> Ctx {
         Ctx {
             target,
+            token: None,
             timeout,
             client: None,
         }
     }
 
+    /// Calls carry `token`.
+    pub fn with_token(mut self, token: Option<String>) -> Ctx {
+        self.token = token;
+        self.client = None;
+        self
+    }
+
     pub fn client(&mut self) -> &mut Client {
-        let (servers, timeout) = (&self.target.servers, self.timeout);
-        self.client
-            .get_or_insert_with(|| Client::new(servers.clone(), timeout))
+        let (servers, timeout, token) = (&self.target.servers, self.timeout, &self.token);
+        self.client.get_or_insert_with(|| {
+            Client::new(servers.clone(), timeout).with_token(token.as_deref())
+        })
     }
 
     /// The namespace a request about `kind` carries: none for cluster-scoped kinds.
@@ -114,10 +127,18 @@ pub async fn run(cli: Cli) -> Result<u8> {
             .filter(|s| !s.trim().is_empty()),
         context: g.context.clone(),
         namespace: g.namespace.clone(),
+        token_flag: g.token.clone(),
+        token_env: std::env::var("TB_TOKEN")
+            .ok()
+            .filter(|s| !s.trim().is_empty()),
     };
+    if let Command::Login(a) = &cmd {
+        return auth::login(a, &overrides).map(|()| 0);
+    }
     let target = resolve(&overrides, &file)?;
+    let token = resolve_token(&overrides, &file);
     tracing::debug!(servers = ?target.servers, namespace = %target.namespace, "target");
-    let mut ctx = Ctx::new(target, g.timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT));
+    let mut ctx = Ctx::new(target, g.timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT)).with_token(token);
     match cmd {
         Command::Apply(a) => apply::run(&mut ctx, &a).await.map(|()| 0),
         Command::Diff(a) => diff::run(&mut ctx, &a).await,
@@ -130,6 +151,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
             .await
             .map(|()| 0),
         Command::Top(c) => top::run(&mut ctx, c).await.map(|()| 0),
+        Command::Chat(a) => chat::run(&mut ctx, &a).await.map(|()| 0),
         Command::Hostfile(a) => hostfile::run(&mut ctx, &a).await.map(|()| 0),
         Command::Plan(a) => plan::run(&mut ctx, &a).await.map(|()| 0),
         Command::Create(crate::args::CreateCommand::Job(a)) => {
@@ -151,11 +173,16 @@ pub async fn run(cli: Cli) -> Result<u8> {
         .map(|()| 0),
         Command::Token(c) => token::run(&mut ctx, c).await.map(|()| 0),
         Command::Cluster(c) => cluster::run(&mut ctx, c).await.map(|()| 0),
+        Command::Whoami => auth::whoami(&mut ctx).await.map(|()| 0),
+        Command::Auth(c) => auth::auth(&mut ctx, c).await,
+        Command::Admin(c) => auth::admin(&mut ctx, c).await.map(|()| 0),
+        Command::Audit(a) => auth::audit(&mut ctx, &a).await.map(|()| 0),
         Command::Config(_)
         | Command::Completion(_)
         | Command::Explain(_)
         | Command::Up(_)
-        | Command::Down(_) => Ok(0),
+        | Command::Down(_)
+        | Command::Login(_) => Ok(0),
     }
 }
 

@@ -9,8 +9,9 @@
 use std::collections::BTreeMap;
 
 use tb_api::specs::{
-    AllocationPhase, AllocationSpec, Backend, Desired, Executor, InferenceServiceSpec, JobRef,
-    LayerRange, MlxAssignment, TrainingJobSpec, allocation, parse_spec,
+    AllocationPhase, AllocationSpec, Backend, BuiltinAssignment, Desired, Executor,
+    InferenceServiceSpec, JobRef, LayerRange, MlxAssignment, TrainingJobSpec, allocation,
+    parse_spec,
 };
 use tb_api::status::{JobPhase, JobStatus, PlacementSummary, RankPlacement};
 use tb_api::{Kind, Object, ObjectKey, ObjectMeta};
@@ -37,6 +38,16 @@ struct JobShape {
     backoff_limit: Option<u32>,
     active_deadline_seconds: Option<u64>,
     ttl_seconds_after_finished: Option<u64>,
+    /// Built-in InferenceServices: the Model, context, batch and endpoint port asked for.
+    service: Option<ServiceShape>,
+}
+
+#[derive(Debug, Clone)]
+struct ServiceShape {
+    model: String,
+    context: Option<u32>,
+    batch: Option<u32>,
+    endpoint_port: Option<u16>,
 }
 
 fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
@@ -60,10 +71,17 @@ fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
                 exclusive: s.exclusive,
                 active_deadline_seconds: s.active_deadline_seconds,
                 ttl_seconds_after_finished: s.ttl_seconds_after_finished,
+                service: None,
             })
         }
         Kind::InferenceService => {
             let s: InferenceServiceSpec = parse_spec(&job.spec).ok()?;
+            let service = (s.executor == Executor::Builtin).then(|| ServiceShape {
+                model: s.model.clone(),
+                context: s.context,
+                batch: s.batch,
+                endpoint_port: s.endpoint.as_ref().and_then(|e| e.port),
+            });
             Some(JobShape {
                 kind: Kind::InferenceService,
                 executor: s.executor,
@@ -81,6 +99,7 @@ fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
                 backoff_limit: None,
                 active_deadline_seconds: None,
                 ttl_seconds_after_finished: None,
+                service,
             })
         }
         _ => None,
@@ -113,18 +132,6 @@ pub fn reconcile_job(
         });
     for a in &stale {
         retire(a, &mut plan);
-    }
-
-    if shape.executor == Executor::Builtin {
-        status.phase = JobPhase::Pending;
-        status.reason = "ExecutorUnavailable".into();
-        status.message =
-            "the built-in executor is not part of this release; use executor: exec".into();
-        // Still show where it would go, so the placement can be checked before it runs.
-        if let Ok(placed) = place_job(job, &shape, view) {
-            status.model_placement = placed.summary;
-        }
-        return finish(job, status, &before, plan);
     }
 
     if status.phase.is_terminal() {
@@ -179,6 +186,7 @@ pub fn reconcile_job(
         for a in &current {
             stop(a, &mut plan);
         }
+        not_ready(&mut status, "SpecChanged", clock);
         status.phase = JobPhase::Pending;
         status.reason = "SpecChanged".into();
         status.message = format!(
@@ -196,6 +204,7 @@ pub fn reconcile_job(
         for c in &current {
             stop(c, &mut plan);
         }
+        not_ready(&mut status, "Evicted", clock);
         status.phase = JobPhase::Pending;
         status.reason = "Evicted".into();
         status.message = format!(
@@ -343,6 +352,7 @@ fn gang_progress(
         for c in current {
             stop(c, plan);
         }
+        not_ready(status, "RankEnded", clock);
         let lost = a.status.phase == AllocationPhase::Lost;
         let what = describe_end(a);
         if PERMANENT.contains(&a.status.reason.as_str()) {
@@ -419,11 +429,45 @@ fn gang_progress(
         status.phase = JobPhase::Running;
         status.reason = "Running".into();
         status.message = format!("all {world} rank(s) running");
-        if shape.kind == Kind::InferenceService {
+        if shape.kind == Kind::InferenceService && shape.service.is_none() {
             status.set_condition("Ready", true, "Running", "", &clock.stamp);
         }
         plan.events
             .push(event(job, false, "Started", &status.message.clone()));
+    }
+    // A built-in service is Ready once rank 0 has answered through every stage.
+    if shape.service.is_some() {
+        let rank0 = current.iter().find(|a| a.spec.rank == 0);
+        status.endpoint = rank0.map(|a| a.status.endpoint.clone()).unwrap_or_default();
+        let ready = running == world && rank0.is_some_and(|a| a.status.ready);
+        let was = status
+            .condition("Ready")
+            .is_some_and(|c| c.status == "True");
+        if ready != was || status.condition("Ready").is_none() {
+            let (reason, message) = if ready {
+                ("EndpointReady", format!("{} answers", status.endpoint))
+            } else {
+                (
+                    "EndpointNotReady",
+                    "waiting for rank 0 to answer through every stage".to_string(),
+                )
+            };
+            status.set_condition("Ready", ready, reason, &message, &clock.stamp);
+            if ready {
+                plan.events.push(event(job, false, "Ready", &message));
+            }
+        }
+    }
+}
+
+/// A service whose gang ended is not ready (and has no endpoint) until placed again.
+fn not_ready(status: &mut JobStatus, reason: &str, clock: &Clock) {
+    status.endpoint.clear();
+    if status
+        .condition("Ready")
+        .is_some_and(|c| c.status == "True")
+    {
+        status.set_condition("Ready", false, reason, "", &clock.stamp);
     }
 }
 
@@ -566,6 +610,8 @@ struct Placed {
     layers: Vec<Option<LayerRange>>,
     ibv_devices: Option<Vec<Vec<Option<String>>>>,
     summary: Option<PlacementSummary>,
+    /// Built-in services: the port rank 0 serves the API on.
+    endpoint_port: Option<u16>,
 }
 
 /// Why a gang was not placed.
@@ -595,8 +641,35 @@ fn place_job(job: &Object, shape: &JobShape, view: &ClusterView) -> Result<Place
     let topology = view.topology();
     let mut placed = match workload(job, view)? {
         Some(w) => place_model(&topology, &w, view)?,
+        None if shape.service.is_some() => {
+            return Err(refuse(
+                "ModelIncomplete",
+                "the built-in executor needs the Model's shape (layers, hiddenSize, heads, ...)",
+            ));
+        }
         None => place_ranks(&topology, shape, view)?,
     };
+    if let Some(svc) = &shape.service {
+        let rank0 = &placed.slots[0];
+        let port = match svc.endpoint_port {
+            Some(p) => p,
+            None => view
+                .nodes
+                .get(&rank0.node)
+                .and_then(|n| {
+                    let r = n.status.port_range;
+                    (r.start..=r.end)
+                        .find(|p| *p != 0 && *p != rank0.port && !n.used_ports.contains(p))
+                })
+                .ok_or_else(|| {
+                    refuse(
+                        "Unschedulable",
+                        format!("{} has no free port for the endpoint", rank0.node),
+                    )
+                })?,
+        };
+        placed.endpoint_port = Some(port);
+    }
     if shape.backend.is_jaccl() {
         let nodes: Vec<String> = placed.slots.iter().map(|s| s.node.clone()).collect();
         placed.ibv_devices = Some(jaccl_matrix(&topology, &nodes, shape.backend)?);
@@ -640,6 +713,7 @@ fn place_model(topology: &Topology, w: &Workload, view: &ClusterView) -> Result<
             .collect(),
         ibv_devices: None,
         summary: Some(live::summary(&plan)),
+        endpoint_port: None,
     })
 }
 
@@ -671,6 +745,7 @@ fn place_ranks(
         slots: ordered,
         ibv_devices: None,
         summary: None,
+        endpoint_port: None,
     })
 }
 
@@ -733,6 +808,23 @@ fn create_gang(
         hosts,
         ibv_devices: placed.ibv_devices.clone(),
     };
+    let builtin = shape.service.as_ref().map(|svc| {
+        let model_path = view
+            .models
+            .get(&(job.metadata.namespace.clone(), svc.model.clone()))
+            .and_then(|m| m.source.path.clone())
+            .unwrap_or_default();
+        let ips: Vec<String> = slots.iter().map(|s| host(&s.node)).collect();
+        BuiltinAssignment {
+            model: svc.model.clone(),
+            model_path,
+            coordinator: format!("{}:{}", ips[0], slots[0].port),
+            hosts: ips,
+            endpoint_port: placed.endpoint_port,
+            context: svc.context,
+            batch: svc.batch,
+        }
+    });
     let name = job.metadata.name.as_str();
     let world_size = slots.len() as u32;
     for (rank, slot) in slots.iter().enumerate() {
@@ -765,8 +857,14 @@ fn create_gang(
             command: shape.command.clone(),
             env,
             working_dir: shape.working_dir.clone(),
-            mlx: Some(mlx.clone()),
+            mlx: builtin.is_none().then(|| mlx.clone()),
             layers,
+            builtin: builtin.clone().map(|mut b| {
+                if rank != 0 {
+                    b.endpoint_port = None;
+                }
+                b
+            }),
             stop_grace_seconds: 10,
         };
         let labels = BTreeMap::from([
@@ -794,6 +892,11 @@ fn create_gang(
         if let Some(n) = view.nodes.get_mut(&slot.node) {
             n.free_bytes = n.free_bytes.saturating_sub(memory_bytes);
             n.used_ports.insert(slot.port);
+            if rank == 0
+                && let Some(p) = placed.endpoint_port
+            {
+                n.used_ports.insert(p);
+            }
         }
     }
 }

@@ -40,7 +40,7 @@ fn without(view: &ClusterView, allocations: &[&Alloc]) -> ClusterView {
     for a in allocations {
         if let Some(n) = trial.nodes.get_mut(&a.spec.node) {
             n.free_bytes = n.free_bytes.saturating_add(a.spec.memory_bytes);
-            if let Some(p) = a.port() {
+            for p in a.ports() {
                 n.used_ports.remove(&p);
             }
         }

@@ -40,6 +40,7 @@ impl Sim {
             request_id: String::new(),
             now: stamp(self.now),
             op,
+            user: String::new(),
         };
         self.state.apply(self.index, &cmd).0
     }
@@ -1087,4 +1088,89 @@ fn a_higher_priority_job_preempts_a_whole_lower_gang_which_is_requeued() {
     assert_eq!(low.phase, JobPhase::Pending, "requeued, not failed");
     assert_eq!(low.restarts, 0, "preemption uses no retry");
     assert!(sim.events().contains(&"Preempted".to_string()));
+}
+
+#[test]
+fn a_builtin_service_gets_its_pipeline_and_is_ready_when_rank_0_answers() {
+    let mut sim = ring_with_slow_diagonals();
+    apply_model(&mut sim, "big", 80, "1.5Gi");
+    sim.apply_job(
+        "InferenceService",
+        "chat",
+        json!({"model": "big", "parallelism": "pipeline", "context": 1024, "batch": 2}),
+    );
+    sim.settle();
+    let status = sim.job("InferenceService", "chat");
+    assert_eq!(status.phase, JobPhase::Scheduled, "{}", status.message);
+    let mut allocs = sim.allocs();
+    allocs.sort_by_key(|a| a.1.rank);
+    assert_eq!(allocs.len(), 4);
+    let hosts: Vec<String> = allocs
+        .iter()
+        .map(|(_, s, _)| s.builtin.as_ref().expect("assignment").hosts.clone())
+        .next()
+        .expect("rank 0");
+    for (_, spec, _) in &allocs {
+        assert_eq!(spec.executor, tb_api::specs::Executor::Builtin);
+        assert!(spec.command.is_empty() && spec.mlx.is_none());
+        let b = spec.builtin.as_ref().expect("built-in assignment");
+        assert_eq!(
+            (b.model.as_str(), b.model_path.as_str()),
+            ("big", "/models/m.gguf")
+        );
+        assert_eq!(b.hosts, hosts, "every rank sees the same pipeline");
+        assert_eq!((b.context, b.batch), (Some(1024), Some(2)));
+        assert!(spec.layers.is_some());
+        // Only rank 0 serves the API, on a port other than its coordinator's.
+        assert_eq!(b.endpoint_port.is_some(), spec.rank == 0);
+        if let Some(p) = b.endpoint_port {
+            assert!(!b.coordinator.ends_with(&format!(":{p}")), "{b:?}");
+        }
+    }
+    // Running is not Ready: the endpoint must answer first.
+    sim.set_phase(|_| true, AllocationPhase::Running, None, "");
+    sim.settle();
+    let status = sim.job("InferenceService", "chat");
+    assert_eq!(status.phase, JobPhase::Running);
+    let ready = |s: &JobStatus| s.condition("Ready").map(|c| c.status.clone());
+    assert_eq!(ready(&status).as_deref(), Some("False"));
+    // Rank 0's nodelet reports the endpoint answering.
+    let (obj, spec, mut st) = sim
+        .allocs()
+        .into_iter()
+        .find(|a| a.1.rank == 0)
+        .expect("rank 0");
+    st.endpoint = format!(
+        "http://{}:{}/v1",
+        hosts[0],
+        spec.builtin.expect("b").endpoint_port.expect("port")
+    );
+    st.ready = true;
+    let r = sim.commit(Op::UpdateStatus {
+        key: obj.key(),
+        status: st.to_value(),
+        resource_version: 0,
+    });
+    assert!(matches!(r, Response::Status { .. }));
+    sim.settle();
+    let status = sim.job("InferenceService", "chat");
+    assert_eq!(ready(&status).as_deref(), Some("True"));
+    assert_eq!(status.endpoint, st.endpoint);
+    // A stage dies: not ready, no endpoint, and the gang is placed again after the backoff.
+    sim.set_phase(
+        |s| s.rank == 2,
+        AllocationPhase::Failed,
+        Some(1),
+        "StageFailed",
+    );
+    sim.settle();
+    let status = sim.job("InferenceService", "chat");
+    assert_eq!(ready(&status).as_deref(), Some("False"));
+    assert!(status.endpoint.is_empty());
+    assert_eq!(status.reason, "BackOff");
+    sim.obey_stops();
+    sim.run_for(11);
+    sim.settle();
+    let status = sim.job("InferenceService", "chat");
+    assert_eq!(status.epoch, 2, "{}", status.message);
 }

@@ -27,10 +27,25 @@ impl Alloc {
         !self.status.phase.is_terminal()
     }
 
-    pub fn port(&self) -> Option<u16> {
-        let mlx = self.spec.mlx.as_ref()?;
-        let host = mlx.hosts.get(self.spec.rank as usize)?;
-        host.rsplit_once(':')?.1.parse().ok()
+    /// The ports of its node this rank listens on.
+    pub fn ports(&self) -> Vec<u16> {
+        let port_of = |h: &str| h.rsplit_once(':').and_then(|(_, p)| p.parse().ok());
+        let mut ports = Vec::new();
+        if let Some(mlx) = &self.spec.mlx
+            && let Some(p) = mlx
+                .hosts
+                .get(self.spec.rank as usize)
+                .and_then(|h| port_of(h))
+        {
+            ports.push(p);
+        }
+        if let Some(b) = &self.spec.builtin
+            && self.spec.rank == 0
+        {
+            ports.extend(port_of(&b.coordinator));
+            ports.extend(b.endpoint_port);
+        }
+        ports
     }
 }
 
@@ -169,9 +184,7 @@ impl ClusterView {
         for a in allocations.iter().filter(|a| a.holds_resources()) {
             if let Some(n) = nodes.get_mut(&a.spec.node) {
                 n.free_bytes = n.free_bytes.saturating_sub(a.spec.memory_bytes);
-                if let Some(p) = a.port() {
-                    n.used_ports.insert(p);
-                }
+                n.used_ports.extend(a.ports());
             }
         }
         let models = model_objects

@@ -10,14 +10,19 @@ use std::time::Duration;
 use anyhow::Context;
 use tb_api::proto::{UpdateStatusRequest, WatchRequest};
 use tb_api::specs::{
-    AllocationPhase, AllocationSpec, AllocationStatus, Backend, Desired, allocation, parse_spec,
+    AllocationPhase, AllocationSpec, AllocationStatus, Backend, Desired, Executor, allocation,
+    parse_spec,
 };
 use tb_api::{Kind, Object};
 use tokio::sync::{Notify, oneshot};
 
 use super::controllers::{Controllers, retryable};
+use crate::builtin::command::{TERMINATION_MESSAGE_ENV, shard_command};
 use crate::exec;
 use crate::mlx;
+
+/// How often rank 0 of a built-in service is asked whether it is ready.
+const READINESS_EVERY: Duration = Duration::from_secs(1);
 
 /// What the heartbeat reports about the work here.
 #[derive(Debug, Clone, Default)]
@@ -346,8 +351,11 @@ impl Supervisor {
         let prepared = prepare(&dir, namespace, spec);
         let exec_spec = match prepared {
             Ok(s) => s,
-            Err(e) => return failed("InvalidSpec", format!("{e:#}")),
+            Err(Prepare::Model(e)) => return failed("ModelNotFound", e),
+            Err(Prepare::Other(e)) => return failed("InvalidSpec", format!("{e:#}")),
         };
+        let termination = dir.join("termination-message");
+        let _ = std::fs::remove_file(&termination);
         let mut running = match exec::spawn(exec_spec) {
             Ok(r) => r,
             Err(e) => return failed(e.reason(), e.to_string()),
@@ -363,12 +371,26 @@ impl Supervisor {
         };
         self.report(namespace, name, &running_status).await;
         tracing::info!(alloc = %format!("{namespace}/{name}"), pid, "started");
+        // Rank 0 of a built-in service: report its endpoint, and whether it answers.
+        let readiness = endpoint_of(spec).map(|(endpoint, health)| {
+            tokio::spawn(watch_readiness(
+                self.controllers.clone(),
+                namespace.to_string(),
+                name.to_string(),
+                running_status.clone(),
+                endpoint,
+                health,
+            ))
+        });
 
         let grace = Duration::from_secs(spec.stop_grace_seconds);
         let (ended, stopped) = tokio::select! {
             r = running.wait() => (r, false),
             _ = stop => (running.stop(grace).await, true),
         };
+        if let Some(task) = readiness {
+            task.abort();
+        }
         let _ = std::fs::remove_file(dir.join("pid"));
         let mut status = AllocationStatus {
             pid: Some(pid),
@@ -388,6 +410,21 @@ impl Supervisor {
                 } else {
                     (AllocationPhase::Failed, "Error".into())
                 };
+                // A process may say why it failed (tb-shard does): `Reason\nmessage`.
+                if status.phase == AllocationPhase::Failed
+                    && let Ok(text) = std::fs::read_to_string(&termination)
+                {
+                    let (reason, message) = text.split_once('\n').unwrap_or(("Error", &text));
+                    let reason: String = reason
+                        .chars()
+                        .filter(char::is_ascii_alphanumeric)
+                        .take(64)
+                        .collect();
+                    if !reason.is_empty() {
+                        status.reason = reason;
+                    }
+                    status.message = format!("{}: {}", status.message, message.trim());
+                }
             }
             Err(e) => {
                 status.phase = AllocationPhase::Failed;
@@ -403,10 +440,44 @@ impl Supervisor {
     /// Write an allocation's status, retrying across controllers until it lands or the
     /// allocation is gone.
     async fn report(&self, namespace: &str, name: &str, status: &AllocationStatus) {
+        report(&self.controllers, namespace, name, status).await
+    }
+}
+
+/// Reports the endpoint of a running rank 0 of a built-in service, and each change of its
+/// readiness (`GET /health`), until aborted when the process ends.
+async fn watch_readiness(
+    controllers: Arc<Controllers>,
+    namespace: String,
+    name: String,
+    running: AllocationStatus,
+    endpoint: String,
+    health: String,
+) {
+    let mut last: Option<bool> = None;
+    loop {
+        let ready = healthy(&health).await;
+        if last != Some(ready) {
+            let status = AllocationStatus {
+                endpoint: endpoint.clone(),
+                ready,
+                ..running.clone()
+            };
+            report(&controllers, &namespace, &name, &status).await;
+            tracing::info!(alloc = %format!("{namespace}/{name}"), %endpoint, ready, "endpoint readiness");
+            last = Some(ready);
+        }
+        tokio::time::sleep(READINESS_EVERY).await;
+    }
+}
+
+/// Write an allocation's status, retrying across controllers until it lands or the allocation
+/// is gone.
+async fn report(controllers: &Controllers, namespace: &str, name: &str, status: &AllocationStatus) {
+    {
         for attempt in 0..60u32 {
             let result = async {
-                let mut client = self
-                    .controllers
+                let mut client = controllers
                     .objects()
                     .await
                     .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
@@ -426,7 +497,7 @@ impl Supervisor {
                 Ok(_) => return,
                 Err(s) if s.code() == tonic::Code::NotFound => return,
                 Err(s) if retryable(&s) => {
-                    self.controllers.rotate();
+                    controllers.rotate();
                     tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt.min(10) + 1)))
                         .await;
                 }
@@ -440,8 +511,64 @@ impl Supervisor {
     }
 }
 
+/// Why an allocation could not be prepared.
+enum Prepare {
+    /// The built-in executor's model file is not here.
+    Model(String),
+    Other(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Prepare {
+    fn from(e: anyhow::Error) -> Self {
+        Prepare::Other(e)
+    }
+}
+
+impl From<mlx::MlxError> for Prepare {
+    fn from(e: mlx::MlxError) -> Self {
+        Prepare::Other(e.into())
+    }
+}
+
+/// The `tb-shard` binary: beside this nodelet's own binary.
+fn shard_binary() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("tb-shard")))
+        .unwrap_or_else(|| PathBuf::from("tb-shard"))
+}
+
+/// Rank 0 of a built-in service: (endpoint URL, health address).
+fn endpoint_of(spec: &AllocationSpec) -> Option<(String, String)> {
+    let b = spec.builtin.as_ref()?;
+    if spec.executor != Executor::Builtin || spec.rank != 0 {
+        return None;
+    }
+    let host = b.hosts.first()?;
+    let port = b.endpoint_port?;
+    Some((format!("http://{host}:{port}/v1"), format!("{host}:{port}")))
+}
+
+/// One `GET /health`: whether it answered 200.
+async fn healthy(addr: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ask = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        s.write_all(format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await
+            .ok()?;
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).await.ok()?;
+        Some(head.starts_with(b"HTTP/1.0 200") || head.starts_with(b"HTTP/1.1 200"))
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), ask).await,
+        Ok(Some(true))
+    )
+}
+
 /// The process to start: its directories, the MLX files and environment, the command.
-fn prepare(dir: &Path, namespace: &str, spec: &AllocationSpec) -> anyhow::Result<exec::Spec> {
+fn prepare(dir: &Path, namespace: &str, spec: &AllocationSpec) -> Result<exec::Spec, Prepare> {
     let work = match &spec.working_dir {
         Some(w) if Path::new(w).is_absolute() => PathBuf::from(w),
         Some(w) => dir.join("work").join(w),
@@ -505,7 +632,16 @@ fn prepare(dir: &Path, namespace: &str, spec: &AllocationSpec) -> anyhow::Result
     env.extend(tb_env);
     env.insert("TB_EPOCH".into(), spec.epoch.to_string());
     env.insert("TB_ALLOCATION_DIR".into(), dir.display().to_string());
-    let mut s = exec::Spec::new(spec.command.clone(), work, logs);
+    let command = if spec.executor == Executor::Builtin {
+        env.insert(
+            TERMINATION_MESSAGE_ENV.into(),
+            dir.join("termination-message").display().to_string(),
+        );
+        shard_command(&shard_binary(), spec).map_err(Prepare::Model)?
+    } else {
+        spec.command.clone()
+    };
+    let mut s = exec::Spec::new(command, work, logs);
     s.env = env;
     Ok(s)
 }

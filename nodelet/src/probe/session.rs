@@ -272,8 +272,8 @@ pub fn run_server(local: IpAddr, peer: IpAddr, req: &Request) -> Result<(), Tran
     let wr = |seq: u64, buf: usize| (seq << 8) | buf as u64;
     let mut pending = std::collections::BTreeSet::new();
     let mut seq = 0u64;
-    for i in 0..BULK_DEPTH {
-        t.post_recv(0, bufs[i], wr(seq, i))?;
+    for (i, buf) in bufs.iter().enumerate() {
+        t.post_recv(0, *buf, wr(seq, i))?;
         pending.insert(seq);
         seq += 1;
     }
@@ -346,6 +346,13 @@ fn wait(
     Ok(n)
 }
 
+fn step(step: &str, e: TransportError) -> TransportError {
+    TransportError::Collective {
+        step: step.to_string(),
+        source: Box::new(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,12 +380,5 @@ mod tests {
         let mut bad = r.encode();
         bad[12..16].copy_from_slice(&0u32.to_be_bytes());
         assert!(Request::decode(&bad).unwrap_err().contains("timeout"));
-    }
-}
-
-fn step(step: &str, e: TransportError) -> TransportError {
-    TransportError::Collective {
-        step: step.to_string(),
-        source: Box::new(e),
     }
 }

@@ -1,0 +1,110 @@
+//! `tb-shard`: one rank of a built-in inference service — its layers of a GGUF model, its
+//! stage of the pipeline, and on rank 0 the OpenAI-compatible endpoint. The nodelet starts it
+//! for built-in allocations (see `tb_nodelet::builtin`); it can also be run by hand:
+//!
+//! ```text
+//! tb-shard --model m.gguf --model-name m --rank 0 --hosts 127.0.0.1 \
+//!          --coordinator 127.0.0.1:7101 --http 127.0.0.1:8080
+//! ```
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use tb_nodelet::builtin::{self, ShardOptions, command::TERMINATION_MESSAGE_ENV};
+use tb_nodelet::transport::Preference;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tb-shard",
+    version,
+    about = "One rank of a tb built-in inference service"
+)]
+struct Args {
+    /// The GGUF file.
+    #[arg(long)]
+    model: PathBuf,
+    /// The model id the endpoint serves.
+    #[arg(long)]
+    model_name: String,
+    /// This rank (0 serves the endpoint).
+    #[arg(long, default_value_t = 0)]
+    rank: usize,
+    /// Every rank's data-plane IP, comma-separated, in pipeline order.
+    #[arg(long, value_delimiter = ',', required = true)]
+    hosts: Vec<IpAddr>,
+    /// Rank 0's bootstrap address, ip:port.
+    #[arg(long)]
+    coordinator: SocketAddr,
+    /// First block this rank holds.
+    #[arg(long, default_value_t = 0)]
+    first: usize,
+    /// Blocks this rank holds (to the last when absent).
+    #[arg(long)]
+    count: Option<usize>,
+    /// Where rank 0 serves HTTP, ip:port.
+    #[arg(long)]
+    http: Option<SocketAddr>,
+    /// Tokens of context per sequence (the model's own when absent).
+    #[arg(long)]
+    context: Option<usize>,
+    /// Sequences served at once.
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    /// Seconds the ranks may take to find each other.
+    #[arg(long, default_value_t = 600)]
+    connect_timeout: u64,
+    /// Seconds one step may take in the later stages.
+    #[arg(long, default_value_t = 300)]
+    step_timeout: u64,
+    /// tcp, rdma or auto (`TB_TRANSPORT` overrides).
+    #[arg(long, default_value = "auto", env = "TB_TRANSPORT")]
+    transport: String,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let transport = match Preference::parse(&args.transport) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("tb-shard: --transport: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let opts = ShardOptions {
+        model_path: args.model,
+        model_name: args.model_name,
+        first: args.first,
+        count: args.count,
+        rank: args.rank,
+        hosts: args.hosts,
+        coordinator: args.coordinator,
+        http: args.http,
+        context: args.context,
+        batch: args.batch,
+        connect_timeout: Duration::from_secs(args.connect_timeout),
+        step_timeout: Duration::from_secs(args.step_timeout),
+        transport,
+    };
+    match builtin::run(opts).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let message = format!("{:#}", e.error);
+            tracing::error!(reason = e.reason, "{message}");
+            if let Some(path) = std::env::var_os(TERMINATION_MESSAGE_ENV) {
+                let _ = std::fs::write(path, format!("{}\n{message}", e.reason));
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! How the nodelet runs a built-in allocation: the `tb-shard` command line for its rank, from
+//! the allocation's [`BuiltinAssignment`] and layer range.
+
+use std::path::{Path, PathBuf};
+
+use tb_api::specs::AllocationSpec;
+
+/// Environment variable through which `tb-shard` reports why it could not start: it writes
+/// `Reason\nmessage` to the file it names, and the nodelet puts both in the allocation status.
+pub const TERMINATION_MESSAGE_ENV: &str = "TB_TERMINATION_MESSAGE";
+
+/// Expands a leading `~/` to the home directory.
+pub fn expand_home(path: &str) -> PathBuf {
+    match (path.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => Path::new(&home).join(rest),
+        _ => PathBuf::from(path),
+    }
+}
+
+/// The command that runs rank `spec.rank` of a built-in service with the `tb-shard` binary at
+/// `shard_bin`. Errors say which field of the assignment is wrong.
+pub fn shard_command(shard_bin: &Path, spec: &AllocationSpec) -> Result<Vec<String>, String> {
+    let b = spec
+        .builtin
+        .as_ref()
+        .ok_or("the allocation has no built-in assignment")?;
+    if b.hosts.len() != spec.world_size as usize {
+        return Err(format!(
+            "builtin.hosts lists {} hosts for a world of {}",
+            b.hosts.len(),
+            spec.world_size
+        ));
+    }
+    let model = expand_home(&b.model_path);
+    if !model.is_file() {
+        return Err(format!(
+            "the model file {} (Model {}'s source.path) is not on this node",
+            model.display(),
+            b.model
+        ));
+    }
+    let mut cmd = vec![
+        shard_bin.display().to_string(),
+        "--model".into(),
+        model.display().to_string(),
+        "--model-name".into(),
+        b.model.clone(),
+        "--rank".into(),
+        spec.rank.to_string(),
+        "--hosts".into(),
+        b.hosts.join(","),
+        "--coordinator".into(),
+        b.coordinator.clone(),
+    ];
+    if let Some(l) = spec.layers {
+        cmd.extend([
+            "--first".into(),
+            l.first.to_string(),
+            "--count".into(),
+            l.count.to_string(),
+        ]);
+    }
+    if spec.rank == 0 {
+        let port = b
+            .endpoint_port
+            .ok_or("rank 0 of a built-in service needs builtin.endpointPort")?;
+        let host = b.hosts.first().ok_or("builtin.hosts is empty")?;
+        cmd.extend(["--http".into(), format!("{host}:{port}")]);
+    }
+    if let Some(c) = b.context {
+        cmd.extend(["--context".into(), c.to_string()]);
+    }
+    if let Some(n) = b.batch {
+        cmd.extend(["--batch".into(), n.to_string()]);
+    }
+    Ok(cmd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tb_api::specs::{BuiltinAssignment, Executor, JobRef, LayerRange};
+
+    fn spec(rank: u32, model_path: &str) -> AllocationSpec {
+        AllocationSpec {
+            job: JobRef {
+                kind: "InferenceService".into(),
+                name: "chat".into(),
+                uid: String::new(),
+            },
+            node: "mac1".into(),
+            rank,
+            world_size: 2,
+            epoch: 1,
+            executor: Executor::Builtin,
+            layers: Some(LayerRange {
+                first: 15 * rank,
+                count: 15,
+            }),
+            builtin: Some(BuiltinAssignment {
+                model: "smollm2".into(),
+                model_path: model_path.into(),
+                hosts: vec!["127.0.0.1".into(), "127.0.0.2".into()],
+                coordinator: "127.0.0.1:7101".into(),
+                endpoint_port: Some(8080),
+                context: Some(2048),
+                batch: None,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn commands_name_the_layers_the_peers_and_the_endpoint() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let model = dir.path().join("m.gguf");
+        std::fs::write(&model, b"x").expect("write");
+        let m = model.display().to_string();
+        let cmd = shard_command(Path::new("/bin/tb-shard"), &spec(0, &m)).expect("command");
+        let line = cmd.join(" ");
+        assert!(line.starts_with("/bin/tb-shard --model "), "{line}");
+        assert!(line.contains("--first 0 --count 15"), "{line}");
+        assert!(line.contains("--hosts 127.0.0.1,127.0.0.2"), "{line}");
+        assert!(line.contains("--http 127.0.0.1:8080"), "{line}");
+        assert!(line.contains("--context 2048"), "{line}");
+        let cmd = shard_command(Path::new("/bin/tb-shard"), &spec(1, &m)).expect("command");
+        let line = cmd.join(" ");
+        assert!(
+            line.contains("--rank 1") && line.contains("--first 15"),
+            "{line}"
+        );
+        assert!(!line.contains("--http"), "{line}");
+
+        let err = shard_command(Path::new("/bin/tb-shard"), &spec(0, "/nope/m.gguf")).unwrap_err();
+        assert!(
+            err.contains("/nope/m.gguf") && err.contains("smollm2"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,386 @@
+//! Rank 0 of a built-in service: takes requests from the HTTP side, runs the first stage
+//! (embedding and its blocks), sends each step down the pipeline and turns the tokens that come
+//! back into text. Several sequences are served at once: while one sequence's step is in the
+//! later stages, rank 0 already runs the next sequence's step, so the stages work in parallel
+//! (iteration-level scheduling; sequences are not batched into one forward pass).
+//!
+//! The prompt is prefilled in one step; then one token per step. Generation ends at an
+//! end-of-sequence token, a stop string, `max_tokens` or the context length.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::Duration;
+
+use tb_engine::generate::FinishReason;
+use tb_engine::sample::{Sampler, SamplingParams, StopMatcher};
+use tb_engine::shard::{Shard, StageInput, StageOutput};
+use tb_engine::tokenizer::{Decoder, Tokenizer};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::messages::{Op, Step, recv_step, send_activation, send_step};
+use super::stage::with_timeout;
+use crate::transport::collectives::Communicator;
+
+/// One generation request.
+#[derive(Debug)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub events: UnboundedSender<Event>,
+}
+
+/// What a request hears back, in order: text pieces, then `Done` or `Failed`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Text(String),
+    Done(Finish),
+    Failed(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finish {
+    pub reason: FinishReason,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// The generated token ids (an end-of-sequence token that ended generation excluded).
+    pub token_ids: Vec<u32>,
+}
+
+/// Whether the whole pipeline has answered a request end to end (and not failed since).
+#[derive(Debug, Default)]
+pub struct Health {
+    ready: AtomicBool,
+    failed: AtomicBool,
+}
+
+impl Health {
+    pub fn ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst) && !self.failed.load(Ordering::SeqCst)
+    }
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+}
+
+struct Active {
+    input: Option<Vec<u32>>,
+    pos: usize,
+    in_flight: bool,
+    /// Only when rank 0 is also the last stage.
+    sampler: Option<Sampler>,
+    params: SamplingParams,
+    decoder: Decoder,
+    stops: StopMatcher,
+    generated: usize,
+    token_ids: Vec<u32>,
+    prompt_tokens: usize,
+    events: UnboundedSender<Event>,
+}
+
+/// Rank 0's loop.
+pub struct Driver {
+    pub comm: Option<Communicator>,
+    pub shard: Shard,
+    pub tokenizer: Tokenizer,
+    /// Sequences served at once.
+    pub batch: usize,
+    /// How long one step may take in the later stages.
+    pub step_timeout: Duration,
+}
+
+impl Driver {
+    /// Serves requests until the request channel closes (then tells the stages to stop) or
+    /// the pipeline breaks (then every open request fails, and so does this call).
+    pub fn run(mut self, requests: Receiver<Request>, health: Arc<Health>) -> Result<(), String> {
+        let mut active: BTreeMap<u64, Active> = BTreeMap::new();
+        let mut next_seq = 1u64;
+        let mut in_flight = 0usize;
+        // The readiness check: one token through every stage.
+        let (probe_tx, mut probe_rx) = tokio::sync::mpsc::unbounded_channel();
+        let probe = self
+            .tokenizer
+            .encode("Hello")
+            .map_err(|e| format!("tokenizing the readiness prompt: {e}"))?;
+        let probe_seq = 0u64;
+        active.insert(
+            probe_seq,
+            self.active(
+                probe,
+                SamplingParams {
+                    max_tokens: 1,
+                    ..SamplingParams::default()
+                },
+                probe_tx,
+            ),
+        );
+        let mut probed = false;
+        let result = loop {
+            if !probed && !active.contains_key(&probe_seq) {
+                probed = true;
+                let mut failed = None;
+                while let Ok(event) = probe_rx.try_recv() {
+                    if let Event::Failed(e) = event {
+                        failed = Some(e);
+                    }
+                }
+                if let Some(e) = failed {
+                    break Err(format!("readiness check failed: {e}"));
+                }
+                health.ready.store(true, Ordering::SeqCst);
+                tracing::info!("pipeline ready: a token went through every stage");
+            }
+            // Admit new requests (block only when there is nothing else to do).
+            let mut closed = false;
+            while active.len() < self.batch.max(1) {
+                let req = if active.is_empty() {
+                    match requests.recv() {
+                        Ok(r) => r,
+                        Err(_) => {
+                            closed = true;
+                            break;
+                        }
+                    }
+                } else {
+                    match requests.try_recv() {
+                        Ok(r) => r,
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => break,
+                    }
+                };
+                let context = self.shard.context();
+                if req.prompt.is_empty() || req.prompt.len() >= context {
+                    let _ = req.events.send(Event::Failed(format!(
+                        "the prompt has {} tokens; 1 to {} fit this model's context",
+                        req.prompt.len(),
+                        context - 1
+                    )));
+                    continue;
+                }
+                let a = self.active(req.prompt, req.params, req.events);
+                active.insert(next_seq, a);
+                next_seq += 1;
+            }
+            if closed && active.is_empty() {
+                break Ok(());
+            }
+            // Requests whose client went away: forget them between steps.
+            let gone: Vec<u64> = active
+                .iter()
+                .filter(|(_, a)| !a.in_flight && a.events.is_closed())
+                .map(|(s, _)| *s)
+                .collect();
+            let mut broken = None;
+            for seq in gone {
+                active.remove(&seq);
+                if let Err(e) = self.release(seq) {
+                    broken = Some(e);
+                    break;
+                }
+            }
+            if let Some(e) = broken {
+                break Err(e);
+            }
+            // Start a step for every sequence that has its input.
+            let ready: Vec<u64> = active
+                .iter()
+                .filter(|(_, a)| !a.in_flight && a.input.is_some())
+                .map(|(s, _)| *s)
+                .collect();
+            let mut broken = None;
+            for seq in ready {
+                if let Err(e) = self.launch(seq, &mut active, &mut in_flight) {
+                    broken = Some(e);
+                    break;
+                }
+            }
+            if let Some(e) = broken {
+                break Err(e);
+            }
+            if in_flight == 0 {
+                continue;
+            }
+            // One answer from the last stage.
+            let Some(comm) = self.comm.as_mut() else {
+                break Err("steps in flight without a pipeline".into());
+            };
+            let last = comm.world() - 1;
+            let step = match with_timeout(comm, self.step_timeout, |c| recv_step(c, last)) {
+                Ok(s) => s,
+                Err(e) => break Err(format!("pipeline: {e}")),
+            };
+            let Some(a) = active.get_mut(&step.seq) else {
+                break Err(format!(
+                    "rank {last} answered for unknown sequence {}",
+                    step.seq
+                ));
+            };
+            a.in_flight = false;
+            in_flight -= 1;
+            match step.op {
+                Op::Token => {
+                    if let Some(done) = self.on_token(a, step.token) {
+                        let _ = a.events.send(Event::Done(done));
+                        active.remove(&step.seq);
+                        if let Err(e) = self.release(step.seq) {
+                            break Err(e);
+                        }
+                    }
+                }
+                Op::Error => {
+                    let _ = a.events.send(Event::Failed(step.message.clone()));
+                    active.remove(&step.seq);
+                    if let Err(e) = self.release(step.seq) {
+                        break Err(e);
+                    }
+                }
+                other => break Err(format!("rank {last} answered with {other:?}")),
+            }
+        };
+        match &result {
+            Ok(()) => {
+                if let Some(comm) = self.comm.as_mut() {
+                    let _ = send_step(comm, 1, &Step::new(Op::Shutdown, 0));
+                }
+            }
+            Err(e) => {
+                health.failed.store(true, Ordering::SeqCst);
+                tracing::error!("pipeline failed: {e}");
+                for a in active.values() {
+                    let _ = a
+                        .events
+                        .send(Event::Failed(format!("the pipeline failed: {e}")));
+                }
+                // Requests that arrive from now on are refused by the HTTP side (health).
+                while let Ok(r) = requests.try_recv() {
+                    let _ = r
+                        .events
+                        .send(Event::Failed(format!("the pipeline failed: {e}")));
+                }
+            }
+        }
+        result
+    }
+
+    fn active(
+        &self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        events: UnboundedSender<Event>,
+    ) -> Active {
+        Active {
+            prompt_tokens: prompt.len(),
+            input: Some(prompt),
+            pos: 0,
+            in_flight: false,
+            sampler: self.comm.is_none().then(|| Sampler::new(&params)),
+            decoder: self.tokenizer.decoder(),
+            stops: StopMatcher::new(&params.stop),
+            params,
+            generated: 0,
+            token_ids: Vec::new(),
+            events,
+        }
+    }
+
+    /// Runs the first stage for `seq` and sends the step on (or samples, when alone).
+    fn launch(
+        &mut self,
+        seq: u64,
+        active: &mut BTreeMap<u64, Active>,
+        in_flight: &mut usize,
+    ) -> Result<(), String> {
+        let Some(a) = active.get_mut(&seq) else {
+            return Ok(());
+        };
+        let Some(input) = a.input.take() else {
+            return Ok(());
+        };
+        let (pos, n) = (a.pos, input.len());
+        let out = self.shard.forward(seq, StageInput::Tokens(input), pos);
+        a.pos += n;
+        let fail = |a: &Active, why: String| {
+            let _ = a.events.send(Event::Failed(why));
+        };
+        match (out, self.comm.as_mut()) {
+            (Ok(StageOutput::Hidden(act)), Some(comm)) => {
+                let step = Step::forward(seq, pos, n, &a.params);
+                send_step(comm, 1, &step)
+                    .and_then(|_| send_activation(comm, 1, &act))
+                    .map_err(|e| format!("pipeline: {e}"))?;
+                a.in_flight = true;
+                *in_flight += 1;
+                Ok(())
+            }
+            (Ok(StageOutput::Logits(l)), None) => {
+                let token = match a.sampler.as_mut() {
+                    Some(s) => s.sample(&l),
+                    None => return Err("no sampler on a single-stage pipeline".into()),
+                };
+                if let Some(done) = self.on_token(a, token) {
+                    let _ = a.events.send(Event::Done(done));
+                    active.remove(&seq);
+                    self.shard.drop_sequence(seq);
+                }
+                Ok(())
+            }
+            (Ok(_), _) => Err("rank 0's shard does not fit its place in the pipeline".into()),
+            (Err(e), _) => {
+                fail(a, format!("stage 0: {e}"));
+                active.remove(&seq);
+                self.release(seq)
+            }
+        }
+    }
+
+    /// A new token for `a`: emits its text; `Some` when the sequence is finished.
+    fn on_token(&self, a: &mut Active, token: u32) -> Option<Finish> {
+        let finish = |a: &Active, reason| Finish {
+            reason,
+            prompt_tokens: a.prompt_tokens,
+            completion_tokens: a.generated,
+            token_ids: a.token_ids.clone(),
+        };
+        if self.tokenizer.eos_ids().contains(&token) {
+            let rest = a.decoder.finish();
+            let check = a.stops.push(&rest);
+            let tail = check.text + &a.stops.finish();
+            if !tail.is_empty() {
+                let _ = a.events.send(Event::Text(tail));
+            }
+            return Some(finish(a, FinishReason::Stop));
+        }
+        a.generated += 1;
+        a.token_ids.push(token);
+        let piece = a.decoder.push(token);
+        let check = a.stops.push(&piece);
+        if !check.text.is_empty() {
+            let _ = a.events.send(Event::Text(check.text));
+        }
+        if check.stopped {
+            return Some(finish(a, FinishReason::Stop));
+        }
+        if a.generated >= a.params.max_tokens || a.pos + 1 >= self.shard.context() {
+            let rest = a.decoder.finish();
+            let check = a.stops.push(&rest);
+            let tail = check.text + &a.stops.finish();
+            if !tail.is_empty() {
+                let _ = a.events.send(Event::Text(tail));
+            }
+            return Some(finish(a, FinishReason::Length));
+        }
+        a.input = Some(vec![token]);
+        None
+    }
+
+    /// Forgets `seq` here and in every later stage.
+    fn release(&mut self, seq: u64) -> Result<(), String> {
+        self.shard.drop_sequence(seq);
+        match self.comm.as_mut() {
+            Some(comm) => send_step(comm, 1, &Step::new(Op::Release, seq))
+                .map_err(|e| format!("pipeline: {e}")),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! What pipeline stages say to each other over the transport. Every step is a control message
+//! (a `u8` tensor holding a [`Step`]) and, for [`Op::Forward`], an `f32` tensor `[tokens,
+//! hidden]` with the activation. Messages flow rank 0 → 1 → … → last; the last stage answers
+//! rank 0 directly with [`Op::Token`] or [`Op::Error`].
+
+use tb_engine::sample::SamplingParams;
+
+use crate::transport::TransportError;
+use crate::transport::collectives::Communicator;
+use crate::transport::wire::DType;
+
+/// Control messages are at most this long (header + an error message).
+pub const MAX_CONTROL: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Op {
+    /// Run `tokens` positions of sequence `seq` from `pos`; an activation follows.
+    Forward = 1,
+    /// Forget sequence `seq` (its KV cache and sampler).
+    Release = 2,
+    /// The last stage's pick for sequence `seq` (back to rank 0).
+    Token = 3,
+    /// A stage failed this step of `seq`; the message says why (passed on to rank 0).
+    Error = 4,
+    /// Stop serving (rank 0 is shutting down).
+    Shutdown = 5,
+}
+
+/// One control message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub op: Op,
+    pub seq: u64,
+    pub pos: u32,
+    pub tokens: u32,
+    /// The sampled token ([`Op::Token`]).
+    pub token: u32,
+    /// Sampling of this sequence; the last stage reads it when `pos == 0`.
+    pub temperature: f32,
+    pub top_p: f32,
+    pub seed: u64,
+    /// Why ([`Op::Error`]).
+    pub message: String,
+}
+
+const HEADER: usize = 40;
+
+impl Step {
+    pub fn new(op: Op, seq: u64) -> Step {
+        Step {
+            op,
+            seq,
+            pos: 0,
+            tokens: 0,
+            token: 0,
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+            message: String::new(),
+        }
+    }
+
+    pub fn forward(seq: u64, pos: usize, tokens: usize, sampling: &SamplingParams) -> Step {
+        Step {
+            pos: pos as u32,
+            tokens: tokens as u32,
+            temperature: sampling.temperature,
+            top_p: sampling.top_p,
+            seed: sampling.seed,
+            ..Step::new(Op::Forward, seq)
+        }
+    }
+
+    pub fn error(seq: u64, message: impl Into<String>) -> Step {
+        Step {
+            message: message.into(),
+            ..Step::new(Op::Error, seq)
+        }
+    }
+
+    pub fn sampling(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            seed: self.seed,
+            ..SamplingParams::default()
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(HEADER + self.message.len());
+        b.push(self.op as u8);
+        b.extend_from_slice(&[0; 3]);
+        b.extend_from_slice(&self.pos.to_le_bytes());
+        b.extend_from_slice(&self.seq.to_le_bytes());
+        b.extend_from_slice(&self.tokens.to_le_bytes());
+        b.extend_from_slice(&self.token.to_le_bytes());
+        b.extend_from_slice(&self.temperature.to_le_bytes());
+        b.extend_from_slice(&self.top_p.to_le_bytes());
+        b.extend_from_slice(&self.seed.to_le_bytes());
+        let room = MAX_CONTROL - HEADER;
+        let mut end = self.message.len().min(room);
+        while !self.message.is_char_boundary(end) {
+            end -= 1;
+        }
+        b.extend_from_slice(&self.message.as_bytes()[..end]);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Step, String> {
+        if b.len() < HEADER {
+            return Err(format!(
+                "control message of {} bytes, at least {HEADER} expected",
+                b.len()
+            ));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u64_at = |i: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(x)
+        };
+        let op = match b[0] {
+            1 => Op::Forward,
+            2 => Op::Release,
+            3 => Op::Token,
+            4 => Op::Error,
+            5 => Op::Shutdown,
+            other => return Err(format!("unknown op {other}")),
+        };
+        Ok(Step {
+            op,
+            pos: u32_at(4),
+            seq: u64_at(8),
+            tokens: u32_at(16),
+            token: u32_at(20),
+            temperature: f32::from_bits(u32_at(24)),
+            top_p: f32::from_bits(u32_at(28)),
+            seed: u64_at(32),
+            message: String::from_utf8_lossy(&b[HEADER..]).into_owned(),
+        })
+    }
+}
+
+/// Sends a control message to `peer`.
+pub fn send_step(comm: &mut Communicator, peer: usize, step: &Step) -> Result<(), TransportError> {
+    let b = step.encode();
+    comm.send_tensor(peer, DType::U8, &[b.len() as u64], &b)
+}
+
+/// Receives a control message from `peer`; a wrong dtype or a garbled header is `Malformed`.
+pub fn recv_step(comm: &mut Communicator, peer: usize) -> Result<Step, TransportError> {
+    let (h, payload) = comm.recv_tensor(peer, MAX_CONTROL)?;
+    if h.dtype != DType::U8 {
+        return Err(TransportError::Malformed {
+            peer,
+            what: format!("control message of dtype {}, expected u8", h.dtype.name()),
+        });
+    }
+    Step::decode(&payload).map_err(|what| TransportError::Malformed { peer, what })
+}
+
+/// Sends an activation `[tokens, hidden]` as f32.
+pub fn send_activation(
+    comm: &mut Communicator,
+    peer: usize,
+    act: &tb_engine::shard::Activation,
+) -> Result<(), TransportError> {
+    let mut bytes = Vec::with_capacity(act.data.len() * 4);
+    for x in &act.data {
+        bytes.extend_from_slice(&x.to_le_bytes());
+    }
+    comm.send_tensor(
+        peer,
+        DType::F32,
+        &[act.tokens as u64, act.hidden as u64],
+        &bytes,
+    )
+}
+
+/// Receives an activation of `tokens` × `hidden` f32 from `peer`, checking its shape.
+pub fn recv_activation(
+    comm: &mut Communicator,
+    peer: usize,
+    tokens: usize,
+    hidden: usize,
+) -> Result<tb_engine::shard::Activation, TransportError> {
+    let (h, payload) = comm.recv_tensor(peer, tokens * hidden * 4)?;
+    if h.dtype != DType::F32 || h.shape != [tokens as u64, hidden as u64] {
+        return Err(TransportError::Malformed {
+            peer,
+            what: format!(
+                "activation {} {:?}, expected f32 [{tokens}, {hidden}]",
+                h.dtype.name(),
+                h.shape
+            ),
+        });
+    }
+    let data = payload
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    Ok(tb_engine::shard::Activation {
+        tokens,
+        hidden,
+        data,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_round_trip() {
+        let mut s = Step::forward(
+            7,
+            12,
+            3,
+            &SamplingParams {
+                temperature: 0.7,
+                top_p: 0.9,
+                seed: 42,
+                ..SamplingParams::default()
+            },
+        );
+        s.token = 99;
+        assert_eq!(Step::decode(&s.encode()), Ok(s));
+        let e = Step::error(3, "é".repeat(5000));
+        let back = Step::decode(&e.encode()).expect("decodes");
+        assert_eq!(back.op, Op::Error);
+        assert!(back.message.len() <= MAX_CONTROL - HEADER && back.message.starts_with('é'));
+        assert!(Step::decode(&[9; 40]).unwrap_err().contains("unknown op"));
+        assert!(Step::decode(&[1; 10]).unwrap_err().contains("at least"));
+    }
+}

@@ -1,0 +1,202 @@
+//! The built-in executor: tb's own engine runs a model split across Macs. Each rank of a
+//! built-in allocation is a `tb-shard` process (started and supervised like any other rank, so
+//! restarts, logs, fencing and gang restarts work the same): it loads only its layers of the
+//! GGUF ([`tb_engine::shard::Shard`]), opens the data-plane transport to the other ranks, and
+//! serves its stage.
+//!
+//! - [`messages`]: the steps stages pass over the transport (control + activation tensors);
+//! - [`stage`]: ranks ≥ 1 — run the blocks, pass the activation on, sample on the last stage;
+//! - [`driver`]: rank 0 — requests in, first stage, tokens back into text;
+//! - [`openai`]: rank 0's OpenAI-compatible HTTP API;
+//! - [`command`]: how the nodelet turns a built-in allocation into a `tb-shard` command line.
+
+pub mod command;
+pub mod driver;
+pub mod messages;
+pub mod openai;
+pub mod stage;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tb_engine::chat::ChatTemplate;
+use tb_engine::gguf::GgufIndex;
+use tb_engine::shard::{LoadOptions, Shard, default_device};
+use tb_engine::tokenizer::Tokenizer;
+
+use crate::transport::collectives::{CollectiveOptions, Communicator};
+use crate::transport::tcp::TcpConfig;
+use crate::transport::{Endpoints, Preference, select};
+
+/// One rank of a built-in service.
+#[derive(Debug, Clone)]
+pub struct ShardOptions {
+    pub model_path: PathBuf,
+    /// The model id the endpoint serves.
+    pub model_name: String,
+    pub first: usize,
+    /// Blocks from `first`; to the model's last when absent.
+    pub count: Option<usize>,
+    pub rank: usize,
+    /// Every rank's data-plane IP, in pipeline order.
+    pub hosts: Vec<IpAddr>,
+    /// Rank 0's bootstrap coordinator.
+    pub coordinator: SocketAddr,
+    /// Rank 0 serves HTTP here.
+    pub http: Option<SocketAddr>,
+    pub context: Option<usize>,
+    pub batch: usize,
+    /// How long the ranks may take to find each other (the slowest loads its weights first).
+    pub connect_timeout: Duration,
+    /// How long one step may take in the later stages.
+    pub step_timeout: Duration,
+    pub transport: Preference,
+}
+
+/// Why a rank could not start: a short CamelCase reason for the allocation status and the
+/// message.
+#[derive(Debug)]
+pub struct StartError {
+    pub reason: &'static str,
+    pub error: anyhow::Error,
+}
+
+fn start_error(reason: &'static str) -> impl FnOnce(anyhow::Error) -> StartError {
+    move |error| StartError { reason, error }
+}
+
+/// Loads this rank's shard and opens the transport; then serves until shut down or broken.
+pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
+    let world = opts.hosts.len();
+    if world == 0 || opts.rank >= world {
+        return Err(StartError {
+            reason: "InvalidSpec",
+            error: anyhow::anyhow!("rank {} of {} hosts", opts.rank, world),
+        });
+    }
+    let path = opts.model_path.clone();
+    let (first, count, context) = (opts.first, opts.count, opts.context);
+    let rank = opts.rank;
+    let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let index = GgufIndex::open(&path)?;
+        let load = LoadOptions {
+            max_context: context,
+            ..LoadOptions::default()
+        };
+        let count = count.unwrap_or_else(|| index.config().n_layers.saturating_sub(first));
+        let shard = Shard::from_index(&index, first, count, &load, &default_device())?;
+        let extras = if rank == 0 {
+            Some((
+                Tokenizer::from_gguf(index.content())?,
+                ChatTemplate::from_gguf(index.content())?,
+            ))
+        } else {
+            None
+        };
+        Ok((shard, extras))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("loading stopped: {e}"))
+    .and_then(|r| r)
+    .map_err(start_error("ModelLoadFailed"))?;
+    let (shard, extras) = loaded;
+    tracing::info!(
+        rank,
+        first,
+        count = shard.count(),
+        weights = shard.weight_bytes(),
+        "shard loaded"
+    );
+
+    let comm = if world > 1 {
+        let ep = Endpoints {
+            rank,
+            world,
+            peers: opts.hosts.iter().map(|h| SocketAddr::new(*h, 0)).collect(),
+            coordinator: opts.coordinator,
+            connect_timeout: opts.connect_timeout,
+        };
+        let want = opts.transport;
+        let t = tokio::task::spawn_blocking(move || {
+            select::open_endpoints(&ep, want, TcpConfig::from_env())
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("transport set-up stopped: {e}"))
+        .and_then(|r| r.map_err(anyhow::Error::from))
+        .context("connecting the pipeline's stages")
+        .map_err(start_error("TransportFailed"))?;
+        Some(Communicator::new(t, CollectiveOptions::default()))
+    } else {
+        None
+    };
+
+    if rank > 0 {
+        let Some(mut comm) = comm else {
+            return Err(StartError {
+                reason: "InvalidSpec",
+                error: anyhow::anyhow!("a later stage without a pipeline"),
+            });
+        };
+        let mut shard = shard;
+        let step_timeout = opts.step_timeout;
+        return tokio::task::spawn_blocking(move || {
+            stage::serve(&mut comm, &mut shard, step_timeout)
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("stage stopped: {e}"))
+        .and_then(|r| r.map_err(anyhow::Error::from))
+        .context("serving the stage")
+        .map_err(start_error("StageFailed"));
+    }
+
+    let Some((tokenizer, template)) = extras else {
+        return Err(StartError {
+            reason: "InvalidSpec",
+            error: anyhow::anyhow!("rank 0 without a tokenizer"),
+        });
+    };
+    let Some(http) = opts.http else {
+        return Err(StartError {
+            reason: "InvalidSpec",
+            error: anyhow::anyhow!("rank 0 needs an HTTP address"),
+        });
+    };
+    let health = Arc::new(driver::Health::default());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let api = Arc::new(openai::Api {
+        requests: std::sync::Mutex::new(tx),
+        tokenizer: tokenizer.clone(),
+        template,
+        model: opts.model_name.clone(),
+        context: shard.context(),
+        health: health.clone(),
+        started: chrono::Utc::now().timestamp(),
+    });
+    let listener = tokio::net::TcpListener::bind(http)
+        .await
+        .with_context(|| format!("binding the endpoint {http}"))
+        .map_err(start_error("EndpointUnavailable"))?;
+    tracing::info!(endpoint = %format!("http://{http}/v1"), "serving the OpenAI-compatible API");
+    let drv = driver::Driver {
+        comm,
+        shard,
+        tokenizer,
+        batch: opts.batch,
+        step_timeout: opts.step_timeout,
+    };
+    let driver_health = health.clone();
+    let driver = tokio::task::spawn_blocking(move || drv.run(rx, driver_health));
+    let server = axum::serve(listener, openai::router(api));
+    tokio::select! {
+        r = server => r.context("the HTTP server stopped").map_err(start_error("EndpointFailed")),
+        r = driver => {
+            let r = r.map_err(|e| anyhow::anyhow!("the pipeline stopped: {e}")).and_then(|r| r.map_err(|e| anyhow::anyhow!(e)));
+            // Let clients read the 503s of the failed requests before the process goes.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            r.map_err(start_error("StageFailed"))
+        }
+    }
+}

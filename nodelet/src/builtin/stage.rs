@@ -1,0 +1,104 @@
+//! A pipeline stage after the first (rank ≥ 1): receive a step from the rank before, run this
+//! shard's blocks, and pass the activation on — or, on the last stage, sample the next token
+//! and send it back to rank 0. Failures of a step travel down the pipeline as [`Op::Error`] so
+//! that rank 0 hears of them on the one connection it waits on; a broken transport ends the
+//! stage (the supervisor and the scheduler restart the gang).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tb_engine::sample::Sampler;
+use tb_engine::shard::{Shard, StageInput, StageOutput};
+
+use super::messages::{Op, Step, recv_activation, recv_step, send_activation, send_step};
+use crate::transport::TransportError;
+use crate::transport::collectives::Communicator;
+
+/// How long a stage waits for the next request: services idle for long; a dead neighbour is
+/// noticed at once anyway (the connection closes).
+pub const IDLE_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Serves steps until rank 0 says [`Op::Shutdown`] or the transport fails.
+pub fn serve(
+    comm: &mut Communicator,
+    shard: &mut Shard,
+    step_timeout: Duration,
+) -> Result<(), TransportError> {
+    let rank = comm.rank();
+    let world = comm.world();
+    let (prev, last) = (rank - 1, rank + 1 == world);
+    let next = if last { 0 } else { rank + 1 };
+    let hidden = shard.config().hidden;
+    let mut samplers: HashMap<u64, Sampler> = HashMap::new();
+    loop {
+        let step = with_timeout(comm, IDLE_WAIT, |c| recv_step(c, prev))?;
+        match step.op {
+            Op::Forward => {
+                let act = with_timeout(comm, step_timeout, |c| {
+                    recv_activation(c, prev, step.tokens as usize, hidden)
+                })?;
+                let out = shard.forward(step.seq, StageInput::Hidden(act), step.pos as usize);
+                let reply = match (out, last) {
+                    (Ok(StageOutput::Hidden(a)), false) => {
+                        send_step(comm, next, &step)?;
+                        send_activation(comm, next, &a)?;
+                        continue;
+                    }
+                    (Ok(StageOutput::Logits(l)), true) => {
+                        if step.pos == 0 {
+                            samplers.insert(step.seq, Sampler::new(&step.sampling()));
+                        }
+                        let sampler = samplers
+                            .entry(step.seq)
+                            .or_insert_with(|| Sampler::new(&step.sampling()));
+                        Step {
+                            token: sampler.sample(&l),
+                            ..Step::new(Op::Token, step.seq)
+                        }
+                    }
+                    (Ok(_), _) => Step::error(
+                        step.seq,
+                        format!("stage {rank}: its shard's output does not fit its place"),
+                    ),
+                    (Err(e), _) => Step::error(step.seq, format!("stage {rank}: {e}")),
+                };
+                send_step(comm, next, &reply)?;
+            }
+            Op::Release => {
+                shard.drop_sequence(step.seq);
+                samplers.remove(&step.seq);
+                if !last {
+                    send_step(comm, next, &step)?;
+                }
+            }
+            Op::Error => send_step(comm, next, &step)?,
+            Op::Shutdown => {
+                if !last {
+                    send_step(comm, next, &step)?;
+                }
+                return Ok(());
+            }
+            Op::Token => {
+                return Err(TransportError::Malformed {
+                    peer: prev,
+                    what: "a Token step travelling forward".into(),
+                });
+            }
+        }
+    }
+}
+
+/// Runs `f` with the communicator's timeout set to `t`, then restores it.
+pub fn with_timeout<T>(
+    comm: &mut Communicator,
+    t: Duration,
+    f: impl FnOnce(&mut Communicator) -> Result<T, TransportError>,
+) -> Result<T, TransportError> {
+    let before = comm.options().clone();
+    let mut opts = before.clone();
+    opts.timeout = t;
+    comm.set_options(opts);
+    let r = f(comm);
+    comm.set_options(before);
+    r
+}

