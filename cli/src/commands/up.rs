@@ -83,6 +83,36 @@ pub fn node_name(i: u32) -> String {
     format!("node-{i}")
 }
 
+/// The described lab the local nodelets share (`--topology`): node-i has two ports on
+/// loopback addresses, `lo1` (127.77.i.1) cabled to the next node's `lo2` (127.77.i+1.2) —
+/// a chain of two, a ring from three. These "cables" are an emulation (the probes measure the
+/// loopback): they give the placement links to split models along, as Thunderbolt cables
+/// would on real Macs.
+pub fn local_lab(nodelets: u32) -> String {
+    let mut out = String::from(
+        "# Written by `tbctl up`: the local nodelets and their loopback \"cables\" (an emulation).\nmacs:\n",
+    );
+    for i in 1..=nodelets {
+        out.push_str(&format!(
+            "  - {{name: {}, ports: [{{name: lo1, address: 127.77.{i}.1}}, {{name: lo2, address: 127.77.{i}.2}}]}}\n",
+            node_name(i)
+        ));
+    }
+    if nodelets >= 2 {
+        out.push_str("links:\n");
+        let last = if nodelets >= 3 { nodelets } else { 1 };
+        for i in 1..=last {
+            let next = i % nodelets + 1;
+            out.push_str(&format!(
+                "  - {{between: [{}/lo1, {}/lo2], bandwidthGbps: 40, latencyUs: 20}}\n",
+                node_name(i),
+                node_name(next)
+            ));
+        }
+    }
+    out
+}
+
 /// Set the context `local` to this cluster's controller and admin token (replacing any earlier
 /// one) and make it current.
 pub fn point_context(file: &mut ConfigFile, server: &str, token: Option<String>) {
@@ -364,9 +394,18 @@ async fn start(
     let names: Vec<String> = (1..=args.nodelets).map(node_name).collect();
     // The controller stamps heartbeats with this machine's clock.
     let started_at = Utc::now();
+    let lab = dir.join("lab.yaml");
+    std::fs::write(&lab, local_lab(args.nodelets))
+        .with_context(|| format!("writing {}", lab.display()))?;
     for i in 1..=args.nodelets {
         let port = free_port()?;
-        let nodelet_args = nodelet_args(i, &dir, server, port, &token)?;
+        let mut nodelet_args = nodelet_args(i, &dir, server, port, &token)?;
+        nodelet_args.extend([
+            "--topology".to_string(),
+            lab.display().to_string(),
+            "--probe-port".into(),
+            "0".into(),
+        ]);
         cluster.spawn(
             &node_name(i),
             nodelet_bin,
@@ -431,6 +470,17 @@ mod tests {
         assert_eq!(port_range(2).expect("2"), "32423-32522");
         assert_eq!(port_range(64).expect("64"), "38623-38722");
         assert!(port_range(400).is_err());
+    }
+
+    #[test]
+    fn the_local_lab_cables_the_nodelets_in_a_chain_or_a_ring() {
+        let two = tb_api::lab::LabFile::parse("lab.yaml", &local_lab(2)).expect("valid lab");
+        assert_eq!(two.macs.len(), 2);
+        assert_eq!(two.links.len(), 1, "a chain of two");
+        let four = tb_api::lab::LabFile::parse("lab.yaml", &local_lab(4)).expect("valid lab");
+        assert_eq!(four.links.len(), 4, "a ring of four");
+        let one = tb_api::lab::LabFile::parse("lab.yaml", &local_lab(1)).expect("valid lab");
+        assert!(one.links.is_empty());
     }
 
     #[test]

