@@ -24,20 +24,24 @@ stop() {
 }
 trap stop EXIT
 
-# Controllers share one cluster secret; the admin token is chosen here so that any member may
-# be the one that makes the admin user.
+# Controllers share one cluster secret and one CA; the admin token is chosen here so that any
+# member may be the one that makes the admin user.
 mkdir -p "$data"
 echo "tbcluster-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" >"$data/cluster.secret"
 echo "tbuser-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" >"$data/admin.token"
 chmod 600 "$data/cluster.secret" "$data/admin.token"
 export TB_TOKEN
 TB_TOKEN=$(cat "$data/admin.token")
+# One cluster CA for all three (TLS is on by default); tbctl trusts it.
+"$bin/tb-controller" init-ca "$data/ca" >/dev/null
+export TB_CA_CERT="$data/ca/ca.pem"
 
 start() {
   local id=$1
   "$bin/tb-controller" --id "$id" --listen "127.0.0.1:${ports[$((id - 1))]}" \
     --data-dir "$data/c$id" --initial-cluster "$cluster" \
     --cluster-secret-file "$data/cluster.secret" --admin-token-file "$data/admin.token" \
+    --tls-ca-cert "$data/ca/ca.pem" --tls-ca-key "$data/ca/ca.key" \
     >"$data/c$id.log" 2>&1 &
   pids[$((id - 1))]=$!
 }

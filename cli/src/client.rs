@@ -1,6 +1,7 @@
 //! The connection to tb's controllers: one client over a list of addresses that fails over on
 //! connect errors, UNAVAILABLE (no leader, node going down) and deadlines, retries with backoff
-//! until the command's timeout, and remembers the address that last answered.
+//! until the command's timeout, and remembers the address that last answered. With a CA
+//! (`crate::tls`) it speaks TLS and verifies the controllers with it.
 //!
 //! Retrying a write is safe because every mutating request carries a request id that the caller
 //! generates once per logical operation: the server applies a given id once, however many
@@ -32,6 +33,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status, Streaming};
 
 use crate::servers::ServerAddr;
+use crate::tls::Trust;
 
 /// Largest gRPC message tbctl sends or accepts.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
@@ -107,6 +109,8 @@ pub struct Client {
     current: usize,
     channel: Option<(usize, Channel)>,
     timeout: Duration,
+    /// The CA to verify controllers with; None: plain TCP.
+    trust: Option<Trust>,
 }
 
 impl Client {
@@ -118,7 +122,15 @@ impl Client {
             current: 0,
             channel: None,
             timeout,
+            trust: None,
         }
+    }
+
+    /// Speak TLS, verifying the controllers with this CA (None: plain TCP).
+    pub fn with_trust(mut self, trust: Option<Trust>) -> Client {
+        self.trust = trust;
+        self.channel = None;
+        self
     }
 
     /// Authenticate every call with this bearer token.
@@ -147,8 +159,14 @@ impl Client {
             return Ok(ch.clone());
         }
         let addr = &self.servers[self.current];
-        let endpoint = Endpoint::from_shared(addr.uri())
-            .map_err(|e| format!("bad address: {e}"))?
+        let mut endpoint = Endpoint::from_shared(addr.uri(self.trust.is_some()))
+            .map_err(|e| format!("bad address: {e}"))?;
+        if let Some(t) = &self.trust {
+            endpoint = endpoint
+                .tls_config(t.client_config().timeout(limit))
+                .map_err(|e| format!("TLS: {}", error_chain(&e)))?;
+        }
+        let endpoint = endpoint
             .connect_timeout(limit)
             .tcp_nodelay(true)
             // A controller that stops answering (a frozen machine, a pulled cable) must end a
@@ -158,7 +176,13 @@ impl Client {
             .keep_alive_while_idle(true);
         let ch = match tokio::time::timeout(limit, endpoint.connect()).await {
             Ok(Ok(ch)) => ch,
-            Ok(Err(e)) => return Err(error_chain(&e)),
+            Ok(Err(e)) => {
+                return Err(crate::tls::explain(
+                    addr.as_ref(),
+                    &error_chain(&e),
+                    self.trust.as_ref(),
+                ));
+            }
             Err(_) => return Err(format!("no connection within {}", fmt_duration(limit))),
         };
         tracing::debug!(server = %addr, "connected");
@@ -205,6 +229,13 @@ impl Client {
                 let idx = self.current;
                 let ch = match self.connect(budget.min(CONNECT_TIMEOUT)).await {
                     Ok(ch) => ch,
+                    Err(e) if crate::tls::is_handshake_failure(&e) => {
+                        // A certificate the CA does not vouch for stays so: no retrying.
+                        return Err(RpcError {
+                            code: Code::Unavailable,
+                            message: e,
+                        });
+                    }
                     Err(e) => {
                         tracing::debug!(server = %self.servers[idx], error = %e, "connect failed");
                         failures.insert(idx, e);
@@ -223,7 +254,12 @@ impl Client {
                         } else {
                             s.message()
                         };
-                        failures.insert(idx, why.to_string());
+                        let why = crate::tls::explain(
+                            self.servers[idx].as_ref(),
+                            why,
+                            self.trust.as_ref(),
+                        );
+                        failures.insert(idx, why);
                         self.fail_over();
                     }
                     Ok(Err(s)) => return Err(RpcError::from_status(&s)),
@@ -385,6 +421,17 @@ impl Client {
         self.call("Audit", |ch, t| {
             let req = timed(req.clone(), t);
             async move { auth(ch).audit(req).await }
+        })
+        .await
+    }
+
+    pub async fn usage(
+        &mut self,
+        req: tb_api::proto::UsageRequest,
+    ) -> Result<tb_api::proto::UsageResponse, RpcError> {
+        self.call("Usage", |ch, t| {
+            let req = timed(req.clone(), t);
+            async move { auth(ch).usage(req).await }
         })
         .await
     }

@@ -10,6 +10,7 @@
 //!   server: mac1:7400,mac2:7400,mac3:7400
 //!   namespace: team-a
 //!   token: tbuser-…        # from `tbctl login`; the file is kept mode 0600
+//!   ca-cert: /path/ca.pem  # the cluster CA (`tbctl login --ca-cert`, `tbctl up`)
 //! ```
 
 use std::io::Write;
@@ -43,6 +44,10 @@ pub struct Context {
     /// The bearer token calls carry (`tbctl login`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// The cluster CA's certificate file (`tbctl login --ca-cert`, `tbctl up`): tbctl speaks
+    /// TLS and verifies the controllers with it.
+    #[serde(default, rename = "ca-cert", skip_serializing_if = "Option::is_none")]
+    pub ca_cert: Option<PathBuf>,
 }
 
 impl ConfigFile {
@@ -138,6 +143,19 @@ pub struct Overrides {
     pub token_flag: Option<String>,
     /// `$TB_TOKEN`.
     pub token_env: Option<String>,
+    /// `--ca-cert`.
+    pub ca_flag: Option<PathBuf>,
+    /// `$TB_CA_CERT`.
+    pub ca_env: Option<PathBuf>,
+}
+
+/// The cluster CA's file: `--ca-cert` > `TB_CA_CERT` > the context's; None: plain TCP.
+pub fn resolve_ca(o: &Overrides, file: &ConfigFile) -> Option<PathBuf> {
+    if let Some(p) = o.ca_flag.clone().or_else(|| o.ca_env.clone()) {
+        return Some(p);
+    }
+    let name = o.context.as_ref().or(file.current_context.as_ref())?;
+    file.context(name).and_then(|c| c.ca_cert.clone())
 }
 
 /// The bearer token: `--token` > `TB_TOKEN` > the context's (`--context`, else the current).
@@ -223,12 +241,14 @@ mod tests {
                     server: "mac1:7400,mac2:7400".into(),
                     namespace: Some("team-a".into()),
                     token: None,
+                    ca_cert: Some("/lab/ca.pem".into()),
                 },
                 Context {
                     name: "home".into(),
                     server: "127.0.0.1:7400".into(),
                     namespace: None,
                     token: None,
+                    ca_cert: None,
                 },
             ],
         }
@@ -260,11 +280,15 @@ mod tests {
     #[test]
     fn reads_the_documented_format() {
         let f: ConfigFile = serde_yaml::from_str(
-            "current-context: a\ncontexts:\n- name: a\n  server: x:1\n  namespace: ns\n- {name: b, server: 'y:2'}\n",
+            "current-context: a\ncontexts:\n- name: a\n  server: x:1\n  namespace: ns\n  ca-cert: /a/ca.pem\n- {name: b, server: 'y:2'}\n",
         )
         .expect("parse");
         assert_eq!(f.current_context.as_deref(), Some("a"));
         assert_eq!(f.context("b").map(|c| c.server.as_str()), Some("y:2"));
+        assert_eq!(
+            f.context("a").and_then(|c| c.ca_cert.clone()),
+            Some(PathBuf::from("/a/ca.pem"))
+        );
     }
 
     #[test]
@@ -303,6 +327,19 @@ mod tests {
         let t = resolve(&o, &file).expect("-n");
         assert_eq!(t.namespace, "ns");
         assert!(t.namespace_explicit);
+    }
+
+    #[test]
+    fn ca_precedence() {
+        let file = sample();
+        let mut o = Overrides::default();
+        assert_eq!(resolve_ca(&o, &file), Some(PathBuf::from("/lab/ca.pem")));
+        o.context = Some("home".into());
+        assert_eq!(resolve_ca(&o, &file), None);
+        o.ca_env = Some("/env/ca.pem".into());
+        assert_eq!(resolve_ca(&o, &file), Some(PathBuf::from("/env/ca.pem")));
+        o.ca_flag = Some("/flag/ca.pem".into());
+        assert_eq!(resolve_ca(&o, &file), Some(PathBuf::from("/flag/ca.pem")));
     }
 
     #[test]

@@ -19,6 +19,7 @@ mod local;
 mod manifests;
 mod output;
 mod servers;
+mod tls;
 
 use std::process::ExitCode;
 

@@ -15,9 +15,10 @@ pub const DEFAULT_SERVER: &str = "127.0.0.1:7400";
 pub struct ServerAddr(String);
 
 impl ServerAddr {
-    /// The URI tonic connects to.
-    pub fn uri(&self) -> String {
-        format!("http://{}", self.0)
+    /// The URI tonic connects to: `https` when tbctl verifies the controllers with a CA.
+    pub fn uri(&self, tls: bool) -> String {
+        let scheme = if tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.0)
     }
 }
 
@@ -49,12 +50,14 @@ pub fn parse_server_list(s: &str) -> Result<Vec<ServerAddr>> {
     Ok(out)
 }
 
-/// Parse one `HOST:PORT`, also accepting an `http://` prefix.
+/// Parse one `HOST:PORT`, also accepting an `http://` or `https://` prefix (whether TLS is
+/// used follows from the CA, `crate::tls`).
 pub fn parse_server(s: &str) -> Result<ServerAddr> {
-    let rest = if let Some(r) = s.strip_prefix("http://") {
+    let rest = if let Some(r) = s
+        .strip_prefix("http://")
+        .or_else(|| s.strip_prefix("https://"))
+    {
         r
-    } else if s.starts_with("https://") {
-        bail!("server {s:?}: https is not supported yet; give HOST:PORT");
     } else if s.contains("://") {
         bail!("server {s:?}: expected HOST:PORT");
     } else {
@@ -109,11 +112,10 @@ mod tests {
     }
 
     #[test]
-    fn uri_is_plain_http() {
-        assert_eq!(
-            parse_server("mac1:7400").expect("valid").uri(),
-            "http://mac1:7400"
-        );
+    fn uri_scheme_follows_tls() {
+        let a = parse_server("https://mac1:7400").expect("valid");
+        assert_eq!(a.uri(false), "http://mac1:7400");
+        assert_eq!(a.uri(true), "https://mac1:7400");
     }
 
     #[test]
@@ -129,7 +131,6 @@ mod tests {
             "a:1,,b:2",
             "::1:7400",
             "[::1:7400",
-            "https://a:1",
             "ftp://a:1",
             "a b:1",
         ] {

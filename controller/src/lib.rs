@@ -1,6 +1,7 @@
 //! tb-controller: the replicated control plane. The Raft store (`raft`, `store`) holds every
 //! object; `service` serves the gRPC API through one `interceptor`, which identifies callers
-//! for `auth`; `server` assembles them.
+//! for `auth`; `tls` holds the cluster CA and the certificates it signs; `server` assembles
+//! them.
 
 pub mod auth;
 pub mod interceptor;
@@ -12,3 +13,4 @@ pub mod scheduler;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod tls;

@@ -8,11 +8,19 @@ use chrono::TimeDelta;
 use clap::Parser;
 use tb_controller::raft::RaftOptions;
 use tb_controller::scheduler::SchedulerConfig;
-use tb_controller::server::{ServerOptions, parse_initial_cluster, run};
+use tb_controller::server::{ServerOptions, TlsOptions, parse_initial_cluster, run};
+use tb_controller::tls::CaSource;
 
 #[derive(Parser, Debug)]
-#[command(name = "tb-controller", version, about = "tb's replicated controller")]
+#[command(
+    name = "tb-controller",
+    version,
+    about = "tb's replicated controller",
+    subcommand_negates_reqs = true
+)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Sub>,
     /// This controller's id in the cluster (a positive integer, unique).
     #[arg(long, default_value_t = 1)]
     id: u64,
@@ -22,9 +30,10 @@ struct Args {
     /// Address others reach this controller at, when it differs from --listen.
     #[arg(long)]
     advertise: Option<String>,
-    /// Where the Raft log, snapshots and state live.
-    #[arg(long)]
-    data_dir: PathBuf,
+    /// Where the Raft log, snapshots and state live (and the cluster CA, ca.pem + ca.key, unless
+    /// --tls-ca-cert/--tls-ca-key name it).
+    #[arg(long, required = true)]
+    data_dir: Option<PathBuf>,
     /// Members of a new cluster: 1=HOST:PORT,2=HOST:PORT,3=HOST:PORT. Ignored once the data dir
     /// holds a cluster. Without it, a lone controller forms a cluster of one.
     #[arg(long, value_parser = parse_initial_cluster)]
@@ -65,6 +74,32 @@ struct Args {
     /// a random one, written once to DATA_DIR/admin.token (mode 0600).
     #[arg(long)]
     admin_token_file: Option<PathBuf>,
+    /// The cluster CA's certificate (PEM). Every controller of a cluster of several needs the
+    /// same CA (`tb-controller init-ca DIR` makes one). Default: DATA_DIR/ca.pem, created with
+    /// its key when this controller forms a cluster alone.
+    #[arg(long, value_name = "FILE", requires = "tls_ca_key")]
+    tls_ca_cert: Option<PathBuf>,
+    /// The cluster CA's private key (PEM, PKCS#8), kept mode 0600. Default: DATA_DIR/ca.key.
+    #[arg(long, value_name = "FILE", requires = "tls_ca_cert")]
+    tls_ca_key: Option<PathBuf>,
+    /// Another name (host or IP) clients reach this controller by, for its certificate
+    /// (repeatable); its --advertise host, 127.0.0.1, ::1 and localhost are always in it.
+    #[arg(long, value_name = "NAME")]
+    tls_san: Vec<String>,
+    /// Serve and call plain TCP, without TLS. For debugging only: tokens then cross the network
+    /// in the clear.
+    #[arg(long, conflicts_with_all = ["tls_ca_cert", "tls_ca_key", "tls_san"])]
+    insecure: bool,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Sub {
+    /// Make a cluster CA (DIR/ca.pem, DIR/ca.key mode 0600) to hand every controller of a new
+    /// cluster with --tls-ca-cert DIR/ca.pem --tls-ca-key DIR/ca.key.
+    InitCa {
+        /// Where to write ca.pem and ca.key (neither may exist).
+        dir: PathBuf,
+    },
 }
 
 fn init_logging(format: &str) {
@@ -84,6 +119,15 @@ fn init_logging(format: &str) {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_logging(&args.log_format);
+    if let Some(Sub::InitCa { dir }) = &args.command {
+        let ca = tb_controller::tls::Ca::create()?;
+        ca.save(dir)?;
+        println!("{}", dir.join(tb_controller::tls::CA_CERT_FILE).display());
+        return Ok(());
+    }
+    let Some(data_dir) = args.data_dir.clone() else {
+        anyhow::bail!("--data-dir is required");
+    };
     if args.id == 0 {
         anyhow::bail!("--id: controller ids start at 1");
     }
@@ -95,7 +139,7 @@ async fn main() -> anyhow::Result<()> {
         id: args.id,
         listen: args.listen,
         advertise,
-        data_dir: args.data_dir,
+        data_dir,
         initial_cluster: args.initial_cluster.unwrap_or_default(),
         join: args.join,
         metrics_listen: args.metrics_listen,
@@ -114,6 +158,13 @@ async fn main() -> anyhow::Result<()> {
         },
         cluster_secret_file: args.cluster_secret_file,
         admin_token_file: args.admin_token_file,
+        tls: TlsOptions {
+            insecure: args.insecure,
+            ca: CaSource {
+                files: args.tls_ca_cert.zip(args.tls_ca_key),
+            },
+            extra_names: args.tls_san,
+        },
     };
     run(opts).await.context("tb-controller")
 }

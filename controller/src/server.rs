@@ -1,4 +1,5 @@
-//! Assembles a controller: opens the Raft store, serves the gRPC services behind the RPC layer,
+//! Assembles a controller: opens the Raft store, serves the gRPC services behind the RPC layer
+//! (over TLS with a certificate from the cluster CA, `crate::tls`, unless `--insecure`),
 //! serves metrics, and bootstraps a new cluster when asked to (with its first admin user, whose
 //! token is written to `<data-dir>/admin.token` once).
 
@@ -45,6 +46,19 @@ pub struct ServerOptions {
     /// The first admin's token for a new cluster; None: a random one, written to
     /// `<data-dir>/admin.token`.
     pub admin_token_file: Option<PathBuf>,
+    pub tls: TlsOptions,
+}
+
+/// How a controller does TLS.
+#[derive(Debug, Clone, Default)]
+pub struct TlsOptions {
+    /// Serve and call plain TCP (debugging only).
+    pub insecure: bool,
+    /// The cluster CA; default: `<data-dir>/ca.pem` + `ca.key`, created by a controller that
+    /// forms a cluster alone.
+    pub ca: crate::tls::CaSource,
+    /// More names (hosts or IPs) for this controller's certificate besides its advertised host.
+    pub extra_names: Vec<String>,
 }
 
 /// The file a new cluster's admin token is written to, in the data dir.
@@ -92,6 +106,20 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("binding {}", opts.listen))?;
+    // Before the Raft node starts: its first calls to peers already use TLS.
+    let tls = if opts.tls.insecure {
+        tracing::warn!("--insecure: serving and calling plain TCP, without TLS");
+        None
+    } else {
+        // Only a controller forming a cluster alone may make the CA: members of a larger
+        // cluster must share one.
+        let alone = !opts.join && opts.initial_cluster.len() <= 1;
+        let ca = crate::tls::load_or_create_ca(&opts.tls.ca, &opts.data_dir, alone)?;
+        let cert = ca.issue_controller(opts.id, &opts.advertise, &opts.tls.extra_names)?;
+        Some(crate::tls::ControllerTls { ca, cert })
+    };
+    let server_tls = tls.as_ref().map(crate::tls::ControllerTls::server_config);
+    crate::tls::set(tls);
     let node = RaftNode::start(opts.id, opts.advertise.clone(), &opts.data_dir, &opts.raft).await?;
     let secret_path = opts
         .cluster_secret_file
@@ -140,7 +168,13 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     // Serving from our own listener, the builder's tcp_nodelay is not applied: set it here, or
     // every small reply waits on Nagle's algorithm.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let serve = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(config) = server_tls {
+        builder = builder
+            .tls_config(config)
+            .context("setting up TLS with this controller's certificate")?;
+    }
+    let serve = builder
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .layer(RpcLayer::new(node.store().clone()))
@@ -179,7 +213,13 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         }
     }
     tokio::spawn(crate::reconciler::run(node.clone(), opts.scheduler.clone()));
-    tracing::info!(id = opts.id, listen = %opts.listen, advertise = %opts.advertise, "tb-controller serving");
+    tracing::info!(
+        id = opts.id,
+        listen = %opts.listen,
+        advertise = %opts.advertise,
+        tls = !opts.tls.insecure,
+        "tb-controller serving"
+    );
 
     let result = server.await.context("server task")?;
     tracing::info!("gRPC server drained");

@@ -32,6 +32,11 @@ struct Args {
     /// Address others reach this node at, when it differs from --listen.
     #[arg(long)]
     advertise: Option<String>,
+    /// The cluster CA (PEM) to verify the controllers with: a controller's DATA_DIR/ca.pem.
+    /// Needed to join; later the copy kept in --data-dir serves. Without any: plain TCP (for
+    /// controllers started with --insecure).
+    #[arg(long, env = "TB_CA_CERT", value_name = "FILE")]
+    ca_cert: Option<PathBuf>,
     /// Join token from `tbctl token create`; needed only the first time.
     #[arg(long, env = "TB_JOIN_TOKEN")]
     join_token: Option<String>,
@@ -135,6 +140,7 @@ async fn main() -> anyhow::Result<()> {
         listen: args.listen,
         advertise: args.advertise,
         join_token: args.join_token,
+        ca_cert: args.ca_cert,
         labels,
         port_range: args.port_range,
         heartbeat: Duration::from_millis(args.heartbeat_ms.max(50)),

@@ -7,7 +7,7 @@
 //! deduplicates on that id, so the write takes effect once however often it is sent.
 //!
 //! Every call carries a bearer token: the harness's admin token ([`crate::auth`]) unless the
-//! client was made with [`Client::with_token`].
+//! client was made with [`Client::with_token`], over TLS verified with the harness's CA.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -21,7 +21,7 @@ use tb_api::proto::{
 };
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
 /// Per-call deadline: generous, a write may wait for an election on the server.
@@ -42,6 +42,20 @@ pub fn is_retryable(status: &Status) -> bool {
         }
         _ => false,
     }
+}
+
+/// An `https` endpoint for `addr` that verifies the server with the harness's CA.
+pub fn tls_endpoint(addr: &str) -> Endpoint {
+    tls_endpoint_with_ca(addr, &crate::auth::ca_cert_pem())
+}
+
+/// An `https` endpoint for `addr` that verifies the server with the CA `ca_pem`.
+pub fn tls_endpoint_with_ca(addr: &str, ca_pem: &str) -> Endpoint {
+    let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem));
+    Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap_or_else(|e| panic!("bad address {addr}: {e}"))
+        .tls_config(tls)
+        .unwrap_or_else(|e| panic!("TLS settings for {addr}: {e}"))
 }
 
 /// Adds `authorization: Bearer TOKEN` to every call (nothing when there is no token).
@@ -109,8 +123,7 @@ impl Client {
         channels
             .entry(addr.to_string())
             .or_insert_with(|| {
-                Endpoint::from_shared(format!("http://{addr}"))
-                    .unwrap_or_else(|e| panic!("bad address {addr}: {e}"))
+                tls_endpoint(addr)
                     .connect_timeout(Duration::from_secs(1))
                     .tcp_nodelay(true)
                     .connect_lazy()

@@ -571,13 +571,11 @@ impl Lab {
             if let Some(r) = &opts.reserve {
                 args.extend(["--reserve".to_string(), r.clone()]);
             }
+            // Several nodelets share this host: each lets the OS pick its probe port.
+            args.extend(["--probe-port".to_string(), "0".into()]);
+            args.extend(crate::auth::nodelet_args());
             if let Some(t) = &opts.topology {
-                args.extend([
-                    "--topology".to_string(),
-                    t.display().to_string(),
-                    "--probe-port".into(),
-                    "0".into(),
-                ]);
+                args.extend(["--topology".to_string(), t.display().to_string()]);
             }
             let log = lab.dir.path().join(format!("{name}.log"));
             let cwd = opts
@@ -687,6 +685,7 @@ impl Lab {
             }
         }
         cmd.env("TB_TOKEN", crate::auth::admin_token());
+        cmd.env("TB_CA_CERT", crate::auth::ca_cert());
         cmd
     }
 
@@ -888,6 +887,7 @@ impl Lab {
             .args(["--timeout", "3s"])
             .args(args)
             .env("TB_TOKEN", crate::auth::admin_token())
+            .env("TB_CA_CERT", crate::auth::ca_cert())
             .env("HOME", &self.home)
             .env("NO_COLOR", "1");
         bounded_output(cmd, Duration::from_secs(5))

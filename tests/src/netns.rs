@@ -642,6 +642,7 @@ impl EmulatedLab {
                 "--probe-port".into(),
                 probe_port.to_string(),
             ];
+            let args = [args, crate::auth::nodelet_args()].concat();
             self.data_dirs.push(data_dir);
             self.spawn_in(&m.namespace, &name, &bin, args);
         }
@@ -711,6 +712,7 @@ impl EmulatedLab {
             }
         }
         cmd.env("TB_TOKEN", crate::auth::admin_token());
+        cmd.env("TB_CA_CERT", crate::auth::ca_cert());
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("starting `ip netns exec {} tbctl`: {e}", self.hub));
@@ -767,6 +769,7 @@ impl EmulatedLab {
             .args(["--server", addr, "--timeout", "3s"])
             .args(args)
             .env("TB_TOKEN", crate::auth::admin_token())
+            .env("TB_CA_CERT", crate::auth::ca_cert())
             .env("HOME", &self.home)
             .env("NO_COLOR", "1");
         bounded_output(cmd, Duration::from_secs(5))

@@ -2,8 +2,9 @@
 //!
 //! Every run gets a private `HOME` and `XDG_CONFIG_HOME` (so no user config or context leaks
 //! in), no `TB_*` variables from the environment but `TB_TOKEN` (the harness's admin token, see
-//! [`crate::auth`], unless [`Tbctl::with_token`] says otherwise), and the server list passed
-//! with `--server`.
+//! [`crate::auth`], unless [`Tbctl::with_token`] says otherwise) and `TB_CA_CERT` (the
+//! harness's CA unless [`Tbctl::with_ca`] says otherwise), and the server list passed with
+//! `--server`.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -59,6 +60,8 @@ pub struct Tbctl {
     home: PathBuf,
     /// Passed as TB_TOKEN: the harness's admin token unless changed.
     token: Option<String>,
+    /// Passed as TB_CA_CERT: the harness's CA unless changed.
+    ca: Option<PathBuf>,
 }
 
 impl Tbctl {
@@ -70,6 +73,17 @@ impl Tbctl {
             servers: servers.join(","),
             home: home.to_path_buf(),
             token: Some(crate::auth::admin_token().to_string()),
+            ca: Some(crate::auth::ca_cert().to_path_buf()),
+        }
+    }
+
+    /// The same tbctl trusting the CA in `ca` (None: no CA, plain TCP).
+    pub fn with_ca(&self, ca: Option<&Path>) -> Tbctl {
+        Tbctl {
+            servers: self.servers.clone(),
+            home: self.home.clone(),
+            token: self.token.clone(),
+            ca: ca.map(Path::to_path_buf),
         }
     }
 
@@ -79,6 +93,7 @@ impl Tbctl {
             servers: self.servers.clone(),
             home: self.home.clone(),
             token: token.map(str::to_string),
+            ca: self.ca.clone(),
         }
     }
 
@@ -103,6 +118,9 @@ impl Tbctl {
         }
         if let Some(t) = &self.token {
             cmd.env("TB_TOKEN", t);
+        }
+        if let Some(ca) = &self.ca {
+            cmd.env("TB_CA_CERT", ca);
         }
         let child = cmd
             .spawn()

@@ -1,4 +1,4 @@
-//! Identity verbs: `login` (keep a token in the context), `whoami`, `auth can-i`, `admin user
+//! Identity verbs: `login` (keep a token and/or the cluster CA in the context), `whoami`, `auth can-i`, `admin user
 //! …`, `admin token …` and `audit`.
 //!
 //! Output contracts: `admin user create` and `admin token create` print the token alone on one
@@ -19,27 +19,41 @@ use crate::config::{ConfigFile, Context, Overrides, config_path};
 use crate::output::{OutputFormat, Table, emit};
 use crate::servers::DEFAULT_SERVER;
 
-/// `tbctl login`: store the token in the context (`--context`, else the current one; a context
-/// `default` is made when there is none), next to its servers.
+/// `tbctl login`: store the token (and with `--ca-cert` the cluster CA, as an absolute path) in
+/// the context (`--context`, else the current one; a context `default` is made when there is
+/// none), next to its servers. With `--ca-cert` and no `--token-file`, only the CA is stored.
 pub fn login(args: &LoginArgs, o: &Overrides) -> Result<()> {
-    let mut text = String::new();
-    match &args.token_file {
-        Some(p) if p.as_os_str() != "-" => {
-            text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
+    let ca = match &o.ca_flag {
+        Some(p) => {
+            crate::tls::Trust::load(p)?;
+            Some(std::path::absolute(p).with_context(|| format!("--ca-cert {}", p.display()))?)
         }
-        _ => {
-            std::io::stdin()
-                .read_to_string(&mut text)
-                .context("reading the token from stdin")?;
+        None => None,
+    };
+    let token = if ca.is_some() && args.token_file.is_none() {
+        None
+    } else {
+        let mut text = String::new();
+        match &args.token_file {
+            Some(p) if p.as_os_str() != "-" => {
+                text = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading {}", p.display()))?
+            }
+            _ => {
+                std::io::stdin()
+                    .read_to_string(&mut text)
+                    .context("reading the token from stdin")?;
+            }
         }
-    }
-    let token = text.trim().to_string();
-    if token.is_empty() || token.contains(char::is_whitespace) {
-        bail!(
-            "expected one token (tbuser-…), got {} characters",
-            token.len()
-        );
-    }
+        let token = text.trim().to_string();
+        if token.is_empty() || token.contains(char::is_whitespace) {
+            bail!(
+                "expected one token (tbuser-…), got {} characters",
+                token.len()
+            );
+        }
+        Some(token)
+    };
     let path = config_path()?;
     let mut file = ConfigFile::load(&path)?;
     let name = o
@@ -48,7 +62,14 @@ pub fn login(args: &LoginArgs, o: &Overrides) -> Result<()> {
         .or_else(|| file.current_context.clone())
         .unwrap_or_else(|| "default".to_string());
     match file.contexts.iter_mut().find(|c| c.name == name) {
-        Some(c) => c.token = Some(token),
+        Some(c) => {
+            if token.is_some() {
+                c.token = token.clone();
+            }
+            if ca.is_some() {
+                c.ca_cert = ca.clone();
+            }
+        }
         None => {
             let server = o
                 .server_flag
@@ -59,7 +80,8 @@ pub fn login(args: &LoginArgs, o: &Overrides) -> Result<()> {
                 name: name.clone(),
                 server,
                 namespace: None,
-                token: Some(token),
+                token: token.clone(),
+                ca_cert: ca.clone(),
             });
         }
     }
@@ -67,7 +89,12 @@ pub fn login(args: &LoginArgs, o: &Overrides) -> Result<()> {
         file.current_context = Some(name.clone());
     }
     file.save(&path)?;
-    eprintln!("token stored in context {name:?} ({})", path.display());
+    let what = match (&token, &ca) {
+        (Some(_), Some(_)) => "token and CA",
+        (Some(_), None) => "token",
+        _ => "CA",
+    };
+    eprintln!("{what} stored in context {name:?} ({})", path.display());
     Ok(())
 }
 

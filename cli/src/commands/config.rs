@@ -70,6 +70,7 @@ pub fn set_context(
                 server: server.to_string(),
                 namespace: ns,
                 token: None,
+                ca_cert: None,
             });
             format!("Context \"{name}\" created.\n")
         }

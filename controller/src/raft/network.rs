@@ -1,4 +1,5 @@
-//! Raft messages between controllers, carried by the internal `Raft` gRPC service.
+//! Raft messages between controllers, carried by the internal `Raft` gRPC service (over TLS
+//! with the cluster CA, `crate::tls::endpoint`).
 //!
 //! Each message is the serde encoding of openraft's own request type; the answer is the serde
 //! encoding of `Result<Response, RaftError>`.
@@ -23,7 +24,7 @@ use serde::de::DeserializeOwned;
 use tb_api::proto::RaftPayload;
 use tb_api::proto::raft_client::RaftClient;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::{NodeId, Snapshot, TypeConfig, Vote};
 
@@ -60,7 +61,7 @@ impl Peers {
         let channel = match channels.get(addr) {
             Some(c) => c.clone(),
             None => {
-                let c = Endpoint::from_shared(format!("http://{addr}"))?
+                let c = crate::tls::endpoint(addr)?
                     .connect_timeout(Duration::from_millis(500))
                     .tcp_nodelay(true)
                     .http2_keep_alive_interval(Duration::from_secs(5))

@@ -35,7 +35,7 @@ impl ClusterService {
         if leader == self.node.id {
             return Ok(None);
         }
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        let channel = crate::tls::endpoint(&addr)
             .map_err(|e| Status::internal(e.to_string()))?
             .connect_timeout(Duration::from_secs(1))
             .connect()

@@ -109,10 +109,17 @@ impl Nodes for NodesService {
             credential_hash: hash_secret(&credential),
         };
         match self.commit(&Caller::Anonymous, op).await? {
-            Response::Status { object } => Ok(TonicResponse::new(JoinResponse {
-                credential,
-                node_json: object.to_json(),
-            })),
+            Response::Status { object } => {
+                // Issued once the join committed: only a node that joined gets a certificate.
+                let (node_cert_pem, node_key_pem, ca_cert_pem) = node_certificate(&object)?;
+                Ok(TonicResponse::new(JoinResponse {
+                    credential,
+                    node_json: object.to_json(),
+                    node_cert_pem,
+                    node_key_pem,
+                    ca_cert_pem,
+                }))
+            }
             r => Err(Status::internal(format!("unexpected store response {r:?}"))),
         }
     }
@@ -232,6 +239,20 @@ impl Nodes for NodesService {
     }
 }
 
+/// A joined node's certificate, key and the CA (PEM), for the host of the address it registered;
+/// all empty when TLS is off.
+fn node_certificate(node: &Object) -> Result<(String, String, String), Status> {
+    let address = NodeStatus::from_value(&node.status).address;
+    match crate::tls::issue_node_cert(&node.metadata.name, &address) {
+        Ok(Some((cert, ca))) => Ok((cert.cert_pem, cert.key_pem, ca)),
+        Ok(None) => Ok(Default::default()),
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), node = %node.metadata.name, "issuing a node certificate");
+            Err(Status::internal("issuing the node's certificate failed"))
+        }
+    }
+}
+
 fn node_address(node: &Option<Object>) -> String {
     node.as_ref()
         .map(|n| NodeStatus::from_value(&n.status).address)
@@ -246,7 +267,7 @@ async fn forward_logs(
     if address.is_empty() {
         return Err(Status::unavailable("the node has no address"));
     }
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+    let channel = crate::tls::endpoint(address)
         .map_err(|e| Status::internal(e.to_string()))?
         .connect_timeout(Duration::from_secs(2))
         .connect()

@@ -1,4 +1,5 @@
-//! Connections to the controllers, failing over among the addresses the nodelet was given.
+//! Connections to the controllers, failing over among the addresses the nodelet was given, over
+//! TLS with the cluster CA when the nodelet has one (`super::tls`).
 //! Once the node has its credential, every call carries it (`authorization: Bearer tbnode-…`):
 //! the controllers let a node read objects and write only its own statuses.
 
@@ -15,6 +16,8 @@ pub struct Controllers {
     addresses: Vec<String>,
     preferred: Mutex<usize>,
     credential: Arc<RwLock<Option<String>>>,
+    /// The CA to verify controllers with; None: plain TCP.
+    trust: Option<super::tls::Trust>,
 }
 
 /// Adds the node's credential to every call, once it has one.
@@ -41,11 +44,12 @@ pub type AuthChannel = InterceptedService<Channel, NodeAuth>;
 const MAX_MESSAGE: usize = 64 * 1024 * 1024;
 
 impl Controllers {
-    pub fn new(addresses: Vec<String>) -> Controllers {
+    pub fn new(addresses: Vec<String>, trust: Option<super::tls::Trust>) -> Controllers {
         Controllers {
             addresses,
             preferred: Mutex::new(0),
             credential: Arc::new(RwLock::new(None)),
+            trust,
         }
     }
 
@@ -60,6 +64,11 @@ impl Controllers {
         }
     }
 
+    /// A failed call or connection told in words (TLS failures say what to check).
+    pub fn explain(&self, error: &(dyn std::error::Error + 'static)) -> String {
+        super::tls::explain(error, self.trust.as_ref())
+    }
+
     pub fn addresses(&self) -> &[String] {
         &self.addresses
     }
@@ -72,7 +81,12 @@ impl Controllers {
         for i in 0..self.addresses.len() {
             let idx = (start + i) % self.addresses.len();
             let addr = &self.addresses[idx];
-            let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
+            let endpoint = match &self.trust {
+                Some(t) => Endpoint::from_shared(format!("https://{addr}"))?
+                    .tls_config(t.client_config().timeout(Duration::from_secs(5)))?,
+                None => Endpoint::from_shared(format!("http://{addr}"))?,
+            };
+            let endpoint = endpoint
                 .connect_timeout(Duration::from_millis(800))
                 .tcp_nodelay(true)
                 .http2_keep_alive_interval(Duration::from_secs(5))
@@ -82,7 +96,10 @@ impl Controllers {
                     *self.preferred.lock().unwrap_or_else(|e| e.into_inner()) = idx;
                     return Ok(ch);
                 }
-                Err(e) => errors.push(format!("{addr}: {e}")),
+                Err(e) => errors.push(format!(
+                    "{addr}: {}",
+                    super::tls::explain(&e, self.trust.as_ref())
+                )),
             }
         }
         anyhow::bail!("no controller reachable ({})", errors.join("; "))

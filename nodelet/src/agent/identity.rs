@@ -1,5 +1,5 @@
-//! The node's identity: joining with a token once, then the credential kept in the data dir, so
-//! a restarted nodelet needs no token.
+//! The node's identity: joining with a token once, then the credential (and, with TLS, the node
+//! certificate, `super::tls`) kept in the data dir, so a restarted nodelet needs no token.
 
 use std::path::{Path, PathBuf};
 
@@ -84,9 +84,17 @@ pub async fn establish(
         };
         match client.join(req).await {
             Ok(reply) => {
+                let reply = reply.into_inner();
+                // The certificate first: a credential without it would not be asked again.
+                super::tls::save(
+                    data_dir,
+                    &reply.node_cert_pem,
+                    &reply.node_key_pem,
+                    &reply.ca_cert_pem,
+                )?;
                 let c = Credential {
                     node: name.to_string(),
-                    credential: reply.into_inner().credential,
+                    credential: reply.credential,
                 };
                 save(data_dir, &c)?;
                 tracing::info!(node = name, "joined the cluster");
@@ -94,10 +102,10 @@ pub async fn establish(
             }
             Err(s) if super::controllers::retryable(&s) => {
                 controllers.rotate();
-                last = Some(anyhow::anyhow!("{}", s.message()));
+                last = Some(anyhow::anyhow!("{}", controllers.explain(&s)));
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             }
-            Err(s) => anyhow::bail!("joining as {name}: {}", s.message()),
+            Err(s) => anyhow::bail!("joining as {name}: {}", controllers.explain(&s)),
         }
     }
     Err(last
