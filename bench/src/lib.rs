@@ -12,6 +12,9 @@
 //! running, samples the idle nodelets' memory and CPU, and does the same with Slurm (slurmctld
 //! and slurmd) where it is installed. Its parts are under `jobs`; `procstat` samples `/proc`,
 //! and `binaries` builds tb and finds other programs for both benchmarks.
+//!
+//! `scheduler-bench` (`scheduler`) drives the real scheduler and state machine in virtual time
+//! over 64 simulated Macs and 5,000 queued jobs: admissions/s, freed → admitted, fairness.
 
 pub mod backend;
 pub mod bench;
@@ -29,6 +32,7 @@ pub mod placement;
 pub mod ports;
 pub mod procstat;
 pub mod report;
+pub mod scheduler;
 pub mod stats;
 pub mod tb;
 

@@ -3,7 +3,9 @@
 //!
 //! Nodes: `NAME READY FREE/TOTAL CHIP AGE`, wide adding `ADDRESS ALLOCATED` (e.g. `41Gi/64Gi`,
 //! `24Gi (46%)` of allocatable). TrainingJobs: `NAME RANKS EXECUTOR STATUS RESTARTS NODES AGE`,
-//! STATUS being the phase, `Pending (Unschedulable)` when pending for a reason.
+//! STATUS being the phase, `Pending (Unschedulable)` when pending for a reason. Jobs also show
+//! QUEUE and POSITION (a pending job's place in the cluster-wide order, filled in by `get` from
+//! the scheduler's own ordering code), and with `-o wide` the MESSAGE saying why a job waits.
 //!
 //! Cells read the object's JSON leniently: a field that is missing or of an unexpected shape
 //! prints as `<none>` rather than failing the whole listing.
@@ -73,8 +75,18 @@ impl View {
 fn kind_headers(kind: Kind) -> &'static [&'static str] {
     match kind {
         Kind::Model => &["FORMAT", "LAYERS"],
-        Kind::InferenceService => &["MODEL", "PARALLELISM", "NODES", "READY", "ENDPOINT"],
-        Kind::TrainingJob => &["RANKS", "EXECUTOR", "STATUS", "RESTARTS", "NODES"],
+        Kind::InferenceService => &[
+            "MODEL",
+            "PARALLELISM",
+            "NODES",
+            "READY",
+            "ENDPOINT",
+            "QUEUE",
+            "POSITION",
+        ],
+        Kind::TrainingJob => &[
+            "RANKS", "EXECUTOR", "STATUS", "RESTARTS", "NODES", "QUEUE", "POSITION",
+        ],
         Kind::Schedule => &["SCHEDULE", "SUSPEND", "LAST SCHEDULE"],
         Kind::Queue => &["PRIORITY", "WEIGHT"],
         Kind::Node => &["READY", "FREE/TOTAL", "CHIP"],
@@ -99,6 +111,8 @@ fn kind_cells(kind: Kind, o: &Object) -> Vec<String> {
                 .filter(|e| !e.is_empty())
                 .unwrap_or(NONE)
                 .to_string(),
+            queue_cell(o),
+            position_cell(o),
         ],
         Kind::TrainingJob => vec![
             cell(at(spec, &["ranks"]).or_else(|| at(spec, &["nodes"]))),
@@ -109,6 +123,8 @@ fn kind_cells(kind: Kind, o: &Object) -> Vec<String> {
                 .unwrap_or(0)
                 .to_string(),
             cell(at(status, &["nodes"])),
+            queue_cell(o),
+            position_cell(o),
         ],
         Kind::Schedule => vec![
             cell(at(spec, &["schedule"])),
@@ -174,6 +190,7 @@ fn kind_cells(kind: Kind, o: &Object) -> Vec<String> {
 fn kind_wide_headers(kind: Kind) -> &'static [&'static str] {
     match kind {
         Kind::Node => &["ADDRESS", "ALLOCATED"],
+        Kind::TrainingJob | Kind::InferenceService => &["MESSAGE"],
         _ => &[],
     }
 }
@@ -187,8 +204,32 @@ fn kind_wide_cells(kind: Kind, o: &Object) -> Vec<String> {
                 share(mem.allocated, mem.allocatable),
             ]
         }
+        // Why a job waits: which quota, which Macs, how much memory is short.
+        Kind::TrainingJob | Kind::InferenceService => vec![
+            at(&o.status, &["message"])
+                .and_then(Value::as_str)
+                .filter(|m| !m.is_empty())
+                .unwrap_or(NONE)
+                .to_string(),
+        ],
         _ => Vec::new(),
     }
+}
+
+/// A job's queue, as `get` filled it in (`status.queue`; see `commands::usage`).
+fn queue_cell(o: &Object) -> String {
+    at(&o.status, &["queue"])
+        .and_then(Value::as_str)
+        .filter(|q| !q.is_empty())
+        .unwrap_or("-")
+        .to_string()
+}
+
+/// A pending job's 1-based place in the cluster-wide order, as `get` filled it in.
+fn position_cell(o: &Object) -> String {
+    at(&o.status, &["position"])
+        .and_then(Value::as_u64)
+        .map_or_else(|| "-".to_string(), |p| p.to_string())
 }
 
 /// `node/port` of one end of a Link.
@@ -517,7 +558,10 @@ mod tests {
                 "NODES",
                 "READY",
                 "ENDPOINT",
+                "QUEUE",
+                "POSITION",
                 "AGE",
+                "MESSAGE",
                 "LABELS"
             ]
         );
@@ -531,7 +575,10 @@ mod tests {
                 "2-4",
                 "True",
                 "http://10.0.0.1:32324/v1",
+                "-",
+                "-",
                 "60m",
+                "<none>",
                 "app=chat,tier=gold"
             ]
         );
@@ -679,7 +726,7 @@ mod tests {
         }));
         assert_eq!(
             kind_cells(Kind::TrainingJob, &o),
-            ["4", "exec", "Complete", "0", "<none>"]
+            ["4", "exec", "Complete", "0", "<none>", "-", "-"]
         );
     }
 
@@ -696,7 +743,15 @@ mod tests {
         );
         assert_eq!(
             kind_cells(Kind::TrainingJob, &pending),
-            ["2", "exec", "Pending (Unschedulable)", "0", "<none>"]
+            [
+                "2",
+                "exec",
+                "Pending (Unschedulable)",
+                "0",
+                "<none>",
+                "-",
+                "-"
+            ]
         );
         let running = job(
             json!({"phase": "Running", "reason": "AllRanksRunning", "restarts": 2,
@@ -704,7 +759,18 @@ mod tests {
         );
         assert_eq!(
             kind_cells(Kind::TrainingJob, &running),
-            ["2", "exec", "Running", "2", "mac1,mac2"]
+            ["2", "exec", "Running", "2", "mac1,mac2", "-", "-"]
+        );
+        let mut queued = pending.clone();
+        queued.status["queue"] = json!("research");
+        queued.status["position"] = json!(3);
+        assert_eq!(
+            kind_cells(Kind::TrainingJob, &queued)[5..],
+            ["research", "3"]
+        );
+        assert_eq!(
+            kind_wide_cells(Kind::TrainingJob, &queued),
+            ["needs 2 Macs with 40Gi free"]
         );
         assert_eq!(
             kind_cells(Kind::TrainingJob, &job(json!({"phase": "Pending"})))[2],
@@ -718,7 +784,8 @@ mod tests {
         assert_eq!(
             view.headers(),
             [
-                "NAME", "RANKS", "EXECUTOR", "STATUS", "RESTARTS", "NODES", "AGE"
+                "NAME", "RANKS", "EXECUTOR", "STATUS", "RESTARTS", "NODES", "QUEUE", "POSITION",
+                "AGE"
             ]
         );
     }

@@ -44,6 +44,12 @@ pub async fn run(ctx: &mut Ctx, args: &DescribeArgs) -> Result<()> {
             String::new()
         };
         text.push_str(&render(&object, &events, Utc::now()));
+        if kind == Kind::Queue {
+            match super::usage::Snapshot::fetch(ctx).await {
+                Ok(snap) => text.push_str(&super::usage::queue_detail(&snap, name)),
+                Err(e) => text.push_str(&format!("Usage:            <unavailable: {e}>\n")),
+            }
+        }
         emit(&text)?;
     }
     if failed {

@@ -81,6 +81,7 @@ pub async fn run(ctx: &mut Ctx, args: &GetArgs) -> Result<()> {
             eprintln!("{}", no_resources(&query));
             return Ok(());
         }
+        let objects = with_queue_positions(ctx, kind, objects, args.output).await;
         return emit(&render_list(&objects, args.output, view)?);
     }
 
@@ -109,7 +110,10 @@ pub async fn run(ctx: &mut Ctx, args: &GetArgs) -> Result<()> {
                 output::json_object(one)?
             }
             (Some(OutputFormat::Yaml), [one]) if query.names.len() == 1 => output::yaml_object(one),
-            _ => render_list(&found, args.output, view)?,
+            _ => {
+                let found = with_queue_positions(ctx, kind, found.clone(), args.output).await;
+                render_list(&found, args.output, view)?
+            }
         };
         emit(&text)?;
     }
@@ -117,6 +121,46 @@ pub async fn run(ctx: &mut Ctx, args: &GetArgs) -> Result<()> {
         return Err(Reported(1).into());
     }
     Ok(())
+}
+
+/// For tables of jobs: each job's queue and (when pending) its place in the cluster-wide order,
+/// put in `status.queue` / `status.position` of the copies shown. The controller does not
+/// store positions (every admission would rewrite every pending job's status); they come from
+/// the scheduler's own ordering over a fresh listing. Best effort: without it the columns show
+/// `-`.
+async fn with_queue_positions(
+    ctx: &mut Ctx,
+    kind: Kind,
+    mut objects: Vec<Object>,
+    format: Option<OutputFormat>,
+) -> Vec<Object> {
+    let job_kind = matches!(kind, Kind::TrainingJob | Kind::InferenceService);
+    if !job_kind || !matches!(format, None | Some(OutputFormat::Wide)) || objects.is_empty() {
+        return objects;
+    }
+    let Ok(snap) = super::usage::Snapshot::fetch(ctx).await else {
+        return objects;
+    };
+    let placements = snap.placements();
+    for o in &mut objects {
+        let key = (
+            o.kind.clone(),
+            o.metadata.namespace.clone(),
+            o.metadata.name.clone(),
+        );
+        if o.status.is_null() {
+            o.status = serde_json::json!({});
+        }
+        if let Some((queue, position)) = placements.get(&key)
+            && let Some(status) = o.status.as_object_mut()
+        {
+            status.insert("queue".into(), queue.clone().into());
+            if let Some(p) = position {
+                status.insert("position".into(), (*p).into());
+            }
+        }
+    }
+    objects
 }
 
 /// The matching objects, sorted by namespace and name, and the store's version to watch from.

@@ -3,6 +3,10 @@
 //! ALLOCATABLE what tb may hand out, ALLOCATED what tb's allocations hold (and its share of
 //! ALLOCATABLE), FREE what the OS reports free, ALLOCS how many allocations run there. Sizes are
 //! binary (`64Gi`, `512Mi`); rows are sorted by name.
+//!
+//! `tbctl top queues`: `NAME PRIORITY WEIGHT MEMORY MACS BORROWED PENDING FAIR-SHARE`, usage
+//! against quota, what is held beyond the quota, pending jobs, and the decayed usage per weight
+//! the scheduler orders equal priorities by (see `usage`).
 
 use anyhow::Result;
 use serde_json::Value;
@@ -34,6 +38,15 @@ pub async fn run(ctx: &mut Ctx, cmd: TopCommand) -> Result<()> {
                 return Ok(());
             }
             emit(&nodes_table(nodes).render())
+        }
+        TopCommand::Queues => {
+            let snap = super::usage::Snapshot::fetch(ctx).await?;
+            let t = super::usage::queues_table(&snap);
+            if t.rows.is_empty() {
+                eprintln!("No queues found");
+                return Ok(());
+            }
+            emit(&t.render())
         }
     }
 }

@@ -289,7 +289,9 @@ pub fn reconcile_job(
                 plan.events.push(event(job, false, "Scheduled", &message));
             }
             // A preempted job keeps saying so until it is placed again.
-            Err(why) if why.reason == "Unschedulable" && status.reason == "Preempted" => {}
+            Err(why)
+                if why.reason == "Unschedulable"
+                    && matches!(status.reason.as_str(), "Preempted" | "Reclaimed") => {}
             Err(why) => {
                 let why = if why.reason == "Unschedulable" {
                     make_room(job, &shape, why, view, clock, &mut plan)
@@ -473,11 +475,18 @@ fn not_ready(status: &mut JobStatus, reason: &str, clock: &Clock) {
 
 fn describe_end(a: &Alloc) -> String {
     let s = &a.status;
-    match (s.exit_code, s.signal) {
+    let end = match (s.exit_code, s.signal) {
         (_, Some(sig)) => format!("killed by signal {sig}"),
         (Some(code), None) => format!("exited with code {code}"),
-        (None, None) if !s.message.is_empty() => s.message.clone(),
-        (None, None) => s.phase.as_str().to_ascii_lowercase(),
+        (None, None) if !s.message.is_empty() => return s.message.clone(),
+        (None, None) => return s.phase.as_str().to_ascii_lowercase(),
+    };
+    // A process that said why it failed (tb-shard's ModelLoadFailed, say): keep its words.
+    match s.message.split_once(": ") {
+        Some((_, why)) if !matches!(s.reason.as_str(), "" | "Error" | "Completed" | "Stopped") => {
+            format!("{end}: {}: {why}", s.reason)
+        }
+        _ => end,
     }
 }
 
@@ -515,7 +524,8 @@ fn stop(a: &Alloc, plan: &mut Plan) {
     plan.writes.push(PlanWrite::Put(obj));
 }
 
-/// A job that fits nowhere: stop lower-priority gangs if that makes room (see `preemption`).
+/// A job that fits nowhere: stop lower-priority gangs, or gangs of queues borrowing beyond
+/// their quota when this job's queue is under its own, if that makes room (see `preemption`).
 fn make_room(
     job: &Object,
     shape: &JobShape,
@@ -524,9 +534,32 @@ fn make_room(
     clock: &Clock,
     plan: &mut Plan,
 ) -> Refusal {
-    let priority = view.queues.priority_of(job);
+    let key = (
+        job.kind.clone(),
+        job.metadata.namespace.clone(),
+        job.metadata.name.clone(),
+    );
+    let (priority, queue) = match view.facts.get(&key) {
+        Some(f) => (f.priority, f.queue.clone()),
+        None => (
+            view.queues.priority_of(job),
+            view.queues.queue_of(job).ok().flatten(),
+        ),
+    };
+    let reclaim = queue.filter(|q| {
+        let memory = shape.memory_bytes.saturating_mul(u64::from(shape.ranks));
+        view.queues.within_quota(q, memory, shape.ranks)
+    });
+    let eligible = |p: i32, theirs: Option<&str>| -> Option<&'static str> {
+        if p < priority {
+            return Some("Preempted");
+        }
+        let ours = reclaim.as_deref()?;
+        let theirs = theirs?;
+        (theirs != ours && p <= priority && view.queues.borrowing(theirs)).then_some("Reclaimed")
+    };
     let fits = |trial: &ClusterView| place_job(job, shape, trial).is_ok();
-    match preemption::choose(job, priority, view, fits) {
+    match preemption::choose(job, view, &eligible, fits) {
         preemption::Choice::Hopeless => why,
         preemption::Choice::Waiting => refuse(
             "WaitingForPreemption",
@@ -538,34 +571,56 @@ fn make_room(
                 .map(|v| format!("{}/{}", v.job.kind, v.job.metadata.name))
                 .collect();
             for v in &victims {
-                preempt(v, job, priority, clock, plan);
+                preempt(v, job, priority, reclaim.as_deref(), clock, plan);
             }
+            let what = if victims.iter().all(|v| v.reason == "Reclaimed") {
+                "borrowed capacity held by"
+            } else {
+                "lower-priority"
+            };
             refuse(
                 "WaitingForPreemption",
-                format!("stopping lower-priority {} to make room", names.join(", ")),
+                format!("stopping {what} {} to make room", names.join(", ")),
             )
         }
     }
 }
 
-/// Stop a lower-priority gang for `by` and put it back in line (Pending, reason Preempted); its
+/// Stop a gang for `by` and put it back in line (Pending, reason Preempted or Reclaimed); its
 /// retries are not used.
-fn preempt(v: &preemption::Victim, by: &Object, priority: i32, clock: &Clock, plan: &mut Plan) {
+fn preempt(
+    v: &preemption::Victim,
+    by: &Object,
+    priority: i32,
+    queue: Option<&str>,
+    clock: &Clock,
+    plan: &mut Plan,
+) {
     for a in &v.allocations {
         stop(a, plan);
     }
     let mut status = JobStatus::from_value(&v.job.status);
     status.phase = JobPhase::Pending;
-    status.reason = "Preempted".into();
-    status.message = format!(
-        "preempted by {}/{} (priority {priority} over {}); waiting to be placed again",
-        by.kind, by.metadata.name, v.priority
-    );
+    status.reason = v.reason.into();
+    status.message = if v.reason == "Reclaimed" {
+        format!(
+            "its queue borrowed beyond its quota; queue {} reclaimed the capacity for {}/{}; \
+             waiting to be placed again",
+            queue.unwrap_or("-"),
+            by.kind,
+            by.metadata.name
+        )
+    } else {
+        format!(
+            "preempted by {}/{} (priority {priority} over {}); waiting to be placed again",
+            by.kind, by.metadata.name, v.priority
+        )
+    };
     status.next_retry_time.clear();
     status.set_condition(
         "Scheduled",
         false,
-        "Preempted",
+        v.reason,
         &status.message.clone(),
         &clock.stamp,
     );
@@ -576,7 +631,7 @@ fn preempt(v: &preemption::Victim, by: &Object, priority: i32, clock: &Clock, pl
         status: status.to_value(),
     });
     plan.events
-        .push(event(&v.job, true, "Preempted", &status.message.clone()));
+        .push(event(&v.job, true, v.reason, &status.message.clone()));
 }
 
 /// An allocation of an older epoch: stopped, then deleted once it has ended.
@@ -638,16 +693,47 @@ fn workload(job: &Object, view: &ClusterView) -> Result<Option<Workload>, Refusa
 /// Place a job: a Model's layers split by the topology-aware planner, or `ranks` × `memory`
 /// spread by memory and ordered along the cables.
 fn place_job(job: &Object, shape: &JobShape, view: &ClusterView) -> Result<Placed, Refusal> {
+    let workload = workload(job, view)?;
+    // Plain ranks × memory gangs: a shape that did not fit still does not, until a gang is
+    // created or resources are freed in a trial view (both clear the memo).
+    let plain = workload.is_none() && shape.service.is_none() && !shape.backend.is_jaccl();
+    let memo_key = plain.then(|| {
+        format!(
+            "{}x{}:{}:{:?}",
+            shape.ranks, shape.memory_bytes, shape.exclusive, shape.node_selector
+        )
+    });
+    if let Some(k) = &memo_key
+        && let Some(message) = view.unplaceable.borrow().get(k)
+    {
+        return Err(refuse("Unschedulable", message.clone()));
+    }
     let topology = view.topology();
-    let mut placed = match workload(job, view)? {
-        Some(w) => place_model(&topology, &w, view)?,
+    let result = place_workload(shape, view, &topology, workload);
+    if let (Some(k), Err(why)) = (memo_key, &result)
+        && why.reason == "Unschedulable"
+    {
+        view.unplaceable.borrow_mut().insert(k, why.message.clone());
+    }
+    result
+}
+
+/// Place a job whose workload is known (see `place_job`).
+fn place_workload(
+    shape: &JobShape,
+    view: &ClusterView,
+    topology: &Topology,
+    workload: Option<Workload>,
+) -> Result<Placed, Refusal> {
+    let mut placed = match workload {
+        Some(w) => place_model(topology, &w, view)?,
         None if shape.service.is_some() => {
             return Err(refuse(
                 "ModelIncomplete",
                 "the built-in executor needs the Model's shape (layers, hiddenSize, heads, ...)",
             ));
         }
-        None => place_ranks(&topology, shape, view)?,
+        None => place_ranks(topology, shape, view)?,
     };
     if let Some(svc) = &shape.service {
         let rank0 = &placed.slots[0];
@@ -672,7 +758,7 @@ fn place_job(job: &Object, shape: &JobShape, view: &ClusterView) -> Result<Place
     }
     if shape.backend.is_jaccl() {
         let nodes: Vec<String> = placed.slots.iter().map(|s| s.node.clone()).collect();
-        placed.ibv_devices = Some(jaccl_matrix(&topology, &nodes, shape.backend)?);
+        placed.ibv_devices = Some(jaccl_matrix(topology, &nodes, shape.backend)?);
     }
     Ok(placed)
 }
@@ -787,6 +873,7 @@ fn create_gang(
     view: &mut ClusterView,
     plan: &mut Plan,
 ) {
+    view.unplaceable.borrow_mut().clear();
     let slots = &placed.slots;
     let host = |node: &str| {
         view.nodes
@@ -808,10 +895,21 @@ fn create_gang(
         hosts,
         ibv_devices: placed.ibv_devices.clone(),
     };
-    let builtin = shape.service.as_ref().map(|svc| {
-        let model_path = view
-            .models
+    let model = shape.service.as_ref().and_then(|svc| {
+        view.models
             .get(&(job.metadata.namespace.clone(), svc.model.clone()))
+    });
+    // Nodes that hold the file (none listed: every node reads it at the path) and where their
+    // probe servers, which also serve model staging, listen.
+    let holders: Vec<String> = model.map(|m| m.source.nodes.clone()).unwrap_or_default();
+    let sources: Vec<String> = holders
+        .iter()
+        .filter_map(|n| view.nodes.get(n))
+        .filter(|n| n.status.probe_port != 0)
+        .map(|n| format!("{}:{}", host(&n.name), n.status.probe_port))
+        .collect();
+    let builtin = shape.service.as_ref().map(|svc| {
+        let model_path = model
             .and_then(|m| m.source.path.clone())
             .unwrap_or_default();
         let ips: Vec<String> = slots.iter().map(|s| host(&s.node)).collect();
@@ -823,6 +921,7 @@ fn create_gang(
             endpoint_port: placed.endpoint_port,
             context: svc.context,
             batch: svc.batch,
+            sources: Vec::new(),
         }
     });
     let name = job.metadata.name.as_str();
@@ -862,6 +961,9 @@ fn create_gang(
             builtin: builtin.clone().map(|mut b| {
                 if rank != 0 {
                     b.endpoint_port = None;
+                }
+                if !holders.is_empty() && !holders.contains(&slot.node) {
+                    b.sources = sources.clone();
                 }
                 b
             }),

@@ -206,6 +206,10 @@ mod tests {
             models: BTreeMap::new(),
             queues: Default::default(),
             jobs: BTreeMap::new(),
+            facts: BTreeMap::new(),
+            gangs: Vec::new(),
+            unplaceable: Default::default(),
+            by_job: BTreeMap::new(),
         }
     }
 

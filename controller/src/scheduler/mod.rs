@@ -5,10 +5,12 @@
 pub mod jobs;
 pub mod links;
 pub mod nodes;
+pub mod order;
 pub mod placement;
 pub mod preemption;
 pub mod queues;
 pub mod schedules;
+pub mod usage;
 pub mod view;
 
 #[cfg(test)]
@@ -32,6 +34,12 @@ pub struct SchedulerConfig {
     pub backoff_cap: TimeDelta,
     /// Memory reserved per rank when a job does not say.
     pub default_memory_bytes: u64,
+    /// How quickly a queue's past usage is forgotten in fair-share ordering, unless the queue
+    /// sets `fairShareHalfLife`.
+    pub fair_share_half_life: TimeDelta,
+    /// While anything runs, usage is accounted at least this often (and whenever what is held
+    /// changes).
+    pub usage_interval: TimeDelta,
 }
 
 impl Default for SchedulerConfig {
@@ -41,6 +49,8 @@ impl Default for SchedulerConfig {
             backoff_base: TimeDelta::seconds(10),
             backoff_cap: TimeDelta::seconds(300),
             default_memory_bytes: 512 << 20,
+            fair_share_half_life: TimeDelta::hours(1),
+            usage_interval: TimeDelta::seconds(30),
         }
     }
 }
@@ -84,26 +94,15 @@ pub fn reconcile(state: &State, clock: &Clock, cfg: &SchedulerConfig) -> Vec<Pla
     plans.extend(links::reconcile_links(&view, &view.links));
     plans.extend(orphans(state, &view));
     plans.extend(schedules::reconcile_schedules(state, clock));
-    // Higher priority first (a job's own, else its queue's), then services before batch work,
-    // then creation order: earlier jobs get capacity first.
-    let mut jobs: Vec<_> = state
+    plans.extend(usage::tick(state, &view, clock, cfg));
+    // Priority, then weighted fair share, then services before batch work, then age.
+    let shares = usage::shares_at(&state.usage, &view.queues, clock.now, cfg);
+    let jobs: Vec<_> = state
         .list(Kind::TrainingJob.as_str(), "")
         .into_iter()
         .chain(state.list(Kind::InferenceService.as_str(), ""))
-        .map(|j| {
-            let service = j.kind() == Some(Kind::InferenceService);
-            (std::cmp::Reverse(view.queues.priority_of(&j)), !service, j)
-        })
         .collect();
-    jobs.sort_by(|(pa, sa, a), (pb, sb, b)| {
-        pa.cmp(pb).then(sa.cmp(sb)).then_with(|| {
-            a.metadata
-                .creation_timestamp
-                .cmp(&b.metadata.creation_timestamp)
-                .then_with(|| a.key().cmp(&b.key()))
-        })
-    });
-    let jobs: Vec<_> = jobs.into_iter().map(|(_, _, j)| j).collect();
+    let jobs = order::order(jobs, &view, &shares);
     for job in jobs {
         if let Some(plan) = jobs::reconcile_job(&job, &mut view, clock, cfg) {
             plans.push(plan);

@@ -60,8 +60,10 @@ pub fn place(
             continue;
         }
         let range = n.status.port_range;
+        // A gang takes at most one port per rank on a Mac: no need to list more.
         let ports: Vec<u16> = (range.start..=range.end)
             .filter(|p| *p != 0 && !n.used_ports.contains(p))
+            .take(req.ranks as usize)
             .collect();
         free.push((n.name.clone(), n.free_bytes, ports));
     }

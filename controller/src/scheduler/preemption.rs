@@ -1,13 +1,14 @@
 //! Preemption: when a job fits nowhere, whole gangs of lower priority may be stopped to make
 //! room — never part of a gang, lowest priority first, then the cheapest (least memory), then
-//! the youngest. Pure: it picks the victims; the job's reconcile stops them and requeues them
+//! the youngest. A job whose queue is under its quota also reclaims what other queues borrowed:
+//! gangs of queues over their own quota, of no higher priority, are stopped too (reason
+//! Reclaimed). Pure: it picks the victims; the job's reconcile stops them and requeues them
 //! (Pending, reason Preempted), and the job is placed on a later pass once their ranks have
 //! ended.
 //!
 //! Ranks already told to stop count as gone, so a job waiting for its victims to end does not
 //! pick more.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tb_api::Object;
@@ -20,6 +21,8 @@ use super::view::{Alloc, ClusterView};
 pub struct Victim {
     pub job: Arc<Object>,
     pub priority: i32,
+    /// Preempted (lower priority) or Reclaimed (its queue borrowed beyond its quota).
+    pub reason: &'static str,
     pub allocations: Vec<Alloc>,
     pub memory_bytes: u64,
 }
@@ -37,6 +40,7 @@ pub enum Choice {
 /// A copy of `view` without the resources `allocations` hold.
 fn without(view: &ClusterView, allocations: &[&Alloc]) -> ClusterView {
     let mut trial = view.clone();
+    trial.unplaceable.borrow_mut().clear();
     for a in allocations {
         if let Some(n) = trial.nodes.get_mut(&a.spec.node) {
             n.free_bytes = n.free_bytes.saturating_add(a.spec.memory_bytes);
@@ -48,35 +52,24 @@ fn without(view: &ClusterView, allocations: &[&Alloc]) -> ClusterView {
     trial
 }
 
-/// The gangs of lower priority than `priority` that run now, in the order they would be
-/// stopped.
-fn candidates(job: &Object, priority: i32, view: &ClusterView) -> Vec<Victim> {
-    let mut gangs: BTreeMap<(String, String, String, u64), Vec<Alloc>> = BTreeMap::new();
-    for a in &view.allocations {
-        if a.holds_resources() && a.spec.desired == Desired::Run {
-            let key = (
-                a.spec.job.kind.clone(),
-                a.object.metadata.namespace.clone(),
-                a.spec.job.name.clone(),
-                a.spec.epoch,
-            );
-            gangs.entry(key).or_default().push(a.clone());
-        }
-    }
-    let mut out: Vec<Victim> = gangs
-        .into_iter()
-        .filter_map(|((kind, ns, name, _), allocations)| {
-            let victim = view.jobs.get(&(kind, ns, name))?;
-            let same = victim.metadata.uid == job.metadata.uid;
-            let p = view.queues.priority_of(victim);
-            let ours = allocations
-                .iter()
-                .all(|a| a.spec.job.uid == victim.metadata.uid);
-            (!same && ours && p < priority).then(|| Victim {
-                job: victim.clone(),
-                priority: p,
-                memory_bytes: allocations.iter().map(|a| a.spec.memory_bytes).sum(),
-                allocations,
+/// Whether a job (by its priority and queue) may be stopped for the one being placed, and
+/// under which reason.
+pub type Eligible<'a> = dyn Fn(i32, Option<&str>) -> Option<&'static str> + 'a;
+
+/// The gangs that run now and `eligible` allows stopping, in the order they would be stopped.
+fn candidates(job: &Object, view: &ClusterView, eligible: &Eligible) -> Vec<Victim> {
+    let mut out: Vec<Victim> = view
+        .gangs
+        .iter()
+        .filter(|g| g.job.metadata.uid != job.metadata.uid)
+        .filter_map(|g| {
+            let reason = eligible(g.facts.priority, g.facts.queue.as_deref())?;
+            Some(Victim {
+                job: g.job.clone(),
+                priority: g.facts.priority,
+                reason,
+                allocations: g.allocations.clone(),
+                memory_bytes: g.memory_bytes,
             })
         })
         .collect();
@@ -95,24 +88,23 @@ fn candidates(job: &Object, priority: i32, view: &ClusterView) -> Vec<Victim> {
     out
 }
 
-/// Whether `a` belongs to a job of lower priority than `priority` (a job that is gone counts as
-/// lowest).
-fn lower(view: &ClusterView, a: &Alloc, priority: i32) -> bool {
+/// Whether `a` belongs to a job `eligible` allows stopping (a job that is gone counts).
+fn lower(view: &ClusterView, a: &Alloc, eligible: &Eligible) -> bool {
     let key = (
         a.spec.job.kind.clone(),
         a.object.metadata.namespace.clone(),
         a.spec.job.name.clone(),
     );
-    view.jobs
+    view.facts
         .get(&key)
-        .is_none_or(|j| view.queues.priority_of(j) < priority)
+        .is_none_or(|f| eligible(f.priority, f.queue.as_deref()).is_some())
 }
 
 /// Which gangs to stop so that `fits` holds, if any.
 pub fn choose(
     job: &Object,
-    priority: i32,
     view: &ClusterView,
+    eligible: &Eligible,
     fits: impl Fn(&ClusterView) -> bool,
 ) -> Choice {
     let stopping: Vec<&Alloc> = view
@@ -122,13 +114,13 @@ pub fn choose(
             a.holds_resources()
                 && a.spec.desired == Desired::Stop
                 && a.spec.job.uid != job.metadata.uid
-                && lower(view, a, priority)
+                && lower(view, a, eligible)
         })
         .collect();
     if !stopping.is_empty() && fits(&without(view, &stopping)) {
         return Choice::Waiting;
     }
-    let candidates = candidates(job, priority, view);
+    let candidates = candidates(job, view, eligible);
     let mut freed = stopping;
     let mut chosen = Vec::new();
     for victim in &candidates {

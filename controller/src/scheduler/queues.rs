@@ -65,29 +65,48 @@ impl Queues {
         }
     }
 
+    /// A job's priority and queue (None when unqueued or refused), from one parse of its spec.
+    pub fn facts(&self, job: &Object) -> super::view::JobFacts {
+        let (named, own) = job_queue_fields(job);
+        let queue = self.resolve(&job.metadata.namespace, named).ok().flatten();
+        let priority = own.unwrap_or_else(|| {
+            queue
+                .as_ref()
+                .and_then(|q| self.specs.get(q))
+                .map_or(0, |q| q.priority)
+        });
+        super::view::JobFacts { priority, queue }
+    }
+
     /// The queue a job belongs to: Ok(None) when it is unqueued, Err when it names a queue it
     /// may not use.
     pub fn queue_of(&self, job: &Object) -> Result<Option<String>, Held> {
-        let ns = &job.metadata.namespace;
-        match job_queue_fields(job).0 {
+        self.resolve(&job.metadata.namespace, job_queue_fields(job).0)
+    }
+
+    /// The queue for work in namespace `ns` that names `named` (or none).
+    fn resolve(&self, ns: &str, named: Option<String>) -> Result<Option<String>, Held> {
+        match named {
             Some(name) => match self.specs.get(&name) {
                 None => Err(Held {
                     reason: "QueueNotFound",
                     message: format!("queue {name} does not exist"),
                 }),
-                Some(q) if !q.namespaces.is_empty() && !q.namespaces.contains(ns) => Err(Held {
-                    reason: "QueueForbidden",
-                    message: format!(
-                        "queue {name} takes work from namespaces {}, not {ns}",
-                        q.namespaces.join(", ")
-                    ),
-                }),
+                Some(q) if !q.namespaces.is_empty() && !q.namespaces.iter().any(|n| n == ns) => {
+                    Err(Held {
+                        reason: "QueueForbidden",
+                        message: format!(
+                            "queue {name} takes work from namespaces {}, not {ns}",
+                            q.namespaces.join(", ")
+                        ),
+                    })
+                }
                 Some(_) => Ok(Some(name)),
             },
             None => Ok(self
                 .specs
                 .iter()
-                .find(|(_, q)| q.namespaces.contains(ns))
+                .find(|(_, q)| q.namespaces.iter().any(|n| n == ns))
                 .map(|(name, _)| name.clone())),
         }
     }
@@ -114,6 +133,41 @@ impl Queues {
         let u = self.usage.entry(queue.to_string()).or_default();
         u.memory_bytes = u.memory_bytes.saturating_add(memory_bytes);
         u.macs.extend(macs);
+    }
+
+    /// Whether `queue` holds more than its own quota (memory or Macs): it is borrowing, and
+    /// what it borrowed may be reclaimed.
+    pub fn borrowing(&self, queue: &str) -> bool {
+        let (Some(spec), Some(used)) = (self.specs.get(queue), self.usage.get(queue)) else {
+            return false;
+        };
+        spec.quota
+            .memory
+            .as_ref()
+            .is_some_and(|q| used.memory_bytes > q.bytes())
+            || spec.quota.macs.is_some_and(|q| used.macs.len() as u32 > q)
+    }
+
+    /// Whether `queue` has a quota and a gang of `memory_bytes` on up to `macs` more Macs stays
+    /// within it, without borrowing.
+    pub fn within_quota(&self, queue: &str, memory_bytes: u64, macs: u32) -> bool {
+        let Some(spec) = self.specs.get(queue) else {
+            return false;
+        };
+        if spec.quota.memory.is_none() && spec.quota.macs.is_none() {
+            return false;
+        }
+        let used = self.usage.get(queue).cloned().unwrap_or_default();
+        let memory_ok = spec
+            .quota
+            .memory
+            .as_ref()
+            .is_none_or(|q| used.memory_bytes.saturating_add(memory_bytes) <= q.bytes());
+        let macs_ok = spec
+            .quota
+            .macs
+            .is_none_or(|q| used.macs.len() as u32 + macs <= q);
+        memory_ok && macs_ok
     }
 
     /// Whether a gang of `memory_bytes` on `macs` fits `queue`'s quota plus its borrowing limit.

@@ -10,6 +10,8 @@ use tb_api::{Kind, Object, ObjectKey, ObjectMeta};
 use super::{Clock, SchedulerConfig, reconcile, stamp};
 use crate::store::{Command, Op, Response, State};
 
+mod fair_share;
+
 const GI: u64 = 1 << 30;
 
 struct Sim {
@@ -35,12 +37,16 @@ impl Sim {
     }
 
     fn commit(&mut self, op: Op) -> Response {
+        self.commit_as(op, "")
+    }
+
+    fn commit_as(&mut self, op: Op, user: &str) -> Response {
         self.index += 1;
         let cmd = Command {
             request_id: String::new(),
             now: stamp(self.now),
             op,
-            user: String::new(),
+            user: user.into(),
         };
         self.state.apply(self.index, &cmd).0
     }
@@ -151,6 +157,10 @@ impl Sim {
     }
 
     fn apply_job(&mut self, kind: &str, name: &str, spec: Value) {
+        self.apply_job_as(kind, name, spec, "");
+    }
+
+    fn apply_job_as(&mut self, kind: &str, name: &str, spec: Value, user: &str) {
         let obj = Object {
             api_version: "tb/v1".into(),
             kind: kind.into(),
@@ -163,7 +173,7 @@ impl Sim {
             status: Value::Null,
         };
         let obj = tb_api::validate_object(&obj).expect("valid job");
-        let r = self.commit(Op::Apply { objects: vec![obj] });
+        let r = self.commit_as(Op::Apply { objects: vec![obj] }, user);
         assert!(matches!(r, Response::Applied { .. }), "{r:?}");
     }
 

@@ -1,6 +1,7 @@
 //! A read-only view of the cluster for scheduling: each Node with what is free on it (memory,
 //! ports) once the allocations that still hold resources are counted.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -101,6 +102,32 @@ pub struct ClusterView {
     pub queues: Queues,
     /// TrainingJobs and InferenceServices by (kind, namespace, name), for preemption.
     pub jobs: BTreeMap<(String, String, String), Arc<Object>>,
+    /// Each job's priority and queue, parsed once per pass.
+    pub facts: BTreeMap<(String, String, String), JobFacts>,
+    /// The gangs running now (ranks told to run and holding resources), by job and epoch: what
+    /// preemption may choose from.
+    pub gangs: Vec<Gang>,
+    /// Gang shapes (ranks × memory, selector, exclusive) found not to fit this pass, with why;
+    /// cleared whenever capacity changes.
+    pub unplaceable: RefCell<BTreeMap<String, String>>,
+    /// Indexes into `allocations` by (namespace, job kind, job name).
+    pub by_job: BTreeMap<(String, String, String), Vec<usize>>,
+}
+
+/// A job's priority and queue (None: unqueued, or a queue it may not use).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobFacts {
+    pub priority: i32,
+    pub queue: Option<String>,
+}
+
+/// One running gang.
+#[derive(Debug, Clone)]
+pub struct Gang {
+    pub job: Arc<Object>,
+    pub facts: JobFacts,
+    pub allocations: Vec<Alloc>,
+    pub memory_bytes: u64,
 }
 
 impl ClusterView {
@@ -125,6 +152,42 @@ impl ClusterView {
                     ),
                     j,
                 )
+            })
+            .collect();
+        view.facts = view
+            .jobs
+            .iter()
+            .map(|(k, j)| (k.clone(), view.queues.facts(j)))
+            .collect();
+        let mut gangs: BTreeMap<(String, String, String, u64), Vec<Alloc>> = BTreeMap::new();
+        for a in &view.allocations {
+            if a.holds_resources() && a.spec.desired == tb_api::specs::Desired::Run {
+                let key = (
+                    a.spec.job.kind.clone(),
+                    a.object.metadata.namespace.clone(),
+                    a.spec.job.name.clone(),
+                    a.spec.epoch,
+                );
+                gangs.entry(key).or_default().push(a.clone());
+            }
+        }
+        view.gangs = gangs
+            .into_iter()
+            .filter_map(|((kind, ns, name, _), allocations)| {
+                let key = (kind, ns, name);
+                let job = view.jobs.get(&key)?;
+                let ours = allocations
+                    .iter()
+                    .all(|a| a.spec.job.uid == job.metadata.uid);
+                ours.then(|| Gang {
+                    job: job.clone(),
+                    facts: view.facts.get(&key).cloned().unwrap_or(JobFacts {
+                        priority: 0,
+                        queue: None,
+                    }),
+                    memory_bytes: allocations.iter().map(|a| a.spec.memory_bytes).sum(),
+                    allocations,
+                })
             })
             .collect();
         for a in view.allocations.iter().filter(|a| a.holds_resources()) {
@@ -162,6 +225,17 @@ impl ClusterView {
                 })
             })
             .collect();
+        let mut by_job: BTreeMap<(String, String, String), Vec<usize>> = BTreeMap::new();
+        for (i, a) in allocations.iter().enumerate() {
+            by_job
+                .entry((
+                    a.object.metadata.namespace.clone(),
+                    a.spec.job.kind.clone(),
+                    a.spec.job.name.clone(),
+                ))
+                .or_default()
+                .push(i);
+        }
         let mut nodes = BTreeMap::new();
         for o in node_objects {
             let spec = parse_spec::<NodeSpec>(&o.spec).unwrap_or_default();
@@ -204,6 +278,10 @@ impl ClusterView {
             models,
             queues: Queues::default(),
             jobs: BTreeMap::new(),
+            facts: BTreeMap::new(),
+            gangs: Vec::new(),
+            unplaceable: RefCell::default(),
+            by_job,
         }
     }
 
@@ -232,10 +310,11 @@ impl ClusterView {
         kind: &'a str,
         name: &'a str,
     ) -> impl Iterator<Item = &'a Alloc> {
-        self.allocations.iter().filter(move |a| {
-            a.object.metadata.namespace == namespace
-                && a.spec.job.kind == kind
-                && a.spec.job.name == name
-        })
+        let key = (namespace.to_string(), kind.to_string(), name.to_string());
+        self.by_job
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .filter_map(|i| self.allocations.get(*i))
     }
 }

@@ -8,7 +8,8 @@ use tb_api::proto::{
     AuditRecord as PbAuditRecord, AuditRequest, AuditResponse, CanIRequest, CanIResponse,
     CreateUserRequest, DeleteUserRequest, DeleteUserResponse, IssueTokenRequest,
     IssueTokenResponse, ListUsersRequest, ListUsersResponse, RevokeTokenRequest,
-    RevokeTokenResponse, TokenInfo, UserInfo, WhoAmIRequest, WhoAmIResponse,
+    RevokeTokenResponse, TokenInfo, UsageRequest, UsageResponse, UserInfo, WhoAmIRequest,
+    WhoAmIResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -291,6 +292,19 @@ impl Auth for AuthService {
             })
             .collect();
         Ok(Response::new(AuditResponse { records }))
+    }
+
+    async fn usage(&self, req: Request<UsageRequest>) -> Result<Response<UsageResponse>, Status> {
+        let caller = caller(&req);
+        check(
+            &self.node,
+            &caller,
+            &Access::new(Verb::List, tb_api::Kind::Queue.as_str(), "", ""),
+        )?;
+        self.node.linearize().await.map_err(unavailable)?;
+        let state = self.node.store().read();
+        let reply = super::usage::usage_response(&state, &req.get_ref().since, chrono::Utc::now())?;
+        Ok(Response::new(reply))
     }
 }
 

@@ -147,6 +147,8 @@ pub enum PlanWrite {
     Delete {
         key: ObjectKey,
     },
+    /// Account usage up to a time (see `store::usage`).
+    Usage(super::usage::UsageTick),
 }
 
 /// What applying a command produced, returned to the client that proposed it.

@@ -3,10 +3,12 @@
 
 pub mod command;
 pub mod state;
+pub mod usage;
 pub mod users;
 pub mod watch;
 
 pub use command::{ApplyResult, Command, Op, Outcome, Plan, PlanWrite, Response, StoreError};
 pub use state::{Change, ChangeKind, State};
+pub use usage::{Ledger, UsageTick};
 pub use users::{AuditRecord, Role, TokenRecord, User};
 pub use watch::WatchHub;

@@ -12,6 +12,7 @@ use serde_json::Value;
 use tb_api::{Kind, Object, ObjectKey};
 
 use super::command::{ApplyResult, Command, Op, Outcome, Plan, PlanWrite, Response, StoreError};
+use super::usage::{ANNOTATION_CREATED_BY, Ledger};
 use super::users::{AuditRecord, TokenRecord, User, result_code};
 
 /// How many Event objects the store keeps; older ones are dropped.
@@ -76,6 +77,9 @@ pub struct State {
     /// The last `MAX_AUDIT` mutations by users, oldest first.
     #[serde(default)]
     pub audit: VecDeque<AuditRecord>,
+    /// Usage accounting: hourly buckets per (queue, namespace, user), decayed usage per queue.
+    #[serde(default)]
+    pub usage: Ledger,
 }
 
 impl State {
@@ -89,7 +93,7 @@ impl State {
         }
         let (response, changes) = match &cmd.op {
             Op::Apply { objects } => match self.plan_apply(objects) {
-                Ok(plan) => self.commit_apply(index, &cmd.now, plan),
+                Ok(plan) => self.commit_apply(index, &cmd.now, &cmd.user, plan),
                 Err(e) => (Response::Rejected(e), Vec::new()),
             },
             Op::Delete {
@@ -304,6 +308,7 @@ impl State {
         &mut self,
         index: u64,
         now: &str,
+        user: &str,
         plan: Vec<PlannedApply>,
     ) -> (Response, Vec<Change>) {
         let mut results = Vec::with_capacity(plan.len());
@@ -318,12 +323,25 @@ impl State {
                     obj.metadata.generation = 1;
                     obj.metadata.creation_timestamp = now.to_string();
                     obj.status = Value::Null;
+                    // Who created it, for usage accounting (set by the store, never the user).
+                    if !user.is_empty() {
+                        obj.metadata
+                            .annotations
+                            .insert(ANNOTATION_CREATED_BY.into(), user.into());
+                    }
                     self.insert(obj, ChangeKind::Added, &mut changes)
                 }
                 (_, Some(cur)) => {
                     let mut obj = step.object;
                     obj.metadata.uid = cur.metadata.uid.clone();
                     obj.metadata.creation_timestamp = cur.metadata.creation_timestamp.clone();
+                    match cur.metadata.annotations.get(ANNOTATION_CREATED_BY) {
+                        Some(u) => obj
+                            .metadata
+                            .annotations
+                            .insert(ANNOTATION_CREATED_BY.into(), u.clone()),
+                        None => obj.metadata.annotations.remove(ANNOTATION_CREATED_BY),
+                    };
                     obj.metadata.resource_version = index;
                     obj.metadata.generation = if obj.spec == cur.spec {
                         cur.metadata.generation
@@ -517,6 +535,13 @@ impl State {
                 return (Response::Rejected(err), Vec::new());
             }
         }
+        for write in &plan.writes {
+            if let PlanWrite::Usage(tick) = write
+                && let Err(e) = self.usage.check(tick)
+            {
+                return (Response::Rejected(e), Vec::new());
+            }
+        }
         let mut changes = Vec::new();
         for (i, write) in plan.writes.iter().enumerate() {
             match write {
@@ -552,6 +577,7 @@ impl State {
                         self.insert(obj, ChangeKind::Modified, &mut changes);
                     }
                 }
+                PlanWrite::Usage(tick) => self.usage.apply(tick),
                 PlanWrite::Delete { key } => {
                     if let Some(cur) = self.objects.remove(&key.storage_key()) {
                         let mut gone = (*cur).clone();
@@ -689,9 +715,14 @@ pub struct PlannedApply {
 
 /// Apply compares what the user controls: spec, labels and annotations.
 fn same_desired_state(current: &Object, desired: &Object) -> bool {
+    let ours = |o: &Object| {
+        let mut a = o.metadata.annotations.clone();
+        a.remove(ANNOTATION_CREATED_BY);
+        a
+    };
     current.spec == desired.spec
         && current.metadata.labels == desired.metadata.labels
-        && current.metadata.annotations == desired.metadata.annotations
+        && ours(current) == ours(desired)
 }
 
 /// A uid unique per object and identical on every member: log index and position in the entry.
