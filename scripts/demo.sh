@@ -24,10 +24,11 @@ echo "== tbctl up --nodelets 3"
 tbctl up --nodelets 3 --data-dir "$data" --port "$port"
 
 echo "== tbctl apply -f manifests/model-smollm2.yaml -f manifests/isvc-smollm2.yaml"
-# The Model names the file every node reads; here it is this checkout's copy.
-sed "s#path: .*gguf#path: $model#" manifests/model-smollm2.yaml > "$data/model-smollm2.yaml"
-tbctl apply -f "$data/model-smollm2.yaml" -f manifests/isvc-smollm2.yaml
-tbctl wait isvc/smollm2 --for=condition=Ready --timeout 300s
+# The Model names this checkout's copy of the file, held by node-1 only: a rank placed on
+# another node stages its layers' tensors from node-1 first (the progress bar below).
+sed "s#^\( *\)path: .*gguf#\1path: $model\n\1nodes: [node-1]#" manifests/model-smollm2.yaml \
+  > "$data/model-smollm2.yaml"
+tbctl apply --wait --timeout 300s -f "$data/model-smollm2.yaml" -f manifests/isvc-smollm2.yaml
 tbctl get isvc smollm2
 tbctl describe isvc smollm2
 echo "== tbctl chat smollm2 \"What is the capital of France?\""

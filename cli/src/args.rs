@@ -46,6 +46,11 @@ pub struct Global {
     /// TB_TOKEN or `tbctl login`.
     #[arg(long, global = true, value_name = "TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// The cluster CA's certificate (a controller's DATA_DIR/ca.pem): speak TLS and verify the
+    /// controllers with it (default: $TB_CA_CERT, then the context's, from `tbctl login
+    /// --ca-cert` or `tbctl up`; without any, plain TCP, for controllers run with --insecure).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
     /// Format of log lines on stderr (verbosity from RUST_LOG, default warn).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -77,9 +82,11 @@ pub enum Command {
     Wait(WaitArgs),
     /// Document a kind or one of its fields: KIND[.field.path].
     Explain(ExplainArgs),
-    /// Memory use of the cluster's Macs.
+    /// Memory use of the cluster's Macs, or of each queue.
     #[command(subcommand)]
     Top(TopCommand),
+    /// Memory·hours and Mac·hours per user, namespace or queue.
+    Usage(UsageArgs),
     /// Print an mlx.launch hostfile for a job's current placement.
     Hostfile(HostfileArgs),
     /// Where a job's model would go (Macs, order, layers, memory, tokens/s): a dry run, on the
@@ -113,7 +120,8 @@ pub enum Command {
     Config(ConfigCommand),
     /// Print a shell completion script.
     Completion(CompletionArgs),
-    /// Keep a bearer token in the current context (read from --token-file, else stdin).
+    /// Keep a bearer token (read from --token-file, else stdin) in the current context; with
+    /// --ca-cert FILE also the cluster CA (only the CA when --token-file is not given).
     Login(LoginArgs),
     /// Who the server takes you for.
     Whoami,
@@ -236,6 +244,10 @@ pub struct ApplyArgs {
     #[arg(long, value_enum, value_name = "MODE", num_args = 0..=1, require_equals = true,
           default_value_t = DryRun::None, default_missing_value = "server")]
     pub dry_run: DryRun,
+    /// Then wait until every InferenceService applied is Ready and every TrainingJob runs
+    /// (or finished), showing model staging as a progress bar (--timeout, default 10m).
+    #[arg(long, conflicts_with = "dry_run")]
+    pub wait: bool,
 }
 
 #[derive(Debug, Args)]
@@ -365,6 +377,27 @@ pub enum TopCommand {
     /// Memory of each Mac: total, allocatable, allocated to tb's work, free.
     #[command(visible_alias = "node", alias = "no")]
     Nodes,
+    /// Each queue: usage against quota, borrowing, pending jobs, fair share.
+    #[command(visible_alias = "queue", alias = "q")]
+    Queues,
+}
+
+/// `tbctl usage`: memory·hours and Mac·hours.
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    /// Only usage this recent, e.g. 1h, 30d (hourly buckets; 90 days are kept).
+    #[arg(long, value_name = "DURATION", value_parser = parse_seconds)]
+    pub since: Option<u64>,
+    /// One line per user, namespace or queue.
+    #[arg(long, value_enum, default_value_t = UsageBy::User)]
+    pub by: UsageBy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum UsageBy {
+    User,
+    Namespace,
+    Queue,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -17,5 +17,6 @@ pub mod discovery;
 pub mod exec;
 pub mod mlx;
 pub mod probe;
+pub mod staging;
 pub mod topology;
 pub mod transport;

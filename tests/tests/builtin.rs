@@ -215,6 +215,8 @@ spec:
   format: gguf
   source:
     path: {}
+    # Only node-1 holds the file: the rank on node-2 stages its shard from node-1.
+    nodes: [node-1]
   architecture: llama
   layers: 30
   hiddenSize: 576
@@ -307,6 +309,35 @@ links:
         .as_array()
         .expect("stages");
     assert_eq!(stages.len(), 2);
+    // The rank on node-2 staged just its shard's bytes from node-1.
+    let allocs = lab
+        .list("Allocation", "default")
+        .await
+        .expect("allocations");
+    let file_len = std::fs::metadata(&model).expect("model").len();
+    let remote = allocs
+        .iter()
+        .find(|a| a["spec"]["node"] == "node-2")
+        .expect("a rank on node-2");
+    let sources = remote["spec"]["builtin"]["sources"]
+        .as_array()
+        .expect("sources");
+    assert_eq!(sources.len(), 1, "{remote:#}");
+    let staged = remote["status"]["stagedBytes"]
+        .as_u64()
+        .expect("stagedBytes");
+    assert!(
+        staged > 0 && staged < file_len,
+        "{staged} of {file_len}: {remote:#}"
+    );
+    let local = allocs
+        .iter()
+        .find(|a| a["spec"]["node"] == "node-1")
+        .expect("a rank on node-1");
+    assert!(
+        local["spec"]["builtin"].get("sources").is_none(),
+        "{local:#}"
+    );
     let get = lab.tbctl_ok(&["get", "isvc"]).await;
     assert!(
         get.stdout.contains("ENDPOINT") && get.stdout.contains(&endpoint),
@@ -412,4 +443,57 @@ links:
     )
     .expect("POST");
     assert_eq!(status_code, 200, "{body}");
+}
+
+/// What `tb-shard` says when it cannot start: the reason and the engine's words, in the
+/// termination message the nodelet copies into the allocation's status.
+#[test]
+fn a_rank_that_cannot_load_its_shard_says_why() {
+    let model = model_path();
+    let dir = TestDir::new("builtin-bad-input");
+    let junk = dir.write(
+        "junk.gguf",
+        "this is not a GGUF file at all, just some text\n",
+    );
+    let cases: [(&str, Vec<String>, &str, &str); 3] = [
+        (
+            "shard too big",
+            vec![
+                "--model".into(),
+                model.display().to_string(),
+                "--memory-limit".into(),
+                "1000".into(),
+            ],
+            "ShardTooBig",
+            "allocation reserves 1000",
+        ),
+        (
+            "not a GGUF",
+            vec!["--model".into(), junk.display().to_string()],
+            "ModelLoadFailed",
+            "junk.gguf",
+        ),
+        (
+            "missing file",
+            vec!["--model".into(), "/nonexistent/m.gguf".into()],
+            "ModelLoadFailed",
+            "/nonexistent/m.gguf",
+        ),
+    ];
+    for (what, args, reason, detail) in cases {
+        let message = dir.path().join(format!("{reason}-{}.txt", what.len()));
+        let out = std::process::Command::new(shard_bin())
+            .args(&args)
+            .args(["--model-name", "m", "--hosts", "127.0.0.1"])
+            .args(["--coordinator", &format!("127.0.0.1:{}", free_port())])
+            .args(["--http", &format!("127.0.0.1:{}", free_port())])
+            .env("TB_TERMINATION_MESSAGE", &message)
+            .output()
+            .expect("tb-shard runs");
+        assert!(!out.status.success(), "{what}: {out:?}");
+        let said = std::fs::read_to_string(&message).expect("a termination message");
+        let (first, rest) = said.split_once('\n').expect("reason, then message");
+        assert_eq!(first, reason, "{what}: {said}");
+        assert!(rest.contains(detail), "{what}: {said}");
+    }
 }

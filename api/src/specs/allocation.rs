@@ -75,6 +75,10 @@ pub struct BuiltinAssignment {
     /// Sequences served at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<u32>,
+    /// Where to stage the weights from when this node does not hold the file: the probe
+    /// servers (`ip:port`) of nodes that do (empty: the file is at `modelPath` here).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<String>,
 }
 
 /// The model layers a rank holds: `[first, first + count)`.
@@ -211,6 +215,15 @@ pub struct AllocationStatus {
     /// The endpoint has answered a request end to end through every stage.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ready: bool,
+    /// Model staging: bytes of this rank's shard present and verified, of `stageBytes`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub staged_bytes: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stage_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl AllocationStatus {

@@ -1,15 +1,25 @@
 //! `tbctl apply`: load and validate every object locally, then send them in one all-or-none
-//! Apply request and print each object's outcome.
+//! Apply request and print each object's outcome. With `--wait`, then wait until the jobs
+//! applied are up (InferenceServices Ready, TrainingJobs running or finished), drawing model
+//! staging as a progress bar on stderr.
 
-use anyhow::Result;
-use tb_api::proto::ApplyRequest;
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use serde_json::Value;
+use tb_api::Kind;
+use tb_api::proto::{ApplyRequest, GetRequest, ListRequest};
 
 use super::{Ctx, display_name, request_id};
 use crate::args::{ApplyArgs, DryRun};
 use crate::manifests;
 use crate::output::emit;
 
-pub async fn run(ctx: &mut Ctx, args: &ApplyArgs) -> Result<()> {
+/// How long `--wait` waits when `--timeout` does not say.
+const WAIT: Duration = Duration::from_secs(600);
+
+pub async fn run(ctx: &mut Ctx, args: &ApplyArgs, timeout: Option<Duration>) -> Result<()> {
     // Nothing is sent unless every object in every file is valid.
     let objects = manifests::load_valid(&args.files, &ctx.target)?;
     if args.dry_run == DryRun::Client {
@@ -33,5 +43,155 @@ pub async fn run(ctx: &mut Ctx, args: &ApplyArgs) -> Result<()> {
         .iter()
         .map(|r| format!("{} {}{suffix}\n", display_name(&r.kind, &r.name), r.outcome))
         .collect();
-    emit(&out)
+    emit(&out)?;
+    if args.wait {
+        let deadline = tokio::time::Instant::now() + timeout.unwrap_or(WAIT);
+        for l in &objects {
+            let o = &l.object;
+            if let Some(kind @ (Kind::InferenceService | Kind::TrainingJob)) = o.kind() {
+                let ns = ctx.namespace_for(kind);
+                let ns = if o.metadata.namespace.is_empty() {
+                    ns
+                } else {
+                    o.metadata.namespace.clone()
+                };
+                wait_up(ctx, kind, &ns, &o.metadata.name, deadline).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether a job is up: `Ok(true)` up, `Ok(false)` not yet, `Err` failed.
+fn up(kind: Kind, status: &Value) -> Result<bool> {
+    let phase = status["phase"].as_str().unwrap_or("");
+    if phase == "Failed" {
+        bail!(
+            "{}: {}",
+            status["reason"].as_str().unwrap_or("Failed"),
+            status["message"].as_str().unwrap_or("")
+        );
+    }
+    Ok(match kind {
+        Kind::InferenceService => status["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        }),
+        _ => matches!(phase, "Running" | "Succeeded"),
+    })
+}
+
+/// `[#######.............]  35% staging 12.3/35.1 MiB`
+pub fn bar(have: u64, need: u64) -> String {
+    let pct = (have * 100).checked_div(need).unwrap_or(100).min(100);
+    let filled = (pct / 5) as usize;
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    format!(
+        "[{}{}] {pct:>3}% staging {:.1}/{:.1} MiB",
+        "#".repeat(filled),
+        ".".repeat(20 - filled),
+        mib(have),
+        mib(need)
+    )
+}
+
+async fn wait_up(
+    ctx: &mut Ctx,
+    kind: Kind,
+    namespace: &str,
+    name: &str,
+    deadline: tokio::time::Instant,
+) -> Result<()> {
+    let shown = display_name(kind.as_str(), name);
+    let tty = std::io::stderr().is_terminal();
+    let mut last_line = String::new();
+    loop {
+        let job = ctx
+            .client()
+            .get(GetRequest {
+                kind: kind.as_str().into(),
+                namespace: namespace.into(),
+                name: name.into(),
+                stale: false,
+            })
+            .await?;
+        let job: Value = serde_json::from_str(&job.object_json)?;
+        if up(kind, &job["status"]).map_err(|e| anyhow::anyhow!("{shown} failed: {e}"))? {
+            if tty && !last_line.is_empty() {
+                eprintln!();
+            }
+            return emit(&format!("{shown} is up\n"));
+        }
+        // Model staging of the current ranks, summed.
+        let allocs = ctx
+            .client()
+            .list(ListRequest {
+                kind: Kind::Allocation.as_str().into(),
+                namespace: namespace.into(),
+                label_selector: format!("{}={name}", tb_api::specs::allocation::LABEL_JOB),
+                stale: true,
+            })
+            .await?;
+        let epoch = job["status"]["epoch"].as_u64().unwrap_or(0);
+        let (mut have, mut need) = (0u64, 0u64);
+        for a in &allocs.objects_json {
+            let a: Value = serde_json::from_str(a)?;
+            if a["spec"]["epoch"].as_u64() == Some(epoch)
+                && a["spec"]["job"]["kind"] == kind.as_str()
+            {
+                have += a["status"]["stagedBytes"].as_u64().unwrap_or(0);
+                need += a["status"]["stageBytes"].as_u64().unwrap_or(0);
+            }
+        }
+        if need > 0 {
+            let line = bar(have, need);
+            if line != last_line {
+                if tty {
+                    eprint!("\r{shown} {line}");
+                } else {
+                    eprintln!("{shown} {line}");
+                }
+                last_line = line;
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("timed out waiting for {shown} to be up");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_bar_fills_with_the_bytes() {
+        assert_eq!(
+            bar(0, 100),
+            format!("[{}]   0% staging 0.0/0.0 MiB", ".".repeat(20))
+        );
+        assert!(bar(50 << 20, 100 << 20).starts_with("[##########..........]  50%"));
+        assert!(bar(7, 0).contains("100%"));
+    }
+
+    #[test]
+    fn services_are_up_when_ready_and_jobs_when_running() {
+        let ready =
+            json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+        assert!(up(Kind::InferenceService, &ready).unwrap());
+        assert!(!up(Kind::InferenceService, &json!({"phase": "Running"})).unwrap());
+        assert!(up(Kind::TrainingJob, &json!({"phase": "Succeeded"})).unwrap());
+        let e = up(
+            Kind::TrainingJob,
+            &json!({"phase": "Failed", "reason": "BackoffLimitExceeded", "message": "rank 1"}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("BackoffLimitExceeded") && e.contains("rank 1"),
+            "{e}"
+        );
+    }
 }

@@ -26,6 +26,7 @@ pub mod token;
 pub mod top;
 pub mod topology;
 pub mod up;
+pub mod usage;
 pub mod wait;
 pub mod watch;
 
@@ -37,7 +38,9 @@ use tb_api::{Kind, Object};
 
 use crate::args::{Cli, Command};
 use crate::client::Client;
-use crate::config::{ConfigFile, Overrides, Target, config_path, resolve, resolve_token};
+use crate::config::{
+    ConfigFile, Overrides, Target, config_path, resolve, resolve_ca, resolve_token,
+};
 
 /// An error already reported on stderr: exit with this code and print nothing more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +62,8 @@ pub struct Ctx {
     pub target: Target,
     /// The bearer token calls carry.
     token: Option<String>,
+    /// The CA calls verify the controllers with; None: plain TCP.
+    trust: Option<crate::tls::Trust>,
     timeout: Duration,
     client: Option<Client>,
 }
@@ -68,6 +73,7 @@ impl Ctx {
         Ctx {
             target,
             token: None,
+            trust: None,
             timeout,
             client: None,
         }
@@ -80,10 +86,20 @@ impl Ctx {
         self
     }
 
+    /// Calls speak TLS and verify the controllers with `trust`.
+    pub fn with_trust(mut self, trust: Option<crate::tls::Trust>) -> Ctx {
+        self.trust = trust;
+        self.client = None;
+        self
+    }
+
     pub fn client(&mut self) -> &mut Client {
         let (servers, timeout, token) = (&self.target.servers, self.timeout, &self.token);
+        let trust = &self.trust;
         self.client.get_or_insert_with(|| {
-            Client::new(servers.clone(), timeout).with_token(token.as_deref())
+            Client::new(servers.clone(), timeout)
+                .with_token(token.as_deref())
+                .with_trust(trust.clone())
         })
     }
 
@@ -131,16 +147,26 @@ pub async fn run(cli: Cli) -> Result<u8> {
         token_env: std::env::var("TB_TOKEN")
             .ok()
             .filter(|s| !s.trim().is_empty()),
+        ca_flag: g.ca_cert.clone(),
+        ca_env: std::env::var_os("TB_CA_CERT")
+            .filter(|s| !s.is_empty())
+            .map(std::path::PathBuf::from),
     };
     if let Command::Login(a) = &cmd {
         return auth::login(a, &overrides).map(|()| 0);
     }
     let target = resolve(&overrides, &file)?;
     let token = resolve_token(&overrides, &file);
-    tracing::debug!(servers = ?target.servers, namespace = %target.namespace, "target");
-    let mut ctx = Ctx::new(target, g.timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT)).with_token(token);
+    let trust = match resolve_ca(&overrides, &file) {
+        Some(p) => Some(crate::tls::Trust::load(&p)?),
+        None => None,
+    };
+    tracing::debug!(servers = ?target.servers, namespace = %target.namespace, tls = trust.is_some(), "target");
+    let mut ctx = Ctx::new(target, g.timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT))
+        .with_token(token)
+        .with_trust(trust);
     match cmd {
-        Command::Apply(a) => apply::run(&mut ctx, &a).await.map(|()| 0),
+        Command::Apply(a) => apply::run(&mut ctx, &a, g.timeout).await.map(|()| 0),
         Command::Diff(a) => diff::run(&mut ctx, &a).await,
         Command::Get(a) => get::run(&mut ctx, &a).await.map(|()| 0),
         Command::Describe(a) => describe::run(&mut ctx, &a).await.map(|()| 0),
@@ -151,6 +177,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
             .await
             .map(|()| 0),
         Command::Top(c) => top::run(&mut ctx, c).await.map(|()| 0),
+        Command::Usage(a) => usage::run(&mut ctx, &a).await.map(|()| 0),
         Command::Chat(a) => chat::run(&mut ctx, &a).await.map(|()| 0),
         Command::Hostfile(a) => hostfile::run(&mut ctx, &a).await.map(|()| 0),
         Command::Plan(a) => plan::run(&mut ctx, &a).await.map(|()| 0),

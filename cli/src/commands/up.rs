@@ -33,7 +33,9 @@ use crate::config::{ConfigFile, Context, config_path};
 use crate::local::{self, CONTEXT, Proc};
 use crate::output::{Table, emit};
 use crate::servers::parse_server_list;
+use crate::tls::Trust;
 use tb_controller::server::ADMIN_TOKEN_FILE;
+use tb_controller::tls::CA_CERT_FILE;
 
 /// How long the controller gets to elect itself, and the nodelets to become Ready.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -113,15 +115,21 @@ pub fn local_lab(nodelets: u32) -> String {
     out
 }
 
-/// Set the context `local` to this cluster's controller and admin token (replacing any earlier
-/// one) and make it current.
-pub fn point_context(file: &mut ConfigFile, server: &str, token: Option<String>) {
+/// Set the context `local` to this cluster's controller, admin token and CA (replacing any
+/// earlier one) and make it current.
+pub fn point_context(
+    file: &mut ConfigFile,
+    server: &str,
+    token: Option<String>,
+    ca_cert: Option<PathBuf>,
+) {
     file.contexts.retain(|c| c.name != CONTEXT);
     file.contexts.push(Context {
         name: CONTEXT.into(),
         server: server.into(),
         namespace: None,
         token,
+        ca_cert,
     });
     file.current_context = Some(CONTEXT.into());
 }
@@ -289,7 +297,9 @@ pub async fn run(args: &UpArgs) -> Result<()> {
     let mut file_path_note = String::new();
     match config_path().and_then(|path| {
         let mut file = ConfigFile::load(&path)?;
-        point_context(&mut file, &server, Some(token));
+        // The controller made the cluster CA in its data dir.
+        let ca = std::path::absolute(dir.join("controller").join(CA_CERT_FILE)).ok();
+        point_context(&mut file, &server, Some(token), ca);
         file.save(&path).map(|()| path)
     }) {
         Ok(path) => file_path_note.push_str(&format!(
@@ -340,8 +350,25 @@ async fn start(
         server.into(),
     )?;
 
-    let mut client = Client::new(parse_server_list(server)?, Duration::from_secs(1));
+    // The controller makes the cluster CA before it serves; clients verify it with that.
     let deadline = Instant::now() + START_TIMEOUT;
+    let ca_path = dir.join("controller").join(CA_CERT_FILE);
+    let trust = loop {
+        cluster.check_alive()?;
+        match Trust::load(&ca_path) {
+            Ok(t) => break t,
+            Err(e) if Instant::now() >= deadline => {
+                return Err(e.context(format!(
+                    "the controller made no CA within {}s; see {}",
+                    START_TIMEOUT.as_secs(),
+                    dir.join("controller.log").display()
+                )));
+            }
+            Err(_) => tokio::time::sleep(POLL).await,
+        }
+    };
+    let mut client = Client::new(parse_server_list(server)?, Duration::from_secs(1))
+        .with_trust(Some(trust.clone()));
     loop {
         cluster.check_alive()?;
         match client.cluster_status().await {
@@ -381,7 +408,8 @@ async fn start(
         tokio::time::sleep(POLL).await;
     };
     let mut client = Client::new(parse_server_list(server)?, Duration::from_secs(10))
-        .with_token(Some(&admin_token));
+        .with_token(Some(&admin_token))
+        .with_trust(Some(trust));
     let token = client
         .create_token(CreateTokenRequest {
             ttl_seconds: 3600,
@@ -400,6 +428,7 @@ async fn start(
     for i in 1..=args.nodelets {
         let port = free_port()?;
         let mut nodelet_args = nodelet_args(i, &dir, server, port, &token)?;
+        nodelet_args.extend(["--ca-cert".to_string(), ca_path.display().to_string()]);
         nodelet_args.extend([
             "--topology".to_string(),
             lab.display().to_string(),
@@ -516,16 +545,18 @@ mod tests {
                     server: "mac1:7400".into(),
                     namespace: None,
                     token: None,
+                    ca_cert: None,
                 },
                 Context {
                     name: "local".into(),
                     server: "127.0.0.1:7500".into(),
                     namespace: Some("old".into()),
                     token: None,
+                    ca_cert: None,
                 },
             ],
         };
-        point_context(&mut file, "127.0.0.1:7400", None);
+        point_context(&mut file, "127.0.0.1:7400", None, None);
         assert_eq!(file.current_context.as_deref(), Some("local"));
         assert_eq!(file.contexts.len(), 2);
         let local = file.context("local").expect("local");

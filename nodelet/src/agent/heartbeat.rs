@@ -32,6 +32,8 @@ pub struct NodeInfo {
 pub struct Links {
     pub discovery: Arc<Discovery>,
     pub probe_server: Arc<ProbeServer>,
+    /// This Mac's own address: the probe server listens there too (model staging).
+    pub node_ip: Option<IpAddr>,
 }
 
 impl Links {
@@ -39,10 +41,11 @@ impl Links {
     /// addresses; returns them and the probe port.
     pub async fn refresh(&self) -> (Vec<PortStatus>, u16) {
         let ports = self.discovery.ports().await;
-        let addresses: Vec<IpAddr> = ports
+        let mut addresses: Vec<IpAddr> = ports
             .iter()
             .filter_map(|p| p.address.as_deref()?.parse().ok())
             .collect();
+        addresses.extend(self.node_ip.filter(|ip| !ip.is_unspecified()));
         self.probe_server.serve_on(&addresses).await;
         (ports, self.probe_server.port())
     }

@@ -1,12 +1,14 @@
-//! The running nodelet: joins (or reuses its credential), serves its logs, heartbeats (with its
-//! ports, from discovery or a topology file), serves and runs link probes, and supervises the
-//! allocations the controllers assign to it.
+//! The running nodelet: joins (or reuses its credential), serves its logs (over TLS with the node
+//! certificate from its join, `tls`), heartbeats (with its ports, from discovery or a topology
+//! file), serves and runs link probes, and supervises the allocations the controllers assign to
+//! it.
 
 pub mod controllers;
 pub mod heartbeat;
 pub mod identity;
 pub mod logs;
 pub mod supervisor;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -38,6 +40,8 @@ pub struct Config {
     /// The address controllers and peers use, when it differs from `listen`.
     pub advertise: Option<String>,
     pub join_token: Option<String>,
+    /// The cluster CA to trust controllers with; None: the one kept at join, else plain TCP.
+    pub ca_cert: Option<PathBuf>,
     pub labels: BTreeMap<String, String>,
     pub port_range: PortRange,
     pub heartbeat: Duration,
@@ -66,7 +70,13 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         .advertise
         .clone()
         .unwrap_or_else(|| cfg.listen.to_string());
-    let controllers = Arc::new(Controllers::new(cfg.controllers.clone()));
+    let trust = tls::trust(cfg.ca_cert.as_deref(), &cfg.data_dir)?;
+    if trust.is_none() {
+        tracing::warn!(
+            "no --ca-cert: talking plain TCP to the controllers (they must run with --insecure)"
+        );
+    }
+    let controllers = Arc::new(Controllers::new(cfg.controllers.clone(), trust.clone()));
     let info = NodeInfo {
         address: address.clone(),
         port_range: cfg.port_range,
@@ -80,6 +90,10 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
     let links = Links {
         discovery: Discovery::new(source),
         probe_server: ProbeServer::new(cfg.probe_port),
+        // Model staging reaches this Mac at its own address, on the probe server's port.
+        node_ip: address
+            .rsplit_once(':')
+            .and_then(|(h, _)| h.trim_matches(['[', ']']).parse().ok()),
     };
     let (ports, probe_port) = links.refresh().await;
     let first = heartbeat::observe(&info, None, ports, probe_port);
@@ -95,8 +109,30 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
     .await?;
     controllers.set_credential(&credential.credential);
 
+    // Logs are served with the node certificate from the join, to controllers only.
+    let server_tls = match &trust {
+        Some(t) => {
+            let config = tls::server_config(&cfg.data_dir, t)?;
+            if config.is_none() {
+                anyhow::bail!(
+                    "{} holds no node certificate (node.pem): this node joined a controller \
+                     without TLS; remove {} and join again with --join-token",
+                    cfg.data_dir.display(),
+                    cfg.data_dir.join("credential.json").display()
+                );
+            }
+            config
+        }
+        None => None,
+    };
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(config) = server_tls {
+        builder = builder
+            .tls_config(config)
+            .context("serving logs with the node certificate")?;
+    }
+    let server = builder
         .add_service(NodeletServer::new(logs::LogsService::new(
             cfg.data_dir.clone(),
         )))

@@ -348,7 +348,19 @@ impl Supervisor {
             finished_at: now(),
             ..Default::default()
         };
-        let prepared = prepare(&dir, namespace, spec);
+        // A built-in rank whose node lacks the model file stages its shard first.
+        let mut staged_path = None;
+        let mut staged_bytes = 0;
+        if let Some(b) = spec.builtin.as_ref().filter(|b| !b.sources.is_empty()) {
+            match self.stage(namespace, name, spec, b).await {
+                Ok((p, bytes)) => {
+                    staged_path = Some(p);
+                    staged_bytes = bytes;
+                }
+                Err(e) => return failed("StagingFailed", e),
+            }
+        }
+        let prepared = prepare(&dir, namespace, spec, staged_path.as_deref());
         let exec_spec = match prepared {
             Ok(s) => s,
             Err(Prepare::Model(e)) => return failed("ModelNotFound", e),
@@ -367,6 +379,8 @@ impl Supervisor {
             phase: AllocationPhase::Running,
             pid: Some(pid),
             started_at: started_at.clone(),
+            staged_bytes,
+            stage_bytes: staged_bytes,
             ..Default::default()
         };
         self.report(namespace, name, &running_status).await;
@@ -437,10 +451,93 @@ impl Supervisor {
         status
     }
 
+    /// Stages a built-in rank's shard from the nodes that hold the model, reporting progress in
+    /// the allocation's status (Pending, reason `Staging`) about once a second.
+    async fn stage(
+        &self,
+        namespace: &str,
+        name: &str,
+        spec: &AllocationSpec,
+        b: &tb_api::specs::BuiltinAssignment,
+    ) -> Result<(PathBuf, u64), String> {
+        let sources: Vec<std::net::SocketAddr> =
+            b.sources.iter().filter_map(|s| s.parse().ok()).collect();
+        if sources.is_empty() {
+            return Err(format!("no usable staging source in {:?}", b.sources));
+        }
+        let job = crate::staging::fetch::Job {
+            sources,
+            path: b.model_path.clone(),
+            first: spec.layers.map_or(0, |l| l.first as usize),
+            count: spec.layers.map(|l| l.count as usize),
+            cache_root: self.data_dir.join("models"),
+            timeout: Duration::from_secs(3600),
+        };
+        let progress = Arc::new(Mutex::new(None::<crate::staging::fetch::Progress>));
+        let seen = progress.clone();
+        let mut work = tokio::task::spawn_blocking(move || {
+            crate::staging::fetch::stage(&job, &|p| {
+                *seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+            })
+        });
+        let mut reported = None;
+        let outcome = loop {
+            tokio::select! {
+                r = &mut work => break r,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            let now = *progress.lock().unwrap_or_else(|e| e.into_inner());
+            if now != reported
+                && let Some(p) = now
+            {
+                reported = now;
+                let status = staging_status(&b.model, p.have, p.need);
+                self.report(namespace, name, &status).await;
+            }
+        };
+        match outcome {
+            Ok(Ok(s)) => {
+                tracing::info!(
+                    alloc = %format!("{namespace}/{name}"),
+                    fetched = s.fetched,
+                    needed = s.needed,
+                    file = s.file_len,
+                    "model staged"
+                );
+                self.report(
+                    namespace,
+                    name,
+                    &staging_status(&b.model, s.needed, s.needed),
+                )
+                .await;
+                Ok((s.path, s.needed))
+            }
+            Ok(Err(e)) => Err(format!("staging {}: {e}", b.model)),
+            Err(e) => Err(format!("staging {} stopped: {e}", b.model)),
+        }
+    }
+
     /// Write an allocation's status, retrying across controllers until it lands or the
     /// allocation is gone.
     async fn report(&self, namespace: &str, name: &str, status: &AllocationStatus) {
         report(&self.controllers, namespace, name, status).await
+    }
+}
+
+fn staging_status(model: &str, have: u64, need: u64) -> AllocationStatus {
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    AllocationStatus {
+        phase: AllocationPhase::Pending,
+        reason: "Staging".into(),
+        message: format!(
+            "staging {model}: {:.1}/{:.1} MiB ({}%)",
+            mib(have),
+            mib(need),
+            (have * 100).checked_div(need).unwrap_or(100)
+        ),
+        staged_bytes: have,
+        stage_bytes: need,
+        ..Default::default()
     }
 }
 
@@ -549,6 +646,17 @@ fn endpoint_of(spec: &AllocationSpec) -> Option<(String, String)> {
     Some((format!("http://{host}:{port}/v1"), format!("{host}:{port}")))
 }
 
+/// The most recently modified entry of `dir` (a checkpoint file or directory), if any.
+fn newest_entry(dir: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .max()
+        .map(|(_, p)| p)
+}
+
 /// One `GET /health`: whether it answered 200.
 async fn healthy(addr: &str) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -568,7 +676,12 @@ async fn healthy(addr: &str) -> bool {
 }
 
 /// The process to start: its directories, the MLX files and environment, the command.
-fn prepare(dir: &Path, namespace: &str, spec: &AllocationSpec) -> Result<exec::Spec, Prepare> {
+fn prepare(
+    dir: &Path,
+    namespace: &str,
+    spec: &AllocationSpec,
+    staged: Option<&Path>,
+) -> Result<exec::Spec, Prepare> {
     let work = match &spec.working_dir {
         Some(w) if Path::new(w).is_absolute() => PathBuf::from(w),
         Some(w) => dir.join("work").join(w),
@@ -631,13 +744,20 @@ fn prepare(dir: &Path, namespace: &str, spec: &AllocationSpec) -> Result<exec::S
     };
     env.extend(tb_env);
     env.insert("TB_EPOCH".into(), spec.epoch.to_string());
+    // A job that keeps checkpoints resumes from the newest one after a restart or preemption.
+    if let Some(newest) = env
+        .get("TB_CHECKPOINT_DIR")
+        .and_then(|d| newest_entry(Path::new(d)))
+    {
+        env.insert("TB_RESUME_FROM".into(), newest.display().to_string());
+    }
     env.insert("TB_ALLOCATION_DIR".into(), dir.display().to_string());
     let command = if spec.executor == Executor::Builtin {
         env.insert(
             TERMINATION_MESSAGE_ENV.into(),
             dir.join("termination-message").display().to_string(),
         );
-        shard_command(&shard_binary(), spec).map_err(Prepare::Model)?
+        shard_command(&shard_binary(), spec, staged).map_err(Prepare::Model)?
     } else {
         spec.command.clone()
     };
@@ -656,4 +776,31 @@ fn kill_group(pid: i32) {
 
 pub fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restarted_rank_resumes_from_the_newest_checkpoint() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(newest_entry(dir.path()), None, "no checkpoint yet");
+        for (i, name) in ["step-100", "step-200", ".partial"].iter().enumerate() {
+            std::fs::create_dir(dir.path().join(name)).expect("mkdir");
+            let t = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000 + i as u64);
+            let f = std::fs::File::open(dir.path().join(name)).expect("open");
+            f.set_modified(t).expect("mtime");
+        }
+        assert_eq!(newest_entry(dir.path()), Some(dir.path().join("step-200")));
+        assert_eq!(newest_entry(&dir.path().join("missing")), None);
+    }
+
+    #[test]
+    fn staging_progress_reads_as_a_percentage() {
+        let s = staging_status("smollm2", 5 << 20, 20 << 20);
+        assert_eq!(s.reason, "Staging");
+        assert_eq!(s.message, "staging smollm2: 5.0/20.0 MiB (25%)");
+        assert_eq!((s.staged_bytes, s.stage_bytes), (5 << 20, 20 << 20));
+    }
 }

@@ -53,6 +53,10 @@ struct Args {
     /// Sequences served at once.
     #[arg(long, default_value_t = 4)]
     batch: usize,
+    /// Bytes this rank may use (its allocation's memory); a shard whose weights need more
+    /// fails at load with reason ShardTooBig.
+    #[arg(long)]
+    memory_limit: Option<u64>,
     /// Seconds the ranks may take to find each other.
     #[arg(long, default_value_t = 600)]
     connect_timeout: u64,
@@ -92,6 +96,7 @@ async fn main() -> ExitCode {
         http: args.http,
         context: args.context,
         batch: args.batch,
+        memory_limit: args.memory_limit,
         connect_timeout: Duration::from_secs(args.connect_timeout),
         step_timeout: Duration::from_secs(args.step_timeout),
         transport,

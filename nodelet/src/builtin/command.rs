@@ -18,8 +18,13 @@ pub fn expand_home(path: &str) -> PathBuf {
 }
 
 /// The command that runs rank `spec.rank` of a built-in service with the `tb-shard` binary at
-/// `shard_bin`. Errors say which field of the assignment is wrong.
-pub fn shard_command(shard_bin: &Path, spec: &AllocationSpec) -> Result<Vec<String>, String> {
+/// `shard_bin`, loading `staged` when the shard was staged here (else the Model's path).
+/// Errors say which field of the assignment is wrong.
+pub fn shard_command(
+    shard_bin: &Path,
+    spec: &AllocationSpec,
+    staged: Option<&Path>,
+) -> Result<Vec<String>, String> {
     let b = spec
         .builtin
         .as_ref()
@@ -31,7 +36,7 @@ pub fn shard_command(shard_bin: &Path, spec: &AllocationSpec) -> Result<Vec<Stri
             spec.world_size
         ));
     }
-    let model = expand_home(&b.model_path);
+    let model = staged.map_or_else(|| expand_home(&b.model_path), Path::to_path_buf);
     if !model.is_file() {
         return Err(format!(
             "the model file {} (Model {}'s source.path) is not on this node",
@@ -73,6 +78,9 @@ pub fn shard_command(shard_bin: &Path, spec: &AllocationSpec) -> Result<Vec<Stri
     if let Some(n) = b.batch {
         cmd.extend(["--batch".into(), n.to_string()]);
     }
+    if spec.memory_bytes > 0 {
+        cmd.extend(["--memory-limit".into(), spec.memory_bytes.to_string()]);
+    }
     Ok(cmd)
 }
 
@@ -105,6 +113,7 @@ mod tests {
                 endpoint_port: Some(8080),
                 context: Some(2048),
                 batch: None,
+                sources: Vec::new(),
             }),
             ..Default::default()
         }
@@ -116,14 +125,14 @@ mod tests {
         let model = dir.path().join("m.gguf");
         std::fs::write(&model, b"x").expect("write");
         let m = model.display().to_string();
-        let cmd = shard_command(Path::new("/bin/tb-shard"), &spec(0, &m)).expect("command");
+        let cmd = shard_command(Path::new("/bin/tb-shard"), &spec(0, &m), None).expect("command");
         let line = cmd.join(" ");
         assert!(line.starts_with("/bin/tb-shard --model "), "{line}");
         assert!(line.contains("--first 0 --count 15"), "{line}");
         assert!(line.contains("--hosts 127.0.0.1,127.0.0.2"), "{line}");
         assert!(line.contains("--http 127.0.0.1:8080"), "{line}");
         assert!(line.contains("--context 2048"), "{line}");
-        let cmd = shard_command(Path::new("/bin/tb-shard"), &spec(1, &m)).expect("command");
+        let cmd = shard_command(Path::new("/bin/tb-shard"), &spec(1, &m), None).expect("command");
         let line = cmd.join(" ");
         assert!(
             line.contains("--rank 1") && line.contains("--first 15"),
@@ -131,7 +140,8 @@ mod tests {
         );
         assert!(!line.contains("--http"), "{line}");
 
-        let err = shard_command(Path::new("/bin/tb-shard"), &spec(0, "/nope/m.gguf")).unwrap_err();
+        let err =
+            shard_command(Path::new("/bin/tb-shard"), &spec(0, "/nope/m.gguf"), None).unwrap_err();
         assert!(
             err.contains("/nope/m.gguf") && err.contains("smollm2"),
             "{err}"

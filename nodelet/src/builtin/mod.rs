@@ -49,6 +49,8 @@ pub struct ShardOptions {
     pub http: Option<SocketAddr>,
     pub context: Option<usize>,
     pub batch: usize,
+    /// Bytes this rank may use; the shard's weights must fit.
+    pub memory_limit: Option<u64>,
     /// How long the ranks may take to find each other (the slowest loads its weights first).
     pub connect_timeout: Duration,
     /// How long one step may take in the later stages.
@@ -103,6 +105,21 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
     .and_then(|r| r)
     .map_err(start_error("ModelLoadFailed"))?;
     let (shard, extras) = loaded;
+    if let Some(limit) = opts.memory_limit
+        && shard.weight_bytes() > limit
+    {
+        return Err(StartError {
+            reason: "ShardTooBig",
+            error: anyhow::anyhow!(
+                "blocks {}..{} of {} need {} bytes of weights in memory, but this rank's \
+                 allocation reserves {limit}",
+                shard.first(),
+                shard.first() + shard.count(),
+                opts.model_path.display(),
+                shard.weight_bytes()
+            ),
+        });
+    }
     tracing::info!(
         rank,
         first,

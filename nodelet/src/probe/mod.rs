@@ -18,7 +18,8 @@
 //! its verdict on the control connection — `0`, or `1`, a u16 big-endian length and a UTF-8
 //! message — and closes.
 //!
-//! Any other op byte or a malformed request closes the connection. The server closes a control
+//! Op `F` on the same port is model staging (see [`crate::staging`]). Any other op byte or a
+//! malformed request closes the connection. The server closes a control
 //! connection that sends nothing for [`IDLE_TIMEOUT`], serves at most [`MAX_CONNECTIONS`]
 //! control connections and [`MAX_SESSIONS`] transport sessions at once (more are refused).
 

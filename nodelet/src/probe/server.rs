@@ -261,6 +261,20 @@ pub async fn serve(mut stream: TcpStream, sessions: Arc<Semaphore>) -> std::io::
     if !read_message(&mut stream, &mut op).await? {
         return Ok(());
     }
+    if op[0] == crate::staging::OP_FETCH {
+        // Model staging shares this port: a transfer of a GGUF file's header and tensors.
+        let std = stream.into_std()?;
+        std.set_nonblocking(false)?;
+        return match sessions.try_acquire_owned() {
+            Err(_) => Ok(()),
+            Ok(permit) => tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                crate::staging::serve::serve(std)
+            })
+            .await
+            .map_err(std::io::Error::other)?,
+        };
+    }
     if op[0] != OP_TRANSPORT {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
