@@ -19,6 +19,7 @@ pub mod selector;
 mod serde_util;
 pub mod specs;
 pub mod status;
+pub mod tls_failure;
 pub mod validate;
 
 #[cfg(test)]

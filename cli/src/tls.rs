@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, bail};
+use tb_api::tls_failure::{TlsFailure, classify};
 use tonic::transport::{Certificate, ClientTlsConfig};
 
 /// The CA to verify controllers with, and the file it came from.
@@ -44,53 +45,29 @@ pub fn is_handshake_failure(message: &str) -> bool {
 /// Why a connection to `addr` failed, from the error's whole chain (`chain`), in words that say
 /// what to check when TLS is the cause.
 pub fn explain(addr: &str, chain: &str, trust: Option<&Trust>) -> String {
-    let lower = chain.to_lowercase();
-    match trust {
-        Some(t) if lower.contains("unknownissuer") || lower.contains("unknown issuer") => format!(
+    match (classify(chain, trust.is_some()), trust) {
+        (Some(TlsFailure::UnknownIssuer), Some(t)) => format!(
             "TLS handshake with {addr} failed: certificate not signed by the CA in {} — is \
              --ca-cert this cluster's CA?",
             t.path.display()
         ),
-        Some(_) if lower.contains("notvalidforname") || lower.contains("not valid for name") => {
-            format!(
-                "TLS handshake with {addr} failed: the controller's certificate does not name \
-                 this address (connect by its --advertise host, or add the name with its \
-                 --tls-san)"
-            )
-        }
-        Some(_) if lower.contains("expired") => {
+        (Some(TlsFailure::NameMismatch), _) => format!(
+            "TLS handshake with {addr} failed: the controller's certificate does not name \
+             this address (connect by its --advertise host, or add the name with its \
+             --tls-san)"
+        ),
+        (Some(TlsFailure::Expired), _) => {
             format!("TLS handshake with {addr} failed: a certificate has expired ({chain})")
         }
-        Some(_)
-            if lower.contains("corrupt message")
-                || lower.contains("invalidcontenttype")
-                || lower.contains("invalid content type") =>
-        {
-            format!(
-                "TLS handshake with {addr} failed: the controller does not speak TLS (started \
-                 with --insecure?); drop --ca-cert/TB_CA_CERT to talk plain TCP"
-            )
-        }
-        // What a TLS server makes of a plain HTTP/2 client: a broken connection.
-        None if [
-            "h2 protocol error",
-            "http2 error",
-            "connection reset",
-            "broken pipe",
-            "transport error",
-        ]
-        .iter()
-        .any(|w| lower.contains(w))
-            && !["refused", "timed out", "dns error"]
-                .iter()
-                .any(|w| lower.contains(w)) =>
-        {
-            format!(
-                "{chain} (tbctl has no CA and speaks plain TCP; controllers serve TLS unless \
-                 --insecure: pass the cluster's CA with --ca-cert FILE, TB_CA_CERT or `tbctl \
-                 login --ca-cert FILE`)"
-            )
-        }
+        (Some(TlsFailure::PeerNotTls), _) => format!(
+            "TLS handshake with {addr} failed: the controller does not speak TLS (started \
+             with --insecure?); drop --ca-cert/TB_CA_CERT to talk plain TCP"
+        ),
+        (Some(TlsFailure::PeerWantsTls), _) => format!(
+            "{chain} (tbctl has no CA and speaks plain TCP; controllers serve TLS unless \
+             --insecure: pass the cluster's CA with --ca-cert FILE, TB_CA_CERT or `tbctl \
+             login --ca-cert FILE`)"
+        ),
         _ => chain.to_string(),
     }
 }

@@ -4,6 +4,7 @@
 //! That service accepts only clients presenting a certificate from the same CA: controllers.
 
 use std::path::{Path, PathBuf};
+use tb_api::tls_failure::{TlsFailure, classify};
 
 use anyhow::Context;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
@@ -118,39 +119,22 @@ pub fn explain(error: &(dyn std::error::Error + 'static), trust: Option<&Trust>)
         source = s.source();
     }
     let chain = parts.join(": ");
-    let lower = chain.to_lowercase();
-    match trust {
-        Some(t) if lower.contains("unknownissuer") || lower.contains("unknown issuer") => format!(
+    match (classify(&chain, trust.is_some()), trust) {
+        (Some(TlsFailure::UnknownIssuer), Some(t)) => format!(
             "TLS handshake failed: certificate not signed by the CA in {} — is --ca-cert this cluster's CA? ({chain})",
             t.path.display()
         ),
-        Some(_) if lower.contains("notvalidforname") || lower.contains("not valid for name") => {
-            format!(
-                "TLS handshake failed: the controller's certificate does not name the address dialled (see its --advertise and --tls-san) ({chain})"
-            )
-        }
-        Some(_) if lower.contains("corrupt message") || lower.contains("invalidcontenttype") => {
+        (Some(TlsFailure::NameMismatch), _) => format!(
+            "TLS handshake failed: the controller's certificate does not name the address dialled (see its --advertise and --tls-san) ({chain})"
+        ),
+        (Some(TlsFailure::PeerNotTls), _) => {
             format!(
                 "TLS handshake failed: the controller does not speak TLS (--insecure?) ({chain})"
             )
         }
-        None if [
-            "h2 protocol error",
-            "http2 error",
-            "connection reset",
-            "broken pipe",
-            "transport error",
-        ]
-        .iter()
-        .any(|w| lower.contains(w))
-            && !["refused", "timed out", "dns error"]
-                .iter()
-                .any(|w| lower.contains(w)) =>
-        {
-            format!(
-                "{chain} (without --ca-cert the nodelet speaks plain TCP; controllers serve TLS unless --insecure)"
-            )
-        }
+        (Some(TlsFailure::PeerWantsTls), _) => format!(
+            "{chain} (without --ca-cert the nodelet speaks plain TCP; controllers serve TLS unless --insecure)"
+        ),
         _ => chain,
     }
 }

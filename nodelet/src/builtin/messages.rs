@@ -167,15 +167,11 @@ pub fn send_activation(
     peer: usize,
     act: &tb_engine::shard::Activation,
 ) -> Result<(), TransportError> {
-    let mut bytes = Vec::with_capacity(act.data.len() * 4);
-    for x in &act.data {
-        bytes.extend_from_slice(&x.to_le_bytes());
-    }
     comm.send_tensor(
         peer,
         DType::F32,
         &[act.tokens as u64, act.hidden as u64],
-        &bytes,
+        &act.to_le_bytes(),
     )
 }
 
@@ -197,14 +193,11 @@ pub fn recv_activation(
             ),
         });
     }
-    let data = payload
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    Ok(tb_engine::shard::Activation {
-        tokens,
-        hidden,
-        data,
+    tb_engine::shard::Activation::from_le_bytes(tokens, hidden, &payload).map_err(|e| {
+        TransportError::Malformed {
+            peer,
+            what: e.to_string(),
+        }
     })
 }
 
