@@ -113,7 +113,15 @@ async fn a_dead_peer_fails_within_the_timeout() {
     });
     let started = Instant::now();
     let err = measure(A, silent_addr, &cfg).await.expect_err("no answer");
-    assert!(matches!(err, ProbeError::Timeout { .. }), "{err}");
+    // The transport's deadline sits just inside the probe's: which of the two reports first
+    // depends on scheduling; either way the probe ends within its deadline.
+    assert!(
+        matches!(
+            err,
+            ProbeError::Timeout { .. } | ProbeError::Transport { .. }
+        ),
+        "{err}"
+    );
     assert!(started.elapsed() < Duration::from_secs(4));
     held.abort();
 
