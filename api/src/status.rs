@@ -119,7 +119,7 @@ pub struct JobStatus {
 impl JobStatus {
     /// Reads a stored status; an empty or unreadable one is a fresh Pending status.
     pub fn from_value(v: &Value) -> JobStatus {
-        serde_json::from_value(v.clone()).unwrap_or_default()
+        Self::deserialize(v).unwrap_or_default()
     }
 
     pub fn to_value(&self) -> Value {
@@ -270,7 +270,7 @@ pub struct NodeStatus {
 
 impl NodeStatus {
     pub fn from_value(v: &Value) -> NodeStatus {
-        serde_json::from_value(v.clone()).unwrap_or_default()
+        Self::deserialize(v).unwrap_or_default()
     }
 
     pub fn to_value(&self) -> Value {

@@ -19,7 +19,8 @@ use serde_json::{Value, json};
 use tb_api::specs::{AllocationPhase, AllocationSpec, AllocationStatus, Desired, parse_spec};
 use tb_api::status::{JobPhase, JobStatus, NodeCapacity, NodeStatus, PortRange, set_condition};
 use tb_api::{Kind, Object, ObjectMeta};
-use tb_controller::scheduler::{Clock, SchedulerConfig, reconcile, stamp};
+use tb_controller::scheduler::memo::Memo;
+use tb_controller::scheduler::{Clock, SchedulerConfig, reconcile_with, stamp};
 use tb_controller::store::{Command, Op, Response, State};
 
 const GI: u64 = 1 << 30;
@@ -111,6 +112,8 @@ struct Sim {
     now: DateTime<Utc>,
     leader_since: DateTime<Utc>,
     cfg: SchedulerConfig,
+    /// What the leader keeps parsed between passes.
+    memo: Memo,
     /// Real time spent in reconcile + apply of plans.
     busy: Duration,
 }
@@ -133,7 +136,7 @@ impl Sim {
         for _ in 0..20 {
             let started = Instant::now();
             let clock = Clock::new(self.now, self.leader_since);
-            let plans = reconcile(&self.state, &clock, &self.cfg);
+            let plans = reconcile_with(&self.state, &clock, &self.cfg, &mut self.memo);
             if plans.is_empty() {
                 self.busy += started.elapsed();
                 return admitted;
@@ -269,6 +272,7 @@ pub fn run(setup: Setup) -> Results {
             fair_share_half_life: setup.half_life,
             ..Default::default()
         },
+        memo: Memo::default(),
         busy: Duration::ZERO,
     };
     for i in 0..setup.macs {

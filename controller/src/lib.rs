@@ -4,6 +4,7 @@
 //! them.
 
 pub mod auth;
+pub mod clock;
 pub mod interceptor;
 pub mod metrics;
 pub mod placement;

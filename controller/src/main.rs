@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use chrono::TimeDelta;
 use clap::Parser;
+use tb_controller::clock::SchedulerClock;
 use tb_controller::raft::RaftOptions;
 use tb_controller::scheduler::SchedulerConfig;
 use tb_controller::server::{ServerOptions, TlsOptions, parse_initial_cluster, run};
@@ -66,6 +67,15 @@ struct Args {
     /// Longest delay (ms) between gang restarts.
     #[arg(long, default_value_t = 300_000)]
     backoff_cap_ms: u64,
+    /// How quickly (ms) a queue's past usage is forgotten in fair-share ordering: usage this
+    /// old counts half. A Queue's `fairShareHalfLife` overrides it.
+    #[arg(long, default_value_t = 3_600_000, value_parser = clap::value_parser!(u64).range(1..))]
+    fair_share_half_life_ms: u64,
+    /// For tests only: the scheduler's clock is the system clock plus the signed offset in
+    /// milliseconds written in FILE (re-read on every reconcile pass; missing or unparsable
+    /// means 0).
+    #[arg(long, value_name = "FILE", hide = true)]
+    test_clock_offset_file: Option<PathBuf>,
     /// The secret controllers of this cluster present to each other (`tbcluster-…`); every
     /// controller needs the same one. Default: DATA_DIR/cluster.secret, created when missing.
     #[arg(long)]
@@ -131,6 +141,10 @@ async fn main() -> anyhow::Result<()> {
     if args.id == 0 {
         anyhow::bail!("--id: controller ids start at 1");
     }
+    let half_life = i64::try_from(args.fair_share_half_life_ms)
+        .ok()
+        .and_then(TimeDelta::try_milliseconds)
+        .context("--fair-share-half-life-ms: too large")?;
     let advertise = args
         .advertise
         .clone()
@@ -154,8 +168,10 @@ async fn main() -> anyhow::Result<()> {
             node_grace: TimeDelta::milliseconds(args.node_grace_ms as i64),
             backoff_base: TimeDelta::milliseconds(args.backoff_base_ms as i64),
             backoff_cap: TimeDelta::milliseconds(args.backoff_cap_ms as i64),
+            fair_share_half_life: half_life,
             ..SchedulerConfig::default()
         },
+        scheduler_clock: SchedulerClock::with_offset_file(args.test_clock_offset_file),
         cluster_secret_file: args.cluster_secret_file,
         admin_token_file: args.admin_token_file,
         tls: TlsOptions {

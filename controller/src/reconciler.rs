@@ -5,19 +5,24 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
+use futures::StreamExt;
 use tokio::sync::broadcast::error::RecvError;
 
+use crate::clock::SchedulerClock;
 use crate::raft::RaftNode;
 use crate::scheduler::{self, Clock, SchedulerConfig};
 use crate::store::{Command, Op, Response, StoreError};
 
 /// How often the loop runs when nothing changes.
 const TICK: Duration = Duration::from_millis(500);
+/// Plans of one pass proposed at once.
+const PLANS_IN_FLIGHT: usize = 256;
 
-pub async fn run(node: Arc<RaftNode>, cfg: SchedulerConfig) {
+/// The loop; `time` is the clock the scheduler runs on (the system clock outside tests).
+pub async fn run(node: Arc<RaftNode>, cfg: SchedulerConfig, time: SchedulerClock) {
     let mut changes = node.store().hub.subscribe();
     let mut leader_since = None;
+    let mut memo = scheduler::memo::Memo::default();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(TICK) => {}
@@ -34,20 +39,26 @@ pub async fn run(node: Arc<RaftNode>, cfg: SchedulerConfig) {
             leader_since = None;
             continue;
         }
-        let since = *leader_since.get_or_insert_with(Utc::now);
-        let clock = Clock::new(Utc::now(), since);
+        let since = *leader_since.get_or_insert_with(|| time.now());
+        let clock = Clock::new(time.now(), since);
         let plans = {
             let state = node.store().read();
-            scheduler::reconcile(&state, &clock, &cfg)
+            scheduler::reconcile_with(&state, &clock, &cfg, &mut memo)
         };
-        for plan in plans {
+        // Plans are independent (each guards what it read), so they are proposed together and
+        // Raft batches them into few log appends instead of one fsync round per plan.
+        let mut outcomes = futures::stream::iter(plans.into_iter().map(|plan| {
             let cmd = Command {
                 request_id: String::new(),
                 now: clock.stamp.clone(),
                 op: Op::Plan(plan),
                 user: String::new(),
             };
-            match node.propose(cmd).await {
+            node.propose(cmd)
+        }))
+        .buffer_unordered(PLANS_IN_FLIGHT);
+        while let Some(outcome) = outcomes.next().await {
+            match outcome {
                 Ok(Response::Rejected(StoreError::Conflict { key, .. })) => {
                     tracing::debug!(%key, "plan raced with another write; recomputing");
                 }

@@ -40,6 +40,9 @@ pub struct ServerOptions {
     pub metrics_listen: Option<SocketAddr>,
     pub raft: RaftOptions,
     pub scheduler: crate::scheduler::SchedulerConfig,
+    /// The time the reconcile loop schedules by: the system clock, unless a test shifts it
+    /// (`--test-clock-offset-file`).
+    pub scheduler_clock: crate::clock::SchedulerClock,
     /// The secret controllers present to each other; None: `<data-dir>/cluster.secret`,
     /// created when missing. Every controller of a cluster needs the same one.
     pub cluster_secret_file: Option<PathBuf>,
@@ -161,7 +164,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let heartbeat_ms = (opts.scheduler.node_grace.num_milliseconds() / 5).max(200) as u64;
     let nodes = NodesServer::new(NodesService::new(node.clone(), heartbeat_ms))
         .max_decoding_message_size(MAX_REQUEST);
-    let auth = AuthService::new(node.clone());
+    let auth = AuthService::new(node.clone(), opts.scheduler.clone());
     let raft = RaftServer::new(RaftService::new(node.clone()))
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
@@ -212,7 +215,11 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
             ));
         }
     }
-    tokio::spawn(crate::reconciler::run(node.clone(), opts.scheduler.clone()));
+    tokio::spawn(crate::reconciler::run(
+        node.clone(),
+        opts.scheduler.clone(),
+        opts.scheduler_clock.clone(),
+    ));
     tracing::info!(
         id = opts.id,
         listen = %opts.listen,

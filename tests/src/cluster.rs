@@ -25,6 +25,8 @@ pub struct ClusterOptions {
     pub heartbeat_ms: u64,
     pub snapshot_every: Option<u64>,
     pub keep_after_snapshot: Option<u64>,
+    /// More flags for every member (joiners included), after the harness's own.
+    pub extra_args: Vec<String>,
 }
 
 impl ClusterOptions {
@@ -35,6 +37,7 @@ impl ClusterOptions {
             heartbeat_ms: 50,
             snapshot_every: None,
             keep_after_snapshot: None,
+            extra_args: Vec::new(),
         }
     }
 
@@ -42,6 +45,16 @@ impl ClusterOptions {
     pub fn snapshots(mut self, every: u64, keep: u64) -> ClusterOptions {
         self.snapshot_every = Some(every);
         self.keep_after_snapshot = Some(keep);
+        self
+    }
+
+    /// Pass `args` to every member as well.
+    pub fn args<I, S>(mut self, args: I) -> ClusterOptions
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.extra_args.extend(args.into_iter().map(Into::into));
         self
     }
 }
@@ -65,6 +78,7 @@ impl Cluster {
                 c.heartbeat_ms = opts.heartbeat_ms;
                 c.snapshot_every = opts.snapshot_every;
                 c.keep_after_snapshot = opts.keep_after_snapshot;
+                c.extra_args = opts.extra_args.clone();
                 c
             })
             .collect();
@@ -280,6 +294,7 @@ impl Cluster {
         config.heartbeat_ms = self.opts.heartbeat_ms;
         config.snapshot_every = self.opts.snapshot_every;
         config.keep_after_snapshot = self.opts.keep_after_snapshot;
+        config.extra_args = self.opts.extra_args.clone();
         crate::step!("starting controller {id} with --join at {}", config.addr);
         let mut joiner = Controller::start(config);
         joiner.wait_serving(START_TIMEOUT).await;

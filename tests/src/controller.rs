@@ -36,6 +36,8 @@ pub struct ControllerConfig {
     pub heartbeat_ms: u64,
     pub snapshot_every: Option<u64>,
     pub keep_after_snapshot: Option<u64>,
+    /// More flags, appended after the harness's own (e.g. `--test-clock-offset-file FILE`).
+    pub extra_args: Vec<String>,
 }
 
 impl ControllerConfig {
@@ -51,6 +53,7 @@ impl ControllerConfig {
             heartbeat_ms: 50,
             snapshot_every: None,
             keep_after_snapshot: None,
+            extra_args: Vec::new(),
         }
     }
 
@@ -78,6 +81,7 @@ impl ControllerConfig {
         if let Some(n) = self.keep_after_snapshot {
             args.extend(["--keep-after-snapshot".into(), n.to_string()]);
         }
+        args.extend(self.extra_args.iter().cloned());
         args
     }
 }

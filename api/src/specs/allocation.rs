@@ -229,7 +229,7 @@ fn is_zero(n: &u64) -> bool {
 impl AllocationStatus {
     /// Reads a stored status; anything unreadable counts as Pending.
     pub fn from_value(v: &serde_json::Value) -> AllocationStatus {
-        serde_json::from_value(v.clone()).unwrap_or_default()
+        Self::deserialize(v).unwrap_or_default()
     }
 
     pub fn to_value(&self) -> serde_json::Value {

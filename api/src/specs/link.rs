@@ -126,7 +126,7 @@ pub struct LinkStatus {
 
 impl LinkStatus {
     pub fn from_value(v: &serde_json::Value) -> LinkStatus {
-        serde_json::from_value(v.clone()).unwrap_or_default()
+        Self::deserialize(v).unwrap_or_default()
     }
 
     pub fn to_value(&self) -> serde_json::Value {

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::common::{self, CheckResult};
 use crate::duration::parse_duration;
+use crate::meta::Condition;
 use crate::name::validate_namespace;
 use crate::quantity::Quantity;
 use crate::validate::ValidationError;
@@ -47,6 +48,27 @@ pub struct QueueSpec {
     /// How quickly past usage is forgotten in fair-share ordering (`1h`, `7d`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fair_share_half_life: Option<String>,
+}
+
+/// What the scheduler last saw of a queue: the generation of its spec it checked, and whether
+/// that spec's quota was below what the queue's running work held then (`QuotaBelowUsage`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatus {
+    #[serde(default)]
+    pub observed_generation: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+impl QueueStatus {
+    pub fn from_value(v: &serde_json::Value) -> QueueStatus {
+        Self::deserialize(v).unwrap_or_default()
+    }
+
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
 }
 
 impl Default for QueueSpec {

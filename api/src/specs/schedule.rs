@@ -115,7 +115,7 @@ pub struct ScheduleStatus {
 
 impl ScheduleStatus {
     pub fn from_value(v: &serde_json::Value) -> ScheduleStatus {
-        serde_json::from_value(v.clone()).unwrap_or_default()
+        Self::deserialize(v).unwrap_or_default()
     }
 
     pub fn to_value(&self) -> serde_json::Value {

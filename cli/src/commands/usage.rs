@@ -128,12 +128,16 @@ impl Snapshot {
         ClusterView::build(&self.state).queues
     }
 
-    pub fn shares(&self) -> BTreeMap<String, f64> {
-        self.usage
-            .iter()
-            .flat_map(|u| &u.shares)
-            .map(|s| (s.queue.clone(), s.decayed_memory_byte_seconds))
-            .collect()
+    pub fn shares(&self) -> order::FairShares {
+        let shares = || self.usage.iter().flat_map(|u| &u.shares);
+        order::FairShares {
+            decayed: shares()
+                .map(|s| (s.queue.clone(), s.decayed_memory_byte_seconds))
+                .collect(),
+            half_life_seconds: shares()
+                .map(|s| (s.queue.clone(), s.half_life_seconds))
+                .collect(),
+        }
     }
 
     fn jobs(&self) -> Vec<Arc<Object>> {

@@ -23,7 +23,8 @@ use crate::placement::{self as model_placement, Options, Topology, Workload, liv
 use crate::store::{Plan, PlanWrite};
 
 /// What the scheduler needs from either kind of job.
-struct JobShape {
+#[derive(Debug)]
+pub(super) struct JobShape {
     kind: Kind,
     executor: Executor,
     ranks: u32,
@@ -40,6 +41,9 @@ struct JobShape {
     ttl_seconds_after_finished: Option<u64>,
     /// Built-in InferenceServices: the Model, context, batch and endpoint port asked for.
     service: Option<ServiceShape>,
+    /// Sized from a Model by the planner (services, and TrainingJobs naming a model without
+    /// memory), rather than ranks × memory.
+    sized_from_model: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -50,12 +54,13 @@ struct ServiceShape {
     endpoint_port: Option<u16>,
 }
 
-fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
+pub(super) fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
     match job.kind()? {
         Kind::TrainingJob => {
             let s: TrainingJobSpec = parse_spec(&job.spec).ok()?;
             Some(JobShape {
                 kind: Kind::TrainingJob,
+                sized_from_model: s.model.is_some() && s.memory.is_none(),
                 executor: s.executor,
                 ranks: s.ranks,
                 memory_bytes: s
@@ -84,6 +89,7 @@ fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
             });
             Some(JobShape {
                 kind: Kind::InferenceService,
+                sized_from_model: true,
                 executor: s.executor,
                 ranks: s.nodes.min,
                 memory_bytes: s
@@ -117,8 +123,9 @@ pub fn reconcile_job(
     clock: &Clock,
     cfg: &SchedulerConfig,
 ) -> Option<Plan> {
-    let shape = shape(job, cfg)?;
-    let mut status = JobStatus::from_value(&job.status);
+    let parsed = view.parsed_job(job, cfg);
+    let shape = parsed.shape.as_ref()?;
+    let mut status = parsed.status.clone();
     let before = status.clone();
     let mut plan = Plan::default();
     plan.guards.push((job.key(), job.metadata.resource_version));
@@ -217,7 +224,7 @@ pub fn reconcile_job(
     } else if matches!(status.phase, JobPhase::Scheduled | JobPhase::Running) && !current.is_empty()
     {
         // Pending means the gang's end was already handled (backing off, or re-placing).
-        gang_progress(job, &shape, &current, &mut status, &mut plan, clock, cfg);
+        gang_progress(job, shape, &current, &mut status, &mut plan, clock, cfg);
         if status.phase.is_terminal() {
             return finish(job, status, &before, plan);
         }
@@ -229,10 +236,10 @@ pub fn reconcile_job(
     if !running_wanted && backoff_over && status.phase == JobPhase::Pending {
         let placed = view
             .queues
-            .queue_of(job)
+            .resolve(&job.metadata.namespace, parsed.fields.queue.clone())
             .map_err(|h| refuse(h.reason, h.message))
             .and_then(|queue| {
-                let placed = place_job(job, &shape, view)?;
+                let placed = place_job(job, shape, view)?;
                 if let Some(q) = &queue {
                     let memory: u64 = placed.memory_bytes.iter().sum();
                     let macs = placed.slots.iter().map(|s| s.node.clone()).collect();
@@ -245,7 +252,7 @@ pub fn reconcile_job(
         match placed {
             Ok((placed, queue)) => {
                 let epoch = status.epoch + 1;
-                create_gang(job, &shape, &placed, epoch, view, &mut plan);
+                create_gang(job, shape, &placed, epoch, view, &mut plan);
                 if let Some(q) = &queue {
                     view.queues.charge(
                         q,
@@ -294,7 +301,7 @@ pub fn reconcile_job(
                     && matches!(status.reason.as_str(), "Preempted" | "Reclaimed") => {}
             Err(why) => {
                 let why = if why.reason == "Unschedulable" {
-                    make_room(job, &shape, why, view, clock, &mut plan)
+                    make_room(job, shape, why, view, clock, &mut plan)
                 } else {
                     why
                 };
@@ -559,8 +566,26 @@ fn make_room(
         (theirs != ours && p <= priority && view.queues.borrowing(theirs)).then_some("Reclaimed")
     };
     let fits = |trial: &ClusterView| place_job(job, shape, trial).is_ok();
+    // Nothing to stop for one job is nothing to stop for the next of the same priority, queue
+    // standing and shape, until capacity changes (which clears the memo).
+    let hopeless_key = (!shape.sized_from_model && shape.service.is_none()).then(|| {
+        format!(
+            "hopeless:{priority}:{reclaim:?}:{}x{}:{}:{:?}",
+            shape.ranks, shape.memory_bytes, shape.exclusive, shape.node_selector
+        )
+    });
+    if let Some(k) = &hopeless_key
+        && view.unplaceable.borrow().contains_key(k)
+    {
+        return why;
+    }
     match preemption::choose(job, view, &eligible, fits) {
-        preemption::Choice::Hopeless => why,
+        preemption::Choice::Hopeless => {
+            if let Some(k) = hopeless_key {
+                view.unplaceable.borrow_mut().insert(k, String::new());
+            }
+            why
+        }
         preemption::Choice::Waiting => refuse(
             "WaitingForPreemption",
             "waiting for the ranks of preempted jobs to end",
@@ -693,7 +718,11 @@ fn workload(job: &Object, view: &ClusterView) -> Result<Option<Workload>, Refusa
 /// Place a job: a Model's layers split by the topology-aware planner, or `ranks` × `memory`
 /// spread by memory and ordered along the cables.
 fn place_job(job: &Object, shape: &JobShape, view: &ClusterView) -> Result<Placed, Refusal> {
-    let workload = workload(job, view)?;
+    let workload = if shape.sized_from_model {
+        workload(job, view)?
+    } else {
+        None
+    };
     // Plain ranks × memory gangs: a shape that did not fit still does not, until a gang is
     // created or resources are freed in a trial view (both clear the memo).
     let plain = workload.is_none() && shape.service.is_none() && !shape.backend.is_jaccl();

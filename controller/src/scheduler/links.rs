@@ -210,6 +210,7 @@ mod tests {
             gangs: Vec::new(),
             unplaceable: Default::default(),
             by_job: BTreeMap::new(),
+            parsed: BTreeMap::new(),
         }
     }
 

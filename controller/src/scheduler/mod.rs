@@ -4,10 +4,12 @@
 
 pub mod jobs;
 pub mod links;
+pub mod memo;
 pub mod nodes;
 pub mod order;
 pub mod placement;
 pub mod preemption;
+pub mod queue_status;
 pub mod queues;
 pub mod schedules;
 pub mod usage;
@@ -22,6 +24,7 @@ use tb_api::specs::Desired;
 use tb_api::{Kind, Object, ObjectMeta};
 
 use crate::store::{Plan, PlanWrite, State};
+use memo::Memo;
 use view::ClusterView;
 
 /// Scheduler settings (shortened in tests).
@@ -89,14 +92,31 @@ pub fn parse_time(s: &str) -> Option<DateTime<Utc>> {
 /// Everything the scheduler wants done, as independent plans (one per node, one per job), so
 /// that a conflict on one does not hold back the others.
 pub fn reconcile(state: &State, clock: &Clock, cfg: &SchedulerConfig) -> Vec<Plan> {
-    let mut view = ClusterView::build(state);
+    reconcile_with(state, clock, cfg, &mut Memo::default())
+}
+
+/// [`reconcile`], reusing what `memo` parsed in earlier passes (the leader keeps one).
+pub fn reconcile_with(
+    state: &State,
+    clock: &Clock,
+    cfg: &SchedulerConfig,
+    memo: &mut Memo,
+) -> Vec<Plan> {
+    memo.begin();
+    let mut view = ClusterView::build_with(state, cfg, memo);
+    memo.end();
     let mut plans = nodes::reconcile_nodes(&view, clock, cfg);
     plans.extend(links::reconcile_links(&view, &view.links));
     plans.extend(orphans(state, &view));
+    plans.extend(queue_status::reconcile_queues(
+        &state.list(Kind::Queue.as_str(), ""),
+        &view.queues,
+        clock,
+    ));
     plans.extend(schedules::reconcile_schedules(state, clock));
     plans.extend(usage::tick(state, &view, clock, cfg));
     // Priority, then weighted fair share, then services before batch work, then age.
-    let shares = usage::shares_at(&state.usage, &view.queues, clock.now, cfg);
+    let shares = usage::fair_shares(&state.usage, &view.queues, clock.now, cfg);
     let jobs: Vec<_> = state
         .list(Kind::TrainingJob.as_str(), "")
         .into_iter()

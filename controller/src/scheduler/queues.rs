@@ -35,16 +35,36 @@ pub struct Held {
     pub message: String,
 }
 
-/// What a job says of its queue and priority.
-pub fn job_queue_fields(job: &Object) -> (Option<String>, Option<i32>) {
+/// What a job says of its queue, its priority and how much memory its gang asks for, from one
+/// parse of its spec.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobFields {
+    pub queue: Option<String>,
+    pub priority: Option<i32>,
+    /// Ranks × memory per rank (the scheduler's default where the job names none; built-in
+    /// services, sized from their Model at placement, count as one default rank here).
+    pub demand_bytes: u64,
+}
+
+pub fn job_fields(job: &Object) -> JobFields {
+    let default = super::SchedulerConfig::default().default_memory_bytes;
+    let memory = |q: Option<&tb_api::Quantity>| q.map_or(default, |q| q.bytes());
     match job.kind() {
         Some(Kind::TrainingJob) => parse_spec::<TrainingJobSpec>(&job.spec)
-            .map(|s| (s.queue, s.priority))
+            .map(|s| JobFields {
+                demand_bytes: memory(s.memory.as_ref()).saturating_mul(u64::from(s.ranks.max(1))),
+                queue: s.queue,
+                priority: s.priority,
+            })
             .unwrap_or_default(),
         Some(Kind::InferenceService) => parse_spec::<InferenceServiceSpec>(&job.spec)
-            .map(|s| (s.queue, s.priority))
+            .map(|s| JobFields {
+                demand_bytes: memory(s.memory.as_ref()),
+                queue: s.queue,
+                priority: s.priority,
+            })
             .unwrap_or_default(),
-        _ => (None, None),
+        _ => JobFields::default(),
     }
 }
 
@@ -67,25 +87,33 @@ impl Queues {
 
     /// A job's priority and queue (None when unqueued or refused), from one parse of its spec.
     pub fn facts(&self, job: &Object) -> super::view::JobFacts {
-        let (named, own) = job_queue_fields(job);
-        let queue = self.resolve(&job.metadata.namespace, named).ok().flatten();
-        let priority = own.unwrap_or_else(|| {
+        self.facts_of(&job.metadata.namespace, &job_fields(job))
+    }
+
+    /// The facts of a job in namespace `ns` that says `fields`.
+    pub fn facts_of(&self, ns: &str, fields: &JobFields) -> super::view::JobFacts {
+        let queue = self.resolve(ns, fields.queue.clone()).ok().flatten();
+        let priority = fields.priority.unwrap_or_else(|| {
             queue
                 .as_ref()
                 .and_then(|q| self.specs.get(q))
                 .map_or(0, |q| q.priority)
         });
-        super::view::JobFacts { priority, queue }
+        super::view::JobFacts {
+            priority,
+            queue,
+            demand_bytes: fields.demand_bytes,
+        }
     }
 
     /// The queue a job belongs to: Ok(None) when it is unqueued, Err when it names a queue it
     /// may not use.
     pub fn queue_of(&self, job: &Object) -> Result<Option<String>, Held> {
-        self.resolve(&job.metadata.namespace, job_queue_fields(job).0)
+        self.resolve(&job.metadata.namespace, job_fields(job).queue)
     }
 
     /// The queue for work in namespace `ns` that names `named` (or none).
-    fn resolve(&self, ns: &str, named: Option<String>) -> Result<Option<String>, Held> {
+    pub fn resolve(&self, ns: &str, named: Option<String>) -> Result<Option<String>, Held> {
         match named {
             Some(name) => match self.specs.get(&name) {
                 None => Err(Held {
@@ -113,8 +141,7 @@ impl Queues {
 
     /// The priority a job is ordered by: its own, else its queue's.
     pub fn priority_of(&self, job: &Object) -> i32 {
-        let (_, own) = job_queue_fields(job);
-        own.unwrap_or_else(|| {
+        job_fields(job).priority.unwrap_or_else(|| {
             self.queue_of(job)
                 .ok()
                 .flatten()

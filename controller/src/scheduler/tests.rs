@@ -989,6 +989,96 @@ fn a_queue_quota_holds_jobs_until_its_work_ends() {
 }
 
 #[test]
+fn a_quota_lowered_below_usage_warns_and_stops_nothing() {
+    let mut sim = Sim::new();
+    for n in ["a", "b"] {
+        sim.add_node(n, 16);
+    }
+    let queue = |memory: &str| json!({"quota": {"memory": memory}, "namespaces": ["default"]});
+    apply_queue(&mut sim, "research", queue("16Gi"));
+    sim.apply_job("TrainingJob", "big", exec_job(2, "6Gi"));
+    sim.settle();
+    sim.set_phase(|_| true, AllocationPhase::Running, None, "Started");
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "big").phase, JobPhase::Running);
+    let status = |sim: &Sim| {
+        let key = tb_api::ObjectKey {
+            kind: "Queue".into(),
+            namespace: String::new(),
+            name: "research".into(),
+        };
+        let q = sim.state.get(&key).expect("queue");
+        (
+            q.metadata.generation,
+            tb_api::specs::QueueStatus::from_value(&q.status),
+        )
+    };
+    let (generation, first) = status(&sim);
+    assert_eq!(first.observed_generation, generation);
+    assert!(!sim.events().iter().any(|e| e == "QuotaBelowUsage"));
+
+    // 4Gi is below the 12Gi held: accepted, warned about, and the running gang keeps running.
+    apply_queue(&mut sim, "research", queue("4Gi"));
+    sim.settle();
+    let (generation, lowered) = status(&sim);
+    assert_eq!((generation, lowered.observed_generation), (2, 2));
+    let condition = lowered
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "QuotaBelowUsage")
+        .expect("condition");
+    assert_eq!(condition.status, "True");
+    assert!(
+        condition
+            .message
+            .contains("memory quota 4Gi is below the 12Gi its running work holds"),
+        "{}",
+        condition.message
+    );
+    let warnings: Vec<_> = sim
+        .state
+        .events
+        .iter()
+        .filter(|e| e.spec["reason"] == "QuotaBelowUsage")
+        .collect();
+    assert_eq!(warnings.len(), 1);
+    assert_eq!(warnings[0].spec["type"], "Warning");
+    assert_eq!(warnings[0].spec["involvedObject"]["name"], "research");
+    let big = sim.job("TrainingJob", "big");
+    assert_eq!(big.phase, JobPhase::Running);
+    assert!(
+        sim.allocs()
+            .iter()
+            .all(|(_, s, _)| s.desired == Desired::Run)
+    );
+    // New work waits on the quota; more passes warn no more.
+    sim.apply_job("TrainingJob", "small", exec_job(1, "1Gi"));
+    sim.run_for(30);
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "small").reason, "QuotaExceeded");
+    assert_eq!(
+        sim.state
+            .events
+            .iter()
+            .filter(|e| e.spec["reason"] == "QuotaBelowUsage")
+            .map(|e| e.spec["count"].as_u64().unwrap_or(1))
+            .sum::<u64>(),
+        1
+    );
+
+    // Raised again: the condition clears.
+    apply_queue(&mut sim, "research", queue("32Gi"));
+    sim.settle();
+    let (_, raised) = status(&sim);
+    assert!(
+        raised
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "QuotaBelowUsage" && c.status == "False")
+    );
+}
+
+#[test]
 fn borrowing_lets_a_queue_go_past_its_quota_up_to_the_limit() {
     let mut sim = Sim::new();
     sim.add_node("a", 64);

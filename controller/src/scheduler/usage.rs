@@ -38,17 +38,18 @@ pub fn current_rates(view: &ClusterView) -> BTreeMap<UsageKey, Rate> {
     let mut rates: BTreeMap<UsageKey, Rate> = BTreeMap::new();
     let mut macs: BTreeSet<(UsageKey, String, String)> = BTreeSet::new();
     for a in view.allocations.iter().filter(|a| a.holds_resources()) {
+        let job_key = (
+            a.spec.job.kind.clone(),
+            a.object.metadata.namespace.clone(),
+            a.spec.job.name.clone(),
+        );
         let job = view
             .jobs
-            .get(&(
-                a.spec.job.kind.clone(),
-                a.object.metadata.namespace.clone(),
-                a.spec.job.name.clone(),
-            ))
+            .get(&job_key)
             .filter(|j| j.metadata.uid == a.spec.job.uid);
         let key = UsageKey {
             queue: job
-                .and_then(|j| view.queues.queue_of(j).ok().flatten())
+                .and_then(|_| view.facts.get(&job_key)?.queue.clone())
                 .unwrap_or_default(),
             namespace: a.object.metadata.namespace.clone(),
             user: job.map_or_else(|| "unknown".into(), |j| user_of(j)),
@@ -107,6 +108,23 @@ pub fn shares_at(
             (q.clone(), decay(share, r, dt, h))
         })
         .collect()
+}
+
+/// Each queue's decayed usage at `now` and its half-life, for ordering.
+pub fn fair_shares(
+    ledger: &Ledger,
+    queues: &Queues,
+    now: DateTime<Utc>,
+    cfg: &SchedulerConfig,
+) -> super::order::FairShares {
+    super::order::FairShares {
+        decayed: shares_at(ledger, queues, now, cfg),
+        half_life_seconds: queues
+            .specs
+            .keys()
+            .map(|q| (q.clone(), half_life_seconds(queues, q, cfg)))
+            .collect(),
+    }
 }
 
 /// The start of the bucket holding unix second `t`.

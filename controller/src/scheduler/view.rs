@@ -6,6 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use tb_api::specs::{AllocationSpec, AllocationStatus, ModelSpec, NodeSpec, parse_spec};
+
+use super::SchedulerConfig;
+use super::memo::{Memo, ParsedJob};
 use tb_api::status::NodeStatus;
 use tb_api::{Kind, Object};
 
@@ -112,6 +115,8 @@ pub struct ClusterView {
     pub unplaceable: RefCell<BTreeMap<String, String>>,
     /// Indexes into `allocations` by (namespace, job kind, job name).
     pub by_job: BTreeMap<(String, String, String), Vec<usize>>,
+    /// Each job's spec and status as parsed (by (kind, namespace, name)).
+    pub parsed: BTreeMap<(String, String, String), Arc<ParsedJob>>,
 }
 
 /// A job's priority and queue (None: unqueued, or a queue it may not use).
@@ -119,6 +124,8 @@ pub struct ClusterView {
 pub struct JobFacts {
     pub priority: i32,
     pub queue: Option<String>,
+    /// Memory the whole gang asks for.
+    pub demand_bytes: u64,
 }
 
 /// One running gang.
@@ -132,12 +139,18 @@ pub struct Gang {
 
 impl ClusterView {
     pub fn build(state: &State) -> ClusterView {
+        ClusterView::build_with(state, &SchedulerConfig::default(), &mut Memo::default())
+    }
+
+    /// The view, reusing what `memo` parsed in earlier passes.
+    pub fn build_with(state: &State, cfg: &SchedulerConfig, memo: &mut Memo) -> ClusterView {
         let list = |k: Kind| state.list(k.as_str(), "");
-        let mut view = ClusterView::from_objects(
+        let mut view = ClusterView::from_objects_with(
             list(Kind::Node),
             list(Kind::Allocation),
             list(Kind::Link),
             list(Kind::Model),
+            memo,
         );
         view.queues = Queues::new(&list(Kind::Queue));
         view.jobs = list(Kind::TrainingJob)
@@ -154,10 +167,15 @@ impl ClusterView {
                 )
             })
             .collect();
-        view.facts = view
+        view.parsed = view
             .jobs
             .iter()
-            .map(|(k, j)| (k.clone(), view.queues.facts(j)))
+            .map(|(k, j)| (k.clone(), memo.job(j, cfg)))
+            .collect();
+        view.facts = view
+            .parsed
+            .iter()
+            .map(|(k, p)| (k.clone(), view.queues.facts_of(&k.1, &p.fields)))
             .collect();
         let mut gangs: BTreeMap<(String, String, String, u64), Vec<Alloc>> = BTreeMap::new();
         for a in &view.allocations {
@@ -184,6 +202,7 @@ impl ClusterView {
                     facts: view.facts.get(&key).cloned().unwrap_or(JobFacts {
                         priority: 0,
                         queue: None,
+                        demand_bytes: 0,
                     }),
                     memory_bytes: allocations.iter().map(|a| a.spec.memory_bytes).sum(),
                     allocations,
@@ -191,15 +210,14 @@ impl ClusterView {
             })
             .collect();
         for a in view.allocations.iter().filter(|a| a.holds_resources()) {
-            let key = tb_api::ObjectKey {
-                kind: a.spec.job.kind.clone(),
-                namespace: a.object.metadata.namespace.clone(),
-                name: a.spec.job.name.clone(),
-            };
-            let Some(job) = state.get(&key) else { continue };
-            if let Ok(Some(q)) = view.queues.queue_of(job) {
+            let key = (
+                a.spec.job.kind.clone(),
+                a.object.metadata.namespace.clone(),
+                a.spec.job.name.clone(),
+            );
+            if let Some(q) = view.facts.get(&key).and_then(|f| f.queue.as_ref()) {
                 view.queues
-                    .charge(&q, a.spec.memory_bytes, [a.spec.node.clone()]);
+                    .charge(q, a.spec.memory_bytes, [a.spec.node.clone()]);
             }
         }
         view
@@ -213,11 +231,27 @@ impl ClusterView {
         link_objects: Vec<Arc<Object>>,
         model_objects: Vec<Arc<Object>>,
     ) -> ClusterView {
+        ClusterView::from_objects_with(
+            node_objects,
+            allocation_objects,
+            link_objects,
+            model_objects,
+            &mut Memo::default(),
+        )
+    }
+
+    fn from_objects_with(
+        node_objects: Vec<Arc<Object>>,
+        allocation_objects: Vec<Arc<Object>>,
+        link_objects: Vec<Arc<Object>>,
+        model_objects: Vec<Arc<Object>>,
+        memo: &mut Memo,
+    ) -> ClusterView {
         let allocations: Vec<Alloc> = allocation_objects
             .into_iter()
             .filter_map(|o| {
-                let spec = parse_spec::<AllocationSpec>(&o.spec).ok()?;
-                let status = AllocationStatus::from_value(&o.status);
+                let parsed = memo.allocation(&o)?;
+                let (spec, status) = (*parsed).clone();
                 Some(Alloc {
                     object: o,
                     spec,
@@ -282,6 +316,7 @@ impl ClusterView {
             gangs: Vec::new(),
             unplaceable: RefCell::default(),
             by_job,
+            parsed: BTreeMap::new(),
         }
     }
 
@@ -301,6 +336,23 @@ impl ClusterView {
             }),
             self.links.values().map(|l| (&l.spec, &l.status)),
         )
+    }
+
+    /// A job's spec and status as parsed for this pass (parsed now if the view lacks it).
+    pub fn parsed_job(&self, job: &Object, cfg: &SchedulerConfig) -> Arc<ParsedJob> {
+        let key = (
+            job.kind.clone(),
+            job.metadata.namespace.clone(),
+            job.metadata.name.clone(),
+        );
+        let same = self.jobs.get(&key).is_some_and(|j| {
+            j.metadata.resource_version == job.metadata.resource_version
+                && j.metadata.uid == job.metadata.uid
+        });
+        match self.parsed.get(&key) {
+            Some(p) if same => p.clone(),
+            _ => Arc::new(ParsedJob::parse(job, cfg)),
+        }
     }
 
     /// A job's allocations (any epoch).

@@ -26,11 +26,13 @@ pub const DEFAULT_USER_TOKEN_TTL: u64 = 30 * 24 * 3600;
 
 pub struct AuthService {
     node: Arc<RaftNode>,
+    /// The scheduler's settings, for the fair-share figures `Usage` reports.
+    scheduler: crate::scheduler::SchedulerConfig,
 }
 
 impl AuthService {
-    pub fn new(node: Arc<RaftNode>) -> Self {
-        AuthService { node }
+    pub fn new(node: Arc<RaftNode>, scheduler: crate::scheduler::SchedulerConfig) -> Self {
+        AuthService { node, scheduler }
     }
 
     async fn issue(
@@ -303,7 +305,12 @@ impl Auth for AuthService {
         )?;
         self.node.linearize().await.map_err(unavailable)?;
         let state = self.node.store().read();
-        let reply = super::usage::usage_response(&state, &req.get_ref().since, chrono::Utc::now())?;
+        let reply = super::usage::usage_response(
+            &state,
+            &req.get_ref().since,
+            chrono::Utc::now(),
+            &self.scheduler,
+        )?;
         Ok(Response::new(reply))
     }
 }

@@ -14,6 +14,7 @@ pub fn usage_response(
     state: &State,
     since: &str,
     now: DateTime<Utc>,
+    cfg: &SchedulerConfig,
 ) -> Result<UsageResponse, Status> {
     let since = if since.is_empty() {
         i64::MIN / 2
@@ -34,16 +35,15 @@ pub fn usage_response(
             mac_milliseconds: a.mac_milliseconds,
         })
         .collect();
-    let cfg = SchedulerConfig::default();
     let view = ClusterView::build(state);
-    let shares = usage::shares_at(&state.usage, &view.queues, now, &cfg);
+    let shares = usage::shares_at(&state.usage, &view.queues, now, cfg);
     let shares = shares
         .iter()
         .map(|(q, s)| QueueShare {
             queue: q.clone(),
             decayed_memory_byte_seconds: *s,
             share_per_weight: order::share_per_weight(&view.queues, &shares, q),
-            half_life_seconds: usage::half_life_seconds(&view.queues, q, &cfg),
+            half_life_seconds: usage::half_life_seconds(&view.queues, q, cfg),
         })
         .collect();
     Ok(UsageResponse {

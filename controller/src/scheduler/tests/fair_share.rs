@@ -228,7 +228,8 @@ fn positions_follow_priority_then_fair_share_then_age() {
     let shares = usage::shares_at(&sim.state.usage, &view.queues, sim.now, &sim.cfg);
     assert!(shares["busy"] > 0.0 && shares["idle"] == 0.0, "{shares:?}");
     let jobs = sim.state.list("TrainingJob", "");
-    let ordered = order::order(jobs, &view, &shares);
+    let fair = usage::fair_shares(&sim.state.usage, &view.queues, sim.now, &sim.cfg);
+    let ordered = order::order(jobs, &view, &fair);
     let positions = order::positions(&ordered);
     let at = |name: &str| positions[&("TrainingJob".into(), "default".into(), name.into())];
     // vip-1 preempted the running job (lower priority), which waits again in its queue's
