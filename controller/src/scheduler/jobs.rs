@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use tb_api::specs::{
-    AllocationPhase, AllocationSpec, Backend, BuiltinAssignment, Desired, Executor,
+    AllocationPhase, AllocationSpec, Backend, BuiltinAssignment, Checkpoints, Desired, Executor,
     InferenceServiceSpec, JobRef, LayerRange, MlxAssignment, TrainingJobSpec, allocation,
     parse_spec,
 };
@@ -41,6 +41,8 @@ pub(super) struct JobShape {
     ttl_seconds_after_finished: Option<u64>,
     /// Built-in InferenceServices: the Model, context, batch and endpoint port asked for.
     service: Option<ServiceShape>,
+    /// Where a TrainingJob saves checkpoints (given to its ranks, which resume from them).
+    checkpoints: Option<Checkpoints>,
     /// Sized from a Model by the planner (services, and TrainingJobs naming a model without
     /// memory), rather than ranks × memory.
     sized_from_model: bool,
@@ -61,6 +63,7 @@ pub(super) fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
             Some(JobShape {
                 kind: Kind::TrainingJob,
                 sized_from_model: s.model.is_some() && s.memory.is_none(),
+                checkpoints: s.checkpoints.clone(),
                 executor: s.executor,
                 ranks: s.ranks,
                 memory_bytes: s
@@ -90,6 +93,7 @@ pub(super) fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
             Some(JobShape {
                 kind: Kind::InferenceService,
                 sized_from_model: true,
+                checkpoints: None,
                 executor: s.executor,
                 ranks: s.nodes.min,
                 memory_bytes: s
@@ -963,6 +967,16 @@ fn create_gang(
             .unwrap_or(shape.memory_bytes);
         let layers = placed.layers.get(rank).copied().flatten();
         let mut env = shape.env.clone();
+        if let Some(c) = &shape.checkpoints {
+            // The nodelet points TB_RESUME_FROM at the newest entry found there, so a requeued
+            // or restarted gang resumes.
+            env.entry("TB_CHECKPOINT_DIR".into())
+                .or_insert_with(|| c.dir.clone());
+            if let Some(n) = c.every_steps {
+                env.entry("TB_CHECKPOINT_EVERY_STEPS".into())
+                    .or_insert_with(|| n.to_string());
+            }
+        }
         if let Some(l) = layers {
             // Programs that load only their own layers read these.
             env.insert("TB_LAYER_FIRST".into(), l.first.to_string());

@@ -1079,6 +1079,38 @@ fn a_quota_lowered_below_usage_warns_and_stops_nothing() {
 }
 
 #[test]
+fn checkpointed_jobs_tell_their_ranks_where_to_save_and_resume() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 16);
+    let mut spec = exec_job(2, "2Gi");
+    spec["checkpoints"] = json!({"dir": "/Volumes/lab/ckpt/tune", "everySteps": 500});
+    spec["env"] = json!({"SEED": "7"});
+    sim.apply_job("TrainingJob", "tune", spec);
+    sim.apply_job("TrainingJob", "plain", exec_job(1, "1Gi"));
+    sim.settle();
+    let allocs = sim.allocs();
+    let env_of = |job: &str| -> Vec<_> {
+        allocs
+            .iter()
+            .filter(|(_, s, _)| s.job.name == job)
+            .map(|(_, s, _)| s.env.clone())
+            .collect()
+    };
+    let tune = env_of("tune");
+    assert_eq!(tune.len(), 2);
+    for env in &tune {
+        assert_eq!(env["TB_CHECKPOINT_DIR"], "/Volumes/lab/ckpt/tune");
+        assert_eq!(env["TB_CHECKPOINT_EVERY_STEPS"], "500");
+        assert_eq!(env["SEED"], "7");
+    }
+    assert!(
+        env_of("plain")
+            .iter()
+            .all(|e| !e.contains_key("TB_CHECKPOINT_DIR"))
+    );
+}
+
+#[test]
 fn borrowing_lets_a_queue_go_past_its_quota_up_to_the_limit() {
     let mut sim = Sim::new();
     sim.add_node("a", 64);
