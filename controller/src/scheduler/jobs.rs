@@ -557,10 +557,10 @@ fn make_room(
             view.queues.queue_of(job).ok().flatten(),
         ),
     };
-    let reclaim = queue.filter(|q| {
-        let memory = shape.memory_bytes.saturating_mul(u64::from(shape.ranks));
-        view.queues.within_quota(q, memory, shape.ranks)
-    });
+    let gang_memory = shape.memory_bytes.saturating_mul(u64::from(shape.ranks));
+    let reclaim = queue
+        .clone()
+        .filter(|q| view.queues.within_quota(q, gang_memory, shape.ranks));
     let eligible = |p: i32, theirs: Option<&str>| -> Option<&'static str> {
         if p < priority {
             return Some("Preempted");
@@ -569,12 +569,21 @@ fn make_room(
         let theirs = theirs?;
         (theirs != ours && p <= priority && view.queues.borrowing(theirs)).then_some("Reclaimed")
     };
-    let fits = |trial: &ClusterView| place_job(job, shape, trial).is_ok();
+    // Room is made only if the job then also fits its queue's quota (stopping the queue's own
+    // lower-priority work counts), else it would preempt on every pass and still not start.
+    let fits = |trial: &ClusterView| match place_job(job, shape, trial) {
+        Ok(placed) => queue.as_deref().is_none_or(|q| {
+            let memory = placed.memory_bytes.iter().sum();
+            let macs = placed.slots.iter().map(|s| s.node.clone()).collect();
+            trial.queues.admit(q, memory, &macs).is_ok()
+        }),
+        Err(_) => false,
+    };
     // Nothing to stop for one job is nothing to stop for the next of the same priority, queue
     // standing and shape, until capacity changes (which clears the memo).
     let hopeless_key = (!shape.sized_from_model && shape.service.is_none()).then(|| {
         format!(
-            "hopeless:{priority}:{reclaim:?}:{}x{}:{}:{:?}",
+            "hopeless:{priority}:{queue:?}:{reclaim:?}:{}x{}:{}:{:?}",
             shape.ranks, shape.memory_bytes, shape.exclusive, shape.node_selector
         )
     });
@@ -588,7 +597,14 @@ fn make_room(
             if let Some(k) = hopeless_key {
                 view.unplaceable.borrow_mut().insert(k, String::new());
             }
-            why
+            // A gang bigger than its queue may ever hold says so, not just that the lab is full.
+            match queue.as_deref().map(|q| {
+                view.queues
+                    .admit(q, gang_memory, &std::collections::BTreeSet::new())
+            }) {
+                Some(Err(held)) => refuse(held.reason, held.message),
+                _ => why,
+            }
         }
         preemption::Choice::Waiting => refuse(
             "WaitingForPreemption",

@@ -9,6 +9,7 @@
 //! Ranks already told to stop count as gone, so a job waiting for its victims to end does not
 //! pick more.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use tb_api::Object;
@@ -37,16 +38,51 @@ pub enum Choice {
     Hopeless,
 }
 
-/// A copy of `view` without the resources `allocations` hold.
+/// The queue a rank's job counts against.
+fn queue_of<'a>(view: &'a ClusterView, a: &Alloc) -> Option<&'a str> {
+    let key = (
+        a.spec.job.kind.clone(),
+        a.object.metadata.namespace.clone(),
+        a.spec.job.name.clone(),
+    );
+    view.facts.get(&key)?.queue.as_deref()
+}
+
+/// A copy of `view` without the resources `allocations` hold, on their Macs and against their
+/// queues' quotas.
 fn without(view: &ClusterView, allocations: &[&Alloc]) -> ClusterView {
     let mut trial = view.clone();
     trial.unplaceable.borrow_mut().clear();
+    let mut queues = BTreeSet::new();
     for a in allocations {
         if let Some(n) = trial.nodes.get_mut(&a.spec.node) {
             n.free_bytes = n.free_bytes.saturating_add(a.spec.memory_bytes);
             for p in a.ports() {
                 n.used_ports.remove(&p);
             }
+        }
+        if let Some(q) = queue_of(view, a)
+            && let Some(u) = trial.queues.usage.get_mut(q)
+        {
+            u.memory_bytes = u.memory_bytes.saturating_sub(a.spec.memory_bytes);
+            queues.insert(q);
+        }
+    }
+    // A Mac stays counted while another rank of the queue still holds it.
+    let freed = |a: &Alloc| {
+        allocations
+            .iter()
+            .any(|f| Arc::ptr_eq(&f.object, &a.object))
+    };
+    for q in queues {
+        let macs = view
+            .allocations
+            .iter()
+            .filter(|a| a.holds_resources() && !freed(a) && queue_of(view, a) == Some(q))
+            .map(|a| a.spec.node.clone())
+            .collect();
+        if let Some(u) = trial.queues.usage.get_mut(q) {
+            u.macs = macs;
         }
     }
     trial

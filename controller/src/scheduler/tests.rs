@@ -1111,6 +1111,43 @@ fn checkpointed_jobs_tell_their_ranks_where_to_save_and_resume() {
 }
 
 #[test]
+fn a_job_its_own_quota_holds_back_preempts_nothing() {
+    let mut sim = Sim::new();
+    for n in ["a", "b"] {
+        sim.add_node(n, 16);
+    }
+    apply_queue(
+        &mut sim,
+        "urgent",
+        json!({"priority": 10, "quota": {"memory": "1Gi"}}),
+    );
+    // Unqueued, priority 0, filling most of both Macs.
+    sim.apply_job("TrainingJob", "low", exec_job(2, "10Gi"));
+    sim.settle();
+    sim.set_phase(|_| true, AllocationPhase::Running, None, "Started");
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "low").phase, JobPhase::Running);
+    let mut big = exec_job(1, "13Gi");
+    big["queue"] = json!("urgent");
+    sim.apply_job("TrainingJob", "big", big);
+    for _ in 0..5 {
+        sim.settle();
+        sim.obey_stops();
+        sim.advance(1);
+    }
+    let low = sim.job("TrainingJob", "low");
+    assert_eq!((low.epoch, low.phase), (1, JobPhase::Running), "{low:?}");
+    assert!(
+        sim.allocs()
+            .iter()
+            .all(|(_, s, _)| s.desired == Desired::Run)
+    );
+    let big = sim.job("TrainingJob", "big");
+    assert_eq!(big.reason, "QuotaExceeded", "{big:?}");
+    assert!(big.message.contains("queue urgent"), "{}", big.message);
+}
+
+#[test]
 fn borrowing_lets_a_queue_go_past_its_quota_up_to_the_limit() {
     let mut sim = Sim::new();
     sim.add_node("a", 64);
