@@ -33,6 +33,7 @@ pub mod ports;
 pub mod procstat;
 pub mod report;
 pub mod scheduler;
+pub mod scheduler_raft;
 pub mod stats;
 pub mod tb;
 

@@ -1,11 +1,18 @@
 //! `scheduler-bench`: scheduler throughput and fairness — 64 simulated Macs, 5,000 queued jobs
-//! from 10 weighted queues, the real `reconcile` and state machine in virtual time (see
-//! `tb_bench::scheduler`). Prints a markdown table; targets are reported, never asserted.
+//! from 10 weighted queues. By default the real `reconcile` and state machine run in virtual
+//! time (see `tb_bench::scheduler`); with `--raft` a real 3-member `tb-controller` cluster
+//! (Raft, TLS, auth) schedules them in real time onto Macs simulated in-process over gRPC (see
+//! `tb_bench::scheduler_raft`). Prints a markdown table; targets are reported, never asserted.
 //!
-//! Run from the workspace: `cargo run --release -p tb-bench --bin scheduler-bench`.
+//! Run from the workspace: `cargo run --release -p tb-bench --bin scheduler-bench [-- --raft]`.
 
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
 use clap::Parser;
 use tb_bench::scheduler::{Setup, report, run};
+use tb_bench::scheduler_raft::{self, RaftSetup};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -17,13 +24,49 @@ struct Args {
     macs: usize,
     #[arg(long, default_value_t = 5000)]
     jobs: usize,
-    /// Fair-share half-life in minutes.
+    /// Fair-share half-life in minutes (virtual mode; the controllers use their default).
     #[arg(long, default_value_t = 60)]
     half_life_minutes: i64,
+    /// Through a real 3-member tb-controller cluster (Raft, TLS) in real time, with the Macs
+    /// simulated in-process over gRPC.
+    #[arg(long)]
+    raft: bool,
+    /// --raft: the tb-controller binary to run as it is (default: `cargo build --release -p
+    /// tb-controller` first, then target/release/tb-controller).
+    #[arg(long)]
+    tb_controller: Option<PathBuf>,
+    /// --raft: shortest job run time, in real seconds.
+    #[arg(long, default_value_t = 2.0)]
+    run_min_seconds: f64,
+    /// --raft: longest job run time, in real seconds.
+    #[arg(long, default_value_t = 10.0)]
+    run_max_seconds: f64,
+    /// --raft: jobs per Objects.Apply when submitting.
+    #[arg(long, default_value_t = 250)]
+    apply_batch: usize,
+    /// --raft: stop after this many seconds and report what was measured.
+    #[arg(long, default_value_t = 600)]
+    time_limit_seconds: u64,
+    /// --raft: where the temporary dir (data dirs, logs) goes (default: $TMPDIR or /tmp).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// --raft: keep the temporary dir.
+    #[arg(long)]
+    keep: bool,
+    /// --raft: RUST_LOG for the controllers.
+    #[arg(long)]
+    tb_log: Option<String>,
+    /// --raft: every simulated Mac talks to the leader, instead of Mac i to controller
+    /// (i mod 3) + 1.
+    #[arg(long)]
+    macs_on_leader: bool,
 }
 
-fn main() {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.raft {
+        return run_raft(args);
+    }
     let setup = Setup {
         macs: args.macs,
         jobs: args.jobs,
@@ -32,4 +75,38 @@ fn main() {
     };
     let results = run(setup);
     print!("{}", report(&results));
+    Ok(())
+}
+
+fn run_raft(args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.run_min_seconds > 0.0 && args.run_max_seconds >= args.run_min_seconds,
+        "--run-min-seconds must be positive and at most --run-max-seconds"
+    );
+    let controller = match args.tb_controller {
+        Some(p) => p,
+        None => {
+            let dir = tb_bench::binaries::build_release(&["tb-controller"])?;
+            tb_bench::binaries::built(&dir, "tb-controller")?
+        }
+    };
+    let mut setup = RaftSetup::new(controller, args.dir.unwrap_or_else(std::env::temp_dir));
+    setup.macs = args.macs;
+    setup.jobs = args.jobs;
+    setup.run_ms = (
+        (args.run_min_seconds * 1000.0) as u64,
+        (args.run_max_seconds * 1000.0) as u64,
+    );
+    setup.apply_batch = args.apply_batch.max(1);
+    setup.time_limit = Duration::from_secs(args.time_limit_seconds);
+    setup.keep = args.keep;
+    setup.rust_log = args.tb_log;
+    setup.macs_on_leader = args.macs_on_leader;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let results = runtime.block_on(scheduler_raft::run(setup))?;
+    print!("{}", scheduler_raft::report(&results));
+    Ok(())
 }
