@@ -32,7 +32,8 @@ pub async fn run(node: Arc<RaftNode>, cfg: SchedulerConfig, time: SchedulerClock
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     while changes.try_recv().is_ok() {}
                 }
-                Err(RecvError::Closed) => return,
+                // A snapshot was installed: follow the new feed.
+                Err(RecvError::Closed) => changes = node.store().hub.subscribe(),
             },
         }
         if !node.is_leader() {

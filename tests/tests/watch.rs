@@ -1,7 +1,8 @@
 //! Watches against real controllers: a watcher that resumes on another member after its member
 //! is SIGKILLed sees exactly the changes the writers were acknowledged (none missing, none
 //! repeated, in order); a watch from 0 starts with the current objects; a watch from before
-//! the member's history is refused with OUT_OF_RANGE.
+//! the member's history is refused with OUT_OF_RANGE; a follower that catches up from a
+//! snapshot ends the watches it serves with OUT_OF_RANGE.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -479,4 +480,92 @@ async fn watch_from_before_the_history_is_out_of_range() {
             .metadata
             .resource_version
     );
+}
+
+/// A follower that fell so far behind that it catches up by installing a snapshot ends the
+/// watches it was serving with OUT_OF_RANGE: the changes the snapshot covered were never
+/// published to them, and a watcher (a nodelet following its allocations) that kept streaming
+/// would never hear of them.
+#[tokio::test]
+async fn a_follower_installing_a_snapshot_ends_its_watches_with_out_of_range() {
+    let mut cluster =
+        Cluster::start("watch-snapshot", ClusterOptions::new(3).snapshots(20, 5)).await;
+    let client = cluster.client();
+    let leader = cluster.leader_index().await;
+    let follower = (leader + 1) % cluster.len();
+    let addr = cluster.addr(follower);
+    let ns = unique_namespace("snap");
+    client
+        .apply(
+            &[model(&ns, "m0", "v")],
+            &objects::request_id(),
+            leader,
+            WRITE_BUDGET,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("first write: {e:?}"));
+    cluster.wait_converged(Duration::from_secs(20)).await;
+    let mut stream = open_watch(&client, &addr, &ns, 0)
+        .await
+        .unwrap_or_else(|e| panic!("watch on the follower: {e:?}"));
+    let first = next_event(&mut stream).await.expect("the listing");
+    assert_eq!(seen_from_event(&first).name, "m0");
+
+    // Freeze the follower while the others write enough for the leader to purge its log.
+    let pid = cluster.member(follower).pid().expect("follower pid") as i32;
+    step!("SIGSTOP follower {follower} (pid {pid}); writing until the leader purges its log");
+    // SAFETY: signalling a child process this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let others = (follower + 1) % cluster.len();
+    let purged = |cluster: &Cluster| {
+        (0..cluster.len())
+            .filter(|i| *i != follower)
+            .all(|i| cluster.member(i).log().contains("log purged"))
+    };
+    let mut written = 0;
+    while written < 600 && !purged(&cluster) {
+        for _ in 0..40 {
+            written += 1;
+            let result = client
+                .apply(
+                    &[model(&ns, &format!("m{written}"), "v")],
+                    &objects::request_id(),
+                    others,
+                    WRITE_BUDGET,
+                )
+                .await;
+            if let Err(e) = result {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+                panic!("write {written}: {e:?}");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    assert!(
+        purged(&cluster),
+        "the others never purged their logs after {written} writes"
+    );
+    cluster.wait_converged(Duration::from_secs(30)).await;
+    assert!(
+        cluster
+            .member(follower)
+            .log()
+            .contains("snapshot installed"),
+        "the follower was expected to catch up from a snapshot"
+    );
+    // The stream may deliver changes published after the snapshot, then must end.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let err = loop {
+        match tokio::time::timeout_at(deadline, stream.message()).await {
+            Ok(Ok(Some(_))) => continue,
+            Ok(Ok(None)) => panic!("the watch ended without telling the watcher to re-list"),
+            Ok(Err(e)) => break e,
+            Err(_) => panic!("the watch stayed open after its member installed a snapshot"),
+        }
+    };
+    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+    assert!(err.message().contains("re-list"), "{err:?}");
 }

@@ -361,6 +361,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 p.last_log_id = Some(log_id);
             }
         }
+        tracing::info!(upto = log_id.index, "log purged");
         // Purged entries are covered by a durable snapshot; losing this on a crash only means
         // purging them again.
         self.queue(Job::Purge {

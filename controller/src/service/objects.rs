@@ -449,7 +449,16 @@ impl Objects for ObjectsService {
                                 .await;
                             return;
                         }
-                        Err(RecvError::Closed) => return,
+                        // The member installed a snapshot: what it covered was never
+                        // published, so the watcher must re-list.
+                        Err(RecvError::Closed) => {
+                            let _ = tx
+                                .send(Err(Status::out_of_range(format!(
+                                    "this controller caught up from a snapshot after resourceVersion {last}; re-list and watch again"
+                                ))))
+                                .await;
+                            return;
+                        }
                     },
                     _ = tx.closed() => return,
                     // The flag only ever turns true.

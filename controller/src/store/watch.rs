@@ -16,13 +16,15 @@ pub const HISTORY: usize = 20_000;
 
 pub struct WatchHub {
     inner: Mutex<History>,
-    tx: broadcast::Sender<Arc<Change>>,
 }
 
 struct History {
     changes: VecDeque<Arc<Change>>,
     /// Watches may resume from any version ≥ floor; older ones must re-list.
     floor: u64,
+    /// The live feed. Replaced when a snapshot is installed: the feeds handed out before it are
+    /// closed, since the changes the snapshot covered are never published to them.
+    tx: broadcast::Sender<Arc<Change>>,
 }
 
 /// A resumed watch: the changes after the requested version, then the live feed.
@@ -40,15 +42,18 @@ pub struct TooOld {
     pub floor: u64,
 }
 
+fn feed() -> broadcast::Sender<Arc<Change>> {
+    broadcast::channel(8192).0
+}
+
 impl WatchHub {
     pub fn new(floor: u64) -> Self {
-        let (tx, _) = broadcast::channel(8192);
         WatchHub {
             inner: Mutex::new(History {
                 changes: VecDeque::new(),
                 floor,
+                tx: feed(),
             }),
-            tx,
         }
     }
 
@@ -62,7 +67,7 @@ impl WatchHub {
             let c = Arc::new(c);
             h.changes.push_back(c.clone());
             // Sent under the lock so a resuming watcher sees each change exactly once.
-            let _ = self.tx.send(c);
+            let _ = h.tx.send(c);
         }
         while h.changes.len() > HISTORY {
             if let Some(old) = h.changes.pop_front() {
@@ -71,11 +76,14 @@ impl WatchHub {
         }
     }
 
-    /// After a snapshot is installed nothing before it can be replayed.
+    /// After a snapshot is installed nothing before it can be replayed, and every live feed
+    /// ends (its receivers see `Closed`): a watcher must re-list, or it would never hear of
+    /// what the snapshot changed.
     pub fn reset(&self, floor: u64) {
         let mut h = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         h.changes.clear();
         h.floor = floor;
+        h.tx = feed();
     }
 
     /// Changes strictly after `from`, then everything new.
@@ -95,13 +103,53 @@ impl WatchHub {
             .collect();
         Ok(Resume {
             backlog,
-            live: self.tx.subscribe(),
+            live: h.tx.subscribe(),
         })
     }
 
     /// The live feed alone, for a watch that starts with a full listing.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Change>> {
-        let _h = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        self.tx.subscribe()
+        let h = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        h.tx.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::state::ChangeKind;
+    use tokio::sync::broadcast::error::TryRecvError;
+
+    fn change(rv: u64) -> Change {
+        Change {
+            kind: ChangeKind::Added,
+            object: Arc::new(tb_api::Object {
+                api_version: tb_api::API_VERSION.into(),
+                kind: "Model".into(),
+                metadata: tb_api::ObjectMeta::default(),
+                spec: serde_json::Value::Null,
+                status: serde_json::Value::Null,
+            }),
+            resource_version: rv,
+        }
+    }
+
+    #[test]
+    fn a_snapshot_ends_every_live_feed_and_history_before_it() {
+        let hub = WatchHub::new(0);
+        hub.publish(vec![change(1), change(2)]);
+        let mut listing = hub.subscribe();
+        let mut resumed = hub.resume(1).expect("resume").live;
+        hub.publish(vec![change(3)]);
+        hub.reset(10);
+        for feed in [&mut listing, &mut resumed] {
+            assert_eq!(feed.try_recv().map(|c| c.resource_version), Ok(3));
+            assert!(matches!(feed.try_recv(), Err(TryRecvError::Closed)));
+        }
+        assert!(hub.resume(5).is_err(), "covered by the snapshot");
+        let mut after = hub.resume(10).expect("resume at the snapshot");
+        assert!(after.backlog.is_empty());
+        hub.publish(vec![change(11)]);
+        assert_eq!(after.live.try_recv().map(|c| c.resource_version), Ok(11));
     }
 }
