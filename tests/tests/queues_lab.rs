@@ -17,11 +17,10 @@
 //! - a queue under its quota reclaims what another queue borrowed beyond its own: the
 //!   borrowing gang is stopped (Reclaimed) and the owner's job runs.
 //!
-//! Two more tests, ignored, assert what should happen where the scheduler is wrong today (see
-//! their `ignore` reasons): a job its own queue's quota holds back must not preempt anything
-//! (today it preempts the same gang over and over), and a queue with a Mac quota may put more
-//! work on the Mac it already holds (today placement picks the emptier Mac and admission then
-//! refuses it).
+//! - a job its own queue's quota holds back preempts nothing (it would not be admitted once
+//!   there was room, so stopping work for it only stops that work);
+//! - a queue with a Mac quota puts more work on the Mac it already holds, and packs a gang's
+//!   ranks onto the Macs it may use, instead of being refused the emptier Mac placement picks.
 //!
 //! Sizes: memory is what limits. A "big" rank asks for 60 % of a Mac's allocatable memory (read
 //! from the Node, rounded down to MiB), so one fits per Mac and a 2-rank gang of them fills the
@@ -885,12 +884,6 @@ spec:
 /// plenty of memory left: the quota limits the Macs used, and using the Mac the queue already
 /// holds adds none.
 #[tokio::test]
-#[ignore = "bug: placement (controller/src/scheduler/placement.rs: each rank to the Mac with \
-            the most free memory) ignores the queue's Mac quota, and admission \
-            (jobs.rs:246-251, queues.rs admit) only checks the placement it was handed: the \
-            second job is placed on the other, emptier Mac and held QuotaExceeded (`1 of 1 \
-            Macs in use; this job would bring it to 2`) forever; likewise a 2-rank job of \
-            64Mi ranks in an idle queue with macs: 1 (`0 of 1 Macs in use`)"]
 async fn a_mac_quota_lets_more_work_share_the_mac_the_queue_holds() {
     let lab = Lab::start_with("queues-mac-quota", LabOptions::new(NODELETS)).await;
     lab.apply_yaml(

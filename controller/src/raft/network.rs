@@ -185,6 +185,9 @@ fn transfer_leader(
     Box::pin(async move { c.transfer_leader(r).await })
 }
 
+/// The least time an append with entries is given.
+const APPEND_TIMEOUT_FLOOR: Duration = Duration::from_secs(1);
+
 impl RaftNetworkV2<TypeConfig> for PeerClient {
     type SnapshotData = Cursor<Vec<u8>>;
 
@@ -193,7 +196,17 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call(append, &rpc, option.hard_ttl()).await
+        // openraft allows an append one heartbeat interval (50 ms); a batch of a few hundred
+        // plans plus the follower's fsync takes longer on a loaded machine, and each timeout
+        // restarts the follower's replication stream from scratch. Heartbeats are sent
+        // by their own worker (empty appends, which keep the short deadline), so a longer wait
+        // here does not delay failure detection.
+        let timeout = if rpc.entries.is_empty() {
+            option.hard_ttl()
+        } else {
+            option.hard_ttl().max(APPEND_TIMEOUT_FLOOR)
+        };
+        self.call(append, &rpc, timeout).await
     }
 
     async fn vote(

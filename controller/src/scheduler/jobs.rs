@@ -244,14 +244,18 @@ pub fn reconcile_job(
             .map_err(|h| refuse(h.reason, h.message))
             .and_then(|queue| {
                 let placed = place_job(job, shape, view)?;
-                if let Some(q) = &queue {
-                    let memory: u64 = placed.memory_bytes.iter().sum();
-                    let macs = placed.slots.iter().map(|s| s.node.clone()).collect();
-                    view.queues
-                        .admit(q, memory, &macs)
-                        .map_err(|h| refuse(h.reason, h.message))?;
+                let Some(q) = &queue else {
+                    return Ok((placed, queue));
+                };
+                match admit(view, q, &placed) {
+                    Ok(()) => Ok((placed, queue)),
+                    // Placement spreads ranks over the emptiest Macs; a queue short of Macs
+                    // may still fit on the ones it holds (and the few more it may take).
+                    Err(held) => match place_within_mac_quota(job, shape, view, q) {
+                        Some(placed) if admit(view, q, &placed).is_ok() => Ok((placed, queue)),
+                        _ => Err(refuse(held.reason, held.message)),
+                    },
                 }
-                Ok((placed, queue))
             });
         match placed {
             Ok((placed, queue)) => {
@@ -733,6 +737,60 @@ fn workload(job: &Object, view: &ClusterView) -> Result<Option<Workload>, Refusa
         live::WorkloadError::ModelNotFound(m) => refuse("ModelNotFound", m),
         live::WorkloadError::ModelIncomplete(m) => refuse("ModelIncomplete", m),
     })
+}
+
+/// Whether `placed` fits queue `q`'s quota (plus what it may borrow).
+fn admit(view: &ClusterView, q: &str, placed: &Placed) -> Result<(), super::queues::Held> {
+    let memory: u64 = placed.memory_bytes.iter().sum();
+    let macs = placed.slots.iter().map(|s| s.node.clone()).collect();
+    view.queues.admit(q, memory, &macs)
+}
+
+/// For a queue with a Mac quota: place the gang on the Macs the queue already holds plus as
+/// many others (most free memory first) as the quota and borrowing limit still allow, ranks
+/// stacking where they must. None when the queue has no Mac quota or there is no such fit.
+fn place_within_mac_quota(
+    job: &Object,
+    shape: &JobShape,
+    view: &ClusterView,
+    q: &str,
+) -> Option<Placed> {
+    let spec = view.queues.specs.get(q)?;
+    let quota = spec.quota.macs?;
+    let limit = quota
+        + spec
+            .borrowing_limit
+            .as_ref()
+            .and_then(|b| b.macs)
+            .unwrap_or(0);
+    let held = view
+        .queues
+        .usage
+        .get(q)
+        .map(|u| u.macs.clone())
+        .unwrap_or_default();
+    let room = (limit as usize).saturating_sub(held.len());
+    let mut others: Vec<&super::view::NodeView> = view
+        .nodes
+        .values()
+        .filter(|n| !held.contains(&n.name) && n.schedulable())
+        .collect();
+    others.sort_by(|a, b| b.free_bytes.cmp(&a.free_bytes).then(a.name.cmp(&b.name)));
+    let allowed: std::collections::BTreeSet<&str> = held
+        .iter()
+        .map(String::as_str)
+        .chain(others.iter().take(room).map(|n| n.name.as_str()))
+        .collect();
+    let mut trial = view.clone();
+    trial.unplaceable.borrow_mut().clear();
+    for n in trial.nodes.values_mut() {
+        if !allowed.contains(n.name.as_str()) {
+            n.spec.unschedulable = true;
+        }
+    }
+    let placed = place_job(job, shape, &trial).ok();
+    trial.unplaceable.borrow_mut().clear();
+    placed
 }
 
 /// Place a job: a Model's layers split by the topology-aware planner, or `ranks` × `memory`

@@ -1148,6 +1148,47 @@ fn a_job_its_own_quota_holds_back_preempts_nothing() {
 }
 
 #[test]
+fn a_mac_quota_packs_a_queues_ranks_onto_the_macs_it_may_use() {
+    let mut sim = Sim::new();
+    for n in ["a", "b", "c"] {
+        sim.add_node(n, 16);
+    }
+    apply_queue(
+        &mut sim,
+        "one-mac",
+        json!({"quota": {"macs": 1}, "namespaces": ["default"]}),
+    );
+    // Two ranks would spread over two Macs; the quota allows one, where both fit.
+    sim.apply_job("TrainingJob", "pair", exec_job(2, "2Gi"));
+    sim.settle();
+    let nodes_of = |sim: &Sim, job: &str| -> std::collections::BTreeSet<String> {
+        sim.allocs()
+            .into_iter()
+            .filter(|(_, s, _)| s.job.name == job)
+            .map(|(_, s, _)| s.node)
+            .collect()
+    };
+    assert_eq!(sim.job("TrainingJob", "pair").phase, JobPhase::Scheduled);
+    let held = nodes_of(&sim, "pair");
+    assert_eq!(held.len(), 1, "{held:?}");
+    // More work of the queue goes to the Mac it holds, though the others are emptier.
+    sim.apply_job("TrainingJob", "more", exec_job(1, "2Gi"));
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "more").phase, JobPhase::Scheduled);
+    assert_eq!(nodes_of(&sim, "more"), held);
+    // What cannot fit on that Mac waits, naming the Mac quota.
+    sim.apply_job("TrainingJob", "huge", exec_job(1, "14Gi"));
+    sim.settle();
+    let huge = sim.job("TrainingJob", "huge");
+    assert_eq!(huge.reason, "QuotaExceeded", "{huge:?}");
+    assert!(
+        huge.message.contains("1 of 1 Macs in use"),
+        "{}",
+        huge.message
+    );
+}
+
+#[test]
 fn borrowing_lets_a_queue_go_past_its_quota_up_to_the_limit() {
     let mut sim = Sim::new();
     sim.add_node("a", 64);
