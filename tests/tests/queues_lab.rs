@@ -21,6 +21,8 @@
 //!   there was room, so stopping work for it only stops that work);
 //! - a queue with a Mac quota puts more work on the Mac it already holds, and packs a gang's
 //!   ranks onto the Macs it may use, instead of being refused the emptier Mac placement picks.
+//! - a quota lowered below what the queue holds is accepted with a QuotaBelowUsage warning
+//!   (event and condition); the running job keeps running and new work waits.
 //!
 //! Sizes: memory is what limits. A "big" rank asks for 60 % of a Mac's allocatable memory (read
 //! from the Node, rounded down to MiB), so one fits per Mac and a 2-rank gang of them fills the
@@ -933,4 +935,94 @@ spec:
     );
     touch(&release);
     lab.wait_job_phase("first", "Succeeded", JOB_TIMEOUT).await;
+}
+
+/// A quota lowered below what the queue's running work holds is accepted as written: the
+/// running job keeps running (only preemption stops work), new work of the queue waits, and
+/// the queue gets a QuotaBelowUsage Warning event and condition naming both figures.
+#[tokio::test]
+async fn a_quota_lowered_below_usage_warns_and_stops_nothing() {
+    let lab = Lab::start_with("queues-lowered", LabOptions::new(NODELETS)).await;
+    let queue = |memory: &str| {
+        format!(
+            "apiVersion: tb/v1
+kind: Queue
+metadata:
+  name: qlab-lowered
+spec:
+  quota:
+    memory: {memory}
+"
+        )
+    };
+    lab.apply_yaml(&queue("512Mi")).await;
+    let release = lab.dir().join("release-held");
+    let release_s = release.display().to_string();
+    lab.apply_yaml(&job_yaml(
+        "held",
+        "qlab-lowered",
+        1,
+        256,
+        &[("RELEASE", &release_s)],
+        "",
+        &format!("echo held running\n{HOLD}\necho held done"),
+    ))
+    .await;
+    lab.wait_job_phase("held", "Running", JOB_TIMEOUT).await;
+    let ranks = running_ranks(&lab, "held", 1, 1).await;
+
+    step!("lowering the quota to 64Mi, below the 256Mi held");
+    let applied = lab.apply_yaml(&queue("64Mi")).await;
+    step!("{applied}");
+    let warning = tb_tests::wait::expect(
+        "a QuotaBelowUsage event for the queue",
+        JOB_TIMEOUT,
+        || async {
+            let out = lab
+                .tbctl(&["events", "--for", "queue/qlab-lowered", "-o", "json"])
+                .await;
+            let items = out.json()["items"].as_array().cloned().unwrap_or_default();
+            items
+                .into_iter()
+                .find(|e| e["spec"]["reason"] == "QuotaBelowUsage")
+                .ok_or_else(|| format!("no QuotaBelowUsage event yet: {out}"))
+        },
+    )
+    .await;
+    assert_eq!(warning["spec"]["type"], "Warning", "{warning:#}");
+    let message = str_of(&warning["spec"]["message"], "event message");
+    assert!(
+        message.contains("memory quota 64Mi is below the 256Mi its running work holds"),
+        "{message:?}"
+    );
+    let described = lab.tbctl_ok(&["describe", "queue", "qlab-lowered"]).await;
+    assert!(
+        described.stdout.contains("QuotaBelowUsage"),
+        "`tbctl describe queue` shows the condition and event:\n{described}"
+    );
+    // Nothing running was stopped; new work of the queue waits on the quota.
+    lab.apply_yaml(&job_yaml(
+        "small",
+        "qlab-lowered",
+        1,
+        32,
+        &[],
+        "",
+        "echo small ran",
+    ))
+    .await;
+    let small = lab
+        .wait_job("small", "reason QuotaExceeded", JOB_TIMEOUT, |s| {
+            s["reason"] == "QuotaExceeded"
+        })
+        .await;
+    step!("small held: {small}");
+    assert!(process_alive(ranks[0].pid), "the running rank was stopped");
+    let held = lab.job_status("held").await;
+    assert_eq!(held["phase"], "Running", "{held:#}");
+    assert_eq!(held["epoch"], 1, "{held:#}");
+
+    touch(&release);
+    lab.wait_job_phase("held", "Succeeded", JOB_TIMEOUT).await;
+    lab.wait_job_phase("small", "Succeeded", JOB_TIMEOUT).await;
 }
