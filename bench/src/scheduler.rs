@@ -92,18 +92,26 @@ impl Results {
         v[i.min(v.len() - 1)]
     }
 
-    /// Worst |got − wanted| / wanted over queues, shares of memory·time vs shares of weight.
     pub fn fairness_error(&self) -> f64 {
-        let total: f64 = self.shares.iter().map(|s| s.2).sum();
-        let weights: f64 = self.shares.iter().map(|s| f64::from(s.1)).sum();
-        self.shares
-            .iter()
-            .map(|(_, w, used)| {
-                let want = f64::from(*w) / weights;
-                ((used / total) - want).abs() / want
-            })
-            .fold(0.0, f64::max)
+        fairness_error(&self.shares)
     }
+}
+
+/// Worst |got − wanted| / wanted over queues, given (queue, weight, memory·time used): shares
+/// of memory·time against shares of weight. NaN when nothing was used.
+pub fn fairness_error(shares: &[(String, u32, f64)]) -> f64 {
+    let total: f64 = shares.iter().map(|s| s.2).sum();
+    let weights: f64 = shares.iter().map(|s| f64::from(s.1)).sum();
+    if total <= 0.0 {
+        return f64::NAN;
+    }
+    shares
+        .iter()
+        .map(|(_, w, used)| {
+            let want = f64::from(*w) / weights;
+            ((used / total) - want).abs() / want
+        })
+        .fold(0.0, f64::max)
 }
 
 struct Sim {

@@ -202,20 +202,9 @@ impl RaftResults {
         self.setup.slots() as f64 / ((lo + hi) as f64 / 2000.0)
     }
 
-    /// Worst |got − wanted| / wanted over queues (as `scheduler::Results::fairness_error`).
+    /// Worst |got − wanted| / wanted over queues (the virtual bench's measure).
     pub fn fairness_error(&self) -> f64 {
-        let total: f64 = self.shares.iter().map(|s| s.2).sum();
-        let weights: f64 = self.shares.iter().map(|s| f64::from(s.1)).sum();
-        if total <= 0.0 {
-            return f64::NAN;
-        }
-        self.shares
-            .iter()
-            .map(|(_, w, used)| {
-                let want = f64::from(*w) / weights;
-                ((used / total) - want).abs() / want
-            })
-            .fold(0.0, f64::max)
+        crate::scheduler::fairness_error(&self.shares)
     }
 }
 
