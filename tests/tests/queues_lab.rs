@@ -304,6 +304,37 @@ fn touch(path: &Path) {
     std::fs::write(path, b"go\n").unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
 }
 
+/// Apply a one-rank job of `memory_mi` MiB in `queue` that prints `NAME running`, holds until
+/// the test creates its release file (returned), then prints `NAME done`.
+async fn apply_held_job(lab: &Lab, name: &str, queue: &str, memory_mi: u64) -> PathBuf {
+    let release = lab.dir().join(format!("release-{name}"));
+    let release_s = release.display().to_string();
+    lab.apply_yaml(&job_yaml(
+        name,
+        queue,
+        1,
+        memory_mi,
+        &[("RELEASE", &release_s)],
+        "",
+        &format!("echo {name} running\n{HOLD}\necho {name} done"),
+    ))
+    .await;
+    release
+}
+
+/// Wait until `job` waits with `reason`; its status and message.
+async fn wait_reason(lab: &Lab, job: &str, reason: &str) -> (Value, String) {
+    let status = lab
+        .wait_job(job, &format!("reason {reason}"), JOB_TIMEOUT, |s| {
+            s["reason"] == reason
+        })
+        .await;
+    step!("{job}: {reason}: {status}");
+    assert_eq!(status["phase"], "Pending", "{status:#}");
+    let message = str_of(&status["message"], "status.message").to_string();
+    (status, message)
+}
+
 /// A queue with a memory quota of 192 MiB: job A (128 MiB) is admitted and runs; job B
 /// (128 MiB), which would bring the queue to 256 MiB, stays Pending with reason QuotaExceeded
 /// and a message naming the queue, what is in use, the quota, what B needs and how far over it
@@ -355,14 +386,8 @@ spec:
         "echo b ran",
     ))
     .await;
-    let b = lab
-        .wait_job("quota-b", "reason QuotaExceeded", JOB_TIMEOUT, |s| {
-            s["reason"] == "QuotaExceeded"
-        })
-        .await;
-    step!("quota-b held: {b}");
-    assert_eq!(b["phase"], "Pending", "{b:#}");
-    let message = str_of(&b["message"], "status.message");
+    let (_, message) = wait_reason(&lab, "quota-b", "QuotaExceeded").await;
+    let message = message.as_str();
     for want in [
         "queue qlab-quota",
         "128Mi of 192Mi memory in use",
@@ -535,27 +560,9 @@ spec:
     }
     step!("train epoch 1 runs and checkpointed: {epoch1:?}");
 
-    let release = lab.dir().join("release-urgent");
-    let release_s = release.display().to_string();
-    lab.apply_yaml(&job_yaml(
-        "urgent",
-        "qlab-urgent",
-        1,
-        big,
-        &[("RELEASE", &release_s)],
-        "",
-        &format!("echo urgent running\n{HOLD}\necho urgent done"),
-    ))
-    .await;
+    let release = apply_held_job(&lab, "urgent", "qlab-urgent", big).await;
 
-    let preempted = lab
-        .wait_job("train", "reason Preempted", JOB_TIMEOUT, |s| {
-            s["reason"] == "Preempted"
-        })
-        .await;
-    step!("train preempted: {preempted}");
-    assert_eq!(preempted["phase"], "Pending", "{preempted:#}");
-    let message = str_of(&preempted["message"], "status.message");
+    let (_, message) = wait_reason(&lab, "train", "Preempted").await;
     assert!(
         message.contains("TrainingJob/urgent") && message.contains("priority 10 over 0"),
         "the message names the preemptor and both priorities: {message:?}"
@@ -730,26 +737,8 @@ spec:
     let borrowed = borrowed_by(&lab, "qlab-x", |b| b != "-").await;
     step!("qlab-x borrows {borrowed}");
 
-    let release = lab.dir().join("release-owner");
-    let release_s = release.display().to_string();
-    lab.apply_yaml(&job_yaml(
-        "owner",
-        "qlab-y",
-        1,
-        big,
-        &[("RELEASE", &release_s)],
-        "",
-        &format!("echo owner running\n{HOLD}\necho owner done"),
-    ))
-    .await;
-    let reclaimed = lab
-        .wait_job("borrower", "reason Reclaimed", JOB_TIMEOUT, |s| {
-            s["reason"] == "Reclaimed"
-        })
-        .await;
-    step!("borrower reclaimed: {reclaimed}");
-    assert_eq!(reclaimed["phase"], "Pending", "{reclaimed:#}");
-    let message = str_of(&reclaimed["message"], "status.message");
+    let release = apply_held_job(&lab, "owner", "qlab-y", big).await;
+    let (_, message) = wait_reason(&lab, "borrower", "Reclaimed").await;
     assert!(
         message.contains("queue qlab-y reclaimed") && message.contains("TrainingJob/owner"),
         "the message names the reclaiming queue and job: {message:?}"
@@ -956,18 +945,7 @@ spec:
         )
     };
     lab.apply_yaml(&queue("512Mi")).await;
-    let release = lab.dir().join("release-held");
-    let release_s = release.display().to_string();
-    lab.apply_yaml(&job_yaml(
-        "held",
-        "qlab-lowered",
-        1,
-        256,
-        &[("RELEASE", &release_s)],
-        "",
-        &format!("echo held running\n{HOLD}\necho held done"),
-    ))
-    .await;
+    let release = apply_held_job(&lab, "held", "qlab-lowered", 256).await;
     lab.wait_job_phase("held", "Running", JOB_TIMEOUT).await;
     let ranks = running_ranks(&lab, "held", 1, 1).await;
 
@@ -1011,12 +989,7 @@ spec:
         "echo small ran",
     ))
     .await;
-    let small = lab
-        .wait_job("small", "reason QuotaExceeded", JOB_TIMEOUT, |s| {
-            s["reason"] == "QuotaExceeded"
-        })
-        .await;
-    step!("small held: {small}");
+    wait_reason(&lab, "small", "QuotaExceeded").await;
     assert!(process_alive(ranks[0].pid), "the running rank was stopped");
     let held = lab.job_status("held").await;
     assert_eq!(held["phase"], "Running", "{held:#}");
