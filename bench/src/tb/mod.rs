@@ -32,6 +32,27 @@ pub struct TbOptions {
 /// Start controllers 1..=3 on fresh loopback ports with data dirs under `dir`, each also
 /// serving `/metrics`.
 pub fn start(opts: &TbOptions, dir: &Path) -> anyhow::Result<Cluster<TbBackend>> {
+    let (cluster, _) = start_members(
+        &opts.binary,
+        opts.rust_log.as_deref(),
+        &opts.extra_args,
+        dir,
+        |addrs| TbBackend::new(addrs, opts.payload_bytes),
+    )?;
+    Ok(cluster)
+}
+
+/// Spawn `binary` as controllers 1..=3 on fresh loopback ports (`--initial-cluster` of the
+/// three), data dirs `dir/tb-ID` and logs `dir/tb-ID.log`, each also serving `/metrics` and
+/// given `extra_args` after its own; `backend` makes the client from their API addresses.
+/// Returns the cluster and those addresses.
+pub fn start_members<B: Backend>(
+    binary: &Path,
+    rust_log: Option<&str>,
+    extra_args: &[String],
+    dir: &Path,
+    backend: impl FnOnce(&[String]) -> anyhow::Result<B>,
+) -> anyhow::Result<(Cluster<B>, Vec<String>)> {
     let ports = crate::ports::free_ports(6)?;
     let (api, metrics) = ports.split_at(3);
     let addrs: Vec<String> = api.iter().map(|p| format!("127.0.0.1:{p}")).collect();
@@ -46,37 +67,38 @@ pub fn start(opts: &TbOptions, dir: &Path) -> anyhow::Result<Cluster<TbBackend>>
     for (i, addr) in addrs.iter().enumerate() {
         let id = i + 1;
         let metrics_addr = format!("127.0.0.1:{}", metrics[i]);
+        let data = dir.join(format!("tb-{id}"));
         let mut args = vec![
             "--id".into(),
             id.to_string(),
             "--listen".into(),
             addr.clone(),
             "--data-dir".into(),
-            dir.join(format!("tb-{id}")).display().to_string(),
+            data.display().to_string(),
             "--initial-cluster".into(),
             initial.clone(),
             "--metrics-listen".into(),
             metrics_addr.clone(),
         ];
-        args.extend(opts.extra_args.iter().cloned());
+        args.extend(extra_args.iter().cloned());
         let mut m = Member::new(
             format!("tb-{id}"),
-            &opts.binary,
+            binary,
             args,
             dir.join(format!("tb-{id}.log")),
         )
-        .data_dir(dir.join(format!("tb-{id}")));
-        if let Some(filter) = &opts.rust_log {
+        .data_dir(data);
+        if let Some(filter) = rust_log {
             m = m.env("RUST_LOG", filter);
         }
         members.push(m);
         metrics_addrs.push(metrics_addr);
     }
-    let backend = TbBackend::new(&addrs, opts.payload_bytes)?;
+    let backend = backend(&addrs)?;
     let mut cluster = Cluster::new(members, Arc::new(backend));
     cluster.metrics = metrics_addrs;
     cluster.spawn_all()?;
-    Ok(cluster)
+    Ok((cluster, addrs))
 }
 
 /// A tb client holding one channel per controller.

@@ -130,7 +130,7 @@ pub fn reconcile_job(
     let parsed = view.parsed_job(job, cfg);
     let shape = parsed.shape.as_ref()?;
     let mut status = parsed.status.clone();
-    let before = status.clone();
+    let before = &parsed.status;
     let mut plan = Plan::default();
     plan.guards.push((job.key(), job.metadata.resource_version));
     let kind = shape.kind.as_str();
@@ -170,7 +170,7 @@ pub fn reconcile_job(
             ));
             return Some(plan);
         }
-        return finish(job, status, &before, plan);
+        return finish(job, status, before, plan);
     }
 
     if let (Some(deadline), Some(start)) = (
@@ -185,7 +185,7 @@ pub fn reconcile_job(
         fail(&mut status, "DeadlineExceeded", &message, clock);
         plan.events
             .push(event(job, true, "DeadlineExceeded", &message));
-        return finish(job, status, &before, plan);
+        return finish(job, status, before, plan);
     }
 
     let spec_changed = status.epoch > 0 && status.observed_generation != job.metadata.generation;
@@ -230,7 +230,7 @@ pub fn reconcile_job(
         // Pending means the gang's end was already handled (backing off, or re-placing).
         gang_progress(job, shape, &current, &mut status, &mut plan, clock, cfg);
         if status.phase.is_terminal() {
-            return finish(job, status, &before, plan);
+            return finish(job, status, before, plan);
         }
     }
 
@@ -329,7 +329,7 @@ pub fn reconcile_job(
             }
         }
     }
-    finish(job, status, &before, plan)
+    finish(job, status, before, plan)
 }
 
 /// Follow the current gang: all running, all done, or one failed.
