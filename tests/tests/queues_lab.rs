@@ -952,6 +952,12 @@ spec:
     step!("lowering the quota to 64Mi, below the 256Mi held");
     let applied = lab.apply_yaml(&queue("64Mi")).await;
     step!("{applied}");
+    assert!(
+        applied.stderr.contains(
+            "Warning: queue qlab-lowered: memory quota 64Mi is below the 256Mi its running work holds"
+        ),
+        "`tbctl apply` warns that the quota is below usage:\n{applied}"
+    );
     let warning = tb_tests::wait::expect(
         "a QuotaBelowUsage event for the queue",
         JOB_TIMEOUT,

@@ -44,6 +44,9 @@ pub async fn run(ctx: &mut Ctx, args: &ApplyArgs, timeout: Option<Duration>) -> 
         .map(|r| format!("{} {}{suffix}\n", display_name(&r.kind, &r.name), r.outcome))
         .collect();
     emit(&out)?;
+    if !dry_run {
+        warn_quotas_below_usage(ctx, &resp.results).await;
+    }
     if args.wait {
         let deadline = tokio::time::Instant::now() + timeout.unwrap_or(WAIT);
         for l in &objects {
@@ -60,6 +63,33 @@ pub async fn run(ctx: &mut Ctx, args: &ApplyArgs, timeout: Option<Duration>) -> 
         }
     }
     Ok(())
+}
+
+/// A Queue whose new quota is below what its running work holds is stored as written (nothing
+/// running is stopped); say so, as the scheduler's QuotaBelowUsage event will. Best effort: a
+/// caller who may not list jobs simply gets no warning here.
+async fn warn_quotas_below_usage(ctx: &mut Ctx, results: &[tb_api::proto::ApplyResult]) {
+    let queues: Vec<&str> = results
+        .iter()
+        .filter(|r| r.kind == Kind::Queue.as_str() && r.outcome != "unchanged")
+        .map(|r| r.name.as_str())
+        .collect();
+    if queues.is_empty() {
+        return;
+    }
+    let snap = match super::usage::Snapshot::fetch(ctx).await {
+        Ok(snap) => snap,
+        Err(e) => {
+            tracing::debug!("no quota check after apply: {e:#}");
+            return;
+        }
+    };
+    let held = snap.queues();
+    for name in queues {
+        if let Some(warning) = tb_controller::scheduler::queue_status::below_usage(&held, name) {
+            eprintln!("Warning: {warning}");
+        }
+    }
 }
 
 /// Whether a job is up: `Ok(true)` up, `Ok(false)` not yet, `Err` failed.

@@ -17,6 +17,37 @@ use crate::store::{Plan, PlanWrite};
 /// The condition a queue carries while its quota is below its usage at the last spec change.
 pub const QUOTA_BELOW_USAGE: &str = "QuotaBelowUsage";
 
+/// Why queue `name`'s quota is below what its running work holds, if it is (the warning
+/// `tbctl apply` prints and the event says).
+pub fn below_usage(queues: &Queues, name: &str) -> Option<String> {
+    let spec = queues.specs.get(name)?;
+    let used = queues.usage.get(name).cloned().unwrap_or_default();
+    let mut short = Vec::new();
+    if let Some(quota) = &spec.quota.memory
+        && used.memory_bytes > quota.bytes()
+    {
+        short.push(format!(
+            "memory quota {} is below the {} its running work holds",
+            human(quota.bytes()),
+            human(used.memory_bytes)
+        ));
+    }
+    if let Some(quota) = spec.quota.macs
+        && used.macs.len() as u32 > quota
+    {
+        short.push(format!(
+            "Macs quota {quota} is below the {} Macs its running work uses",
+            used.macs.len()
+        ));
+    }
+    (!short.is_empty()).then(|| {
+        format!(
+            "queue {name}: {}; running work keeps running, new work waits until usage is under the quota",
+            short.join(", ")
+        )
+    })
+}
+
 /// Plans for queues whose spec changed since the scheduler last looked.
 pub fn reconcile_queues(
     queue_objects: &[Arc<Object>],
@@ -29,34 +60,7 @@ pub fn reconcile_queues(
         if status.observed_generation == q.metadata.generation {
             continue;
         }
-        let name = &q.metadata.name;
-        let below = queues.specs.get(name).and_then(|spec| {
-            let used = queues.usage.get(name).cloned().unwrap_or_default();
-            let mut short = Vec::new();
-            if let Some(quota) = &spec.quota.memory
-                && used.memory_bytes > quota.bytes()
-            {
-                short.push(format!(
-                    "memory quota {} is below the {} its running work holds",
-                    human(quota.bytes()),
-                    human(used.memory_bytes)
-                ));
-            }
-            if let Some(quota) = spec.quota.macs
-                && used.macs.len() as u32 > quota
-            {
-                short.push(format!(
-                    "Macs quota {quota} is below the {} Macs its running work uses",
-                    used.macs.len()
-                ));
-            }
-            (!short.is_empty()).then(|| {
-                format!(
-                    "queue {name}: {}; running work keeps running, new work waits until usage is under the quota",
-                    short.join(", ")
-                )
-            })
-        });
+        let below = below_usage(queues, &q.metadata.name);
         status.observed_generation = q.metadata.generation;
         let mut plan = Plan::default();
         plan.guards.push((q.key(), q.metadata.resource_version));
