@@ -17,6 +17,8 @@ use crate::store::{Command, Op, Response, StoreError};
 const TICK: Duration = Duration::from_millis(500);
 /// Plans of one pass proposed at once.
 const PLANS_IN_FLIGHT: usize = 256;
+/// Most "why it still waits" refreshes committed per pass.
+const REFRESHES_PER_PASS: usize = 256;
 
 /// The loop; `time` is the clock the scheduler runs on (the system clock outside tests).
 pub async fn run(node: Arc<RaftNode>, cfg: SchedulerConfig, time: SchedulerClock) {
@@ -46,6 +48,11 @@ pub async fn run(node: Arc<RaftNode>, cfg: SchedulerConfig, time: SchedulerClock
             let state = node.store().read();
             scheduler::reconcile_with(&state, &clock, &cfg, &mut memo)
         };
+        // Placements and state changes first; of the refreshed "why it waits" messages only a
+        // bounded number per pass (the rest are computed again on the next one).
+        let (mut plans, refreshes): (Vec<_>, Vec<_>) =
+            plans.into_iter().partition(|p| !p.deferrable);
+        plans.extend(refreshes.into_iter().take(REFRESHES_PER_PASS));
         // Plans are independent (each guards what it read), so they are proposed together and
         // Raft batches them into few log appends instead of one fsync round per plan.
         let mut outcomes = futures::stream::iter(plans.into_iter().map(|plan| {

@@ -1123,6 +1123,11 @@ fn create_gang(
 /// Write the status if it changed; a plan with nothing to do is no plan.
 fn finish(job: &Object, status: JobStatus, before: &JobStatus, mut plan: Plan) -> Option<Plan> {
     if &status != before {
+        plan.deferrable = plan.writes.is_empty()
+            && status.phase == JobPhase::Pending
+            && before.phase == JobPhase::Pending
+            && !before.reason.is_empty()
+            && status.reason == before.reason;
         plan.writes.push(PlanWrite::Status {
             key: job.key(),
             status: status.to_value(),

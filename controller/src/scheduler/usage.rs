@@ -189,6 +189,7 @@ pub fn tick(
                         ..Default::default()
                     })],
                     events: Vec::new(),
+                    ..Default::default()
                 });
             }
             let due = elapsed >= cfg.usage_interval && !ledger.rates.is_empty();
@@ -218,6 +219,7 @@ pub fn tick(
         guards: Vec::new(),
         writes: vec![PlanWrite::Usage(tick)],
         events: Vec::new(),
+        ..Default::default()
     })
 }
 

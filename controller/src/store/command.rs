@@ -127,6 +127,11 @@ pub struct Plan {
     pub writes: Vec<PlanWrite>,
     /// Events to record with the plan.
     pub events: Vec<Object>,
+    /// Only refreshes why a waiting job still waits (same reason, new details): the leader
+    /// may leave it to a later pass when a pass has many, so that placements never queue
+    /// behind thousands of them. Not replicated.
+    #[serde(skip)]
+    pub deferrable: bool,
 }
 
 impl Plan {

@@ -993,6 +993,7 @@ mod tests {
                 },
             ],
             events: vec![],
+            ..Default::default()
         };
         let (r, ch) = s.apply(2, &cmd("", Op::Plan(plan.clone())));
         assert_eq!(
