@@ -97,6 +97,22 @@ impl Results {
     }
 }
 
+/// `| queue | weight | wanted | got |`: each queue's share of weight beside its share of the
+/// memory·time used, given (queue, weight, memory·time used).
+pub fn share_table(shares: &[(String, u32, f64)]) -> String {
+    let mut out = String::from("\n| queue | weight | wanted | got |\n|---|--:|--:|--:|\n");
+    let total: f64 = shares.iter().map(|x| x.2).sum();
+    let weights: f64 = shares.iter().map(|x| f64::from(x.1)).sum();
+    for (q, w, used) in shares {
+        out.push_str(&format!(
+            "| {q} | {w} | {:.1} % | {:.1} % |\n",
+            100.0 * f64::from(*w) / weights,
+            100.0 * used / total.max(1e-9)
+        ));
+    }
+    out
+}
+
 /// Worst |got − wanted| / wanted over queues, given (queue, weight, memory·time used): shares
 /// of memory·time against shares of weight. NaN when nothing was used.
 pub fn fairness_error(shares: &[(String, u32, f64)]) -> f64 {
@@ -458,15 +474,6 @@ pub fn report(r: &Results) -> String {
         r.contended_seconds,
         yes(err <= 5.0)
     ));
-    out.push_str("\n| queue | weight | wanted | got |\n|---|--:|--:|--:|\n");
-    let total: f64 = r.shares.iter().map(|x| x.2).sum();
-    let weights: f64 = r.shares.iter().map(|x| f64::from(x.1)).sum();
-    for (q, w, used) in &r.shares {
-        out.push_str(&format!(
-            "| {q} | {w} | {:.1} % | {:.1} % |\n",
-            100.0 * f64::from(*w) / weights,
-            100.0 * used / total.max(1e-9)
-        ));
-    }
+    out.push_str(&share_table(&r.shares));
     out
 }

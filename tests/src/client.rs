@@ -262,6 +262,23 @@ impl Client {
         .await
     }
 
+    /// [`Client::list`], each object parsed as JSON; errors as text for test messages.
+    pub async fn list_values(
+        &self,
+        kind: &str,
+        namespace: &str,
+        budget: Duration,
+    ) -> Result<Vec<serde_json::Value>, String> {
+        let resp = self
+            .list(kind, namespace, 0, budget)
+            .await
+            .map_err(|e| format!("list {kind}: {}: {}", e.code(), e.message()))?;
+        resp.objects_json
+            .iter()
+            .map(|j| serde_json::from_str(j).map_err(|e| format!("invalid JSON ({e}): {j}")))
+            .collect()
+    }
+
     /// `Cluster.Status` as one member sees it.
     pub async fn status_on(&self, addr: &str) -> Result<ClusterStatusResponse, Status> {
         let mut c = self.cluster(addr);

@@ -701,15 +701,9 @@ impl Lab {
 
     /// Every object of `kind` in `namespace` (`""`: cluster-scoped), from a linearizable list.
     pub async fn list(&self, kind: &str, namespace: &str) -> Result<Vec<Value>, String> {
-        let resp = self
-            .client
-            .list(kind, namespace, 0, Duration::from_secs(5))
+        self.client
+            .list_values(kind, namespace, Duration::from_secs(5))
             .await
-            .map_err(|e| format!("list {kind}: {}: {}", e.code(), e.message()))?;
-        resp.objects_json
-            .iter()
-            .map(|j| serde_json::from_str(j).map_err(|e| format!("invalid JSON ({e}): {j}")))
-            .collect()
     }
 
     /// A TrainingJob in `default`.

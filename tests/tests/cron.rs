@@ -173,14 +173,7 @@ fn schedule(namespace: &str, starting_deadline_seconds: Option<u64>) -> Value {
 
 /// A linearizable list of `kind` in `namespace`, parsed, from whichever member answers.
 async fn list(client: &Client, kind: &str, namespace: &str) -> Result<Vec<Value>, String> {
-    let resp = client
-        .list(kind, namespace, 0, CALL_BUDGET)
-        .await
-        .map_err(|e| format!("list {kind}: {}: {}", e.code(), e.message()))?;
-    resp.objects_json
-        .iter()
-        .map(|j| serde_json::from_str(j).map_err(|e| format!("invalid JSON ({e}): {j}")))
-        .collect()
+    client.list_values(kind, namespace, CALL_BUDGET).await
 }
 
 /// The Schedule as stored.

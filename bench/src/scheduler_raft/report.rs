@@ -120,16 +120,7 @@ pub fn report(r: &RaftResults) -> String {
             mem.peak as f64 / 1e6
         ));
     }
-    out.push_str("\n| queue | weight | wanted | got |\n|---|--:|--:|--:|\n");
-    let total: f64 = r.shares.iter().map(|x| x.2).sum();
-    let weights: f64 = r.shares.iter().map(|x| f64::from(x.1)).sum();
-    for (q, w, used) in &r.shares {
-        out.push_str(&format!(
-            "| {q} | {w} | {:.1} % | {:.1} % |\n",
-            100.0 * f64::from(*w) / weights,
-            100.0 * used / total.max(1e-9)
-        ));
-    }
+    out.push_str(&crate::scheduler::share_table(&r.shares));
     out.push_str("\nDetails:\n");
     for (name, c) in &r.followers_cpu {
         out.push_str(&format!(
