@@ -149,6 +149,8 @@ metadata: {name: research}
 spec:
   quota: {memory: 1Ti, macs: 8}
   priority: 10
+  maxPriority: 20
+  preemption: {withinNamespace: Never, otherNamespaces: LowerPriority}
   weight: 2
   namespaces: [research, lab]
   borrowingLimit: {memory: 256Gi, macs: 2}

@@ -89,7 +89,7 @@ const INFERENCE_SERVICE: &[Field] = &[
     obj("endpoint", "Endpoint", "", "Where the service listens.", ENDPOINT),
     f("nodeSelector", "map[string]string", "", "Only place on Nodes carrying all these labels."),
     f("queue", "string", "", "The Queue whose quota this service counts against."),
-    f("priority", "integer", "", "Order within the queue; higher first, may preempt lower."),
+    f("priority", "integer", "default: the queue's priority", "Order within the queue; higher first, may preempt lower. At most the queue's maxPriority (0 outside a queue); a higher value is refused at apply."),
     f("objective", "string", "default latency", "What placement optimises: latency or throughput."),
 ];
 
@@ -116,7 +116,7 @@ const TRAINING_JOB: &[Field] = &[
     obj("checkpoints", "Checkpoints", "", "Where and how often the job saves progress.", CHECKPOINTS),
     f("nodeSelector", "map[string]string", "", "Only place ranks on Nodes carrying all these labels."),
     f("queue", "string", "", "The Queue whose quota this job counts against."),
-    f("priority", "integer", "", "Order within the queue; higher first, may preempt lower."),
+    f("priority", "integer", "default: the queue's priority", "Order within the queue; higher first, may preempt lower. At most the queue's maxPriority (0 outside a queue); a higher value is refused at apply."),
     f("exclusive", "boolean", "default false", "Give each rank a Mac of its own."),
 ];
 
@@ -146,9 +146,16 @@ const QUOTA: &[Field] = &[
     f("macs", "integer", "", "Macs in use (unlimited when absent)."),
 ];
 
+const QUEUE_PREEMPTION: &[Field] = &[
+    f("withinNamespace", "string", "default LowerPriority", "LowerPriority: a pending job may stop running gangs of strictly lower priority in its own namespace; Never: it may not."),
+    f("otherNamespaces", "string", "default Never", "LowerPriority: a pending job may also stop lower-priority gangs of other namespaces; Never: it may not. Reclaiming borrowed capacity is not limited by this."),
+];
+
 const QUEUE: &[Field] = &[
     obj("quota", "QueueQuota", "", "What the queue's running work may hold at once.", QUOTA),
-    f("priority", "integer", "default 0", "Queues with higher priority are served first and may preempt lower ones."),
+    f("priority", "integer", "default 0", "Queues with higher priority are served first and may preempt lower ones; the priority of the queue's jobs that name none."),
+    f("maxPriority", "integer", "default: priority", "The highest spec.priority a job of this queue may ask for; a higher one is refused at apply, and a job stored before the ceiling was lowered is scheduled at the ceiling. Must be at least priority. A job in no queue may ask for at most 0."),
+    obj("preemption", "QueuePreemption", "", "Whose running work the queue's pending jobs may preempt.", QUEUE_PREEMPTION),
     f("weight", "integer", "default 1", "Share of idle capacity relative to other queues."),
     f("namespaces", "[]string", "", "Namespaces whose work may use this queue (any, when empty)."),
     obj("borrowingLimit", "QueueQuota", "", "How far beyond quota the queue may borrow idle capacity (none when absent).", QUOTA),
@@ -237,7 +244,7 @@ pub(super) fn kind_doc(kind: Kind) -> (&'static str, &'static [Field]) {
         Kind::InferenceService => ("Serves a Model on one or more Macs behind an OpenAI-compatible endpoint; re-placed when a Mac fails.", INFERENCE_SERVICE),
         Kind::TrainingJob => ("Runs ranks of a program together to completion (fine-tuning); all ranks or none.", TRAINING_JOB),
         Kind::Schedule => ("Creates TrainingJobs from a template on a cron schedule.", SCHEDULE),
-        Kind::Queue => ("A share of the cluster with a quota, a priority and a fair-share weight. Cluster-scoped.", QUEUE),
+        Kind::Queue => ("A share of the cluster with a quota, a priority, a fair-share weight and the priority policy of its jobs (maxPriority, preemption). Cluster-scoped; written by admins.", QUEUE),
         Kind::Node => ("One Mac, registered by its nodelet, which reports capacity and links in status. Cluster-scoped.", NODE),
         Kind::Link => ("A cable between two Macs, joined from the ports their nodelets report; the status holds measured bandwidth and latency. Cluster-scoped.", LINK),
         Kind::Event => ("Something that happened to an object, written by tb.", EVENT),

@@ -25,7 +25,9 @@ pub use inference::{Endpoint, InferenceServiceSpec, NodeRange, Objective, Parall
 pub use link::{LinkEnd, LinkSpec, LinkStatus, link_name};
 pub use model::{ModelFormat, ModelSource, ModelSpec};
 pub use node::NodeSpec;
-pub use queue::{QueueQuota, QueueSpec, QueueStatus};
+pub use queue::{
+    PreemptionPolicy, QueuePreemption, QueueQuota, QueueSpec, QueueStatus, UNQUEUED_MAX_PRIORITY,
+};
 pub use schedule::{
     ANNOTATION_SCHEDULE_UID, ANNOTATION_SCHEDULED_TIME, ConcurrencyPolicy, JobTemplate,
     LABEL_SCHEDULE, ScheduleSpec, ScheduleStatus, TemplateMetadata, job_from_template,

@@ -1,5 +1,7 @@
 //! Queue: a share of the cluster (memory, Macs) with a priority and a fair-share weight.
-//! Cluster-scoped; `namespaces` says whose work may use it.
+//! Cluster-scoped; `namespaces` says whose work may use it. Queues are written by admins only,
+//! so they also carry the priority policy: the highest priority a job of the queue may ask for
+//! (`maxPriority`) and whose running work its jobs may preempt (`preemption`).
 
 use serde::{Deserialize, Serialize};
 
@@ -28,14 +30,80 @@ impl QueueQuota {
     }
 }
 
+/// The highest priority a job that belongs to no queue may ask for.
+pub const UNQUEUED_MAX_PRIORITY: i32 = 0;
+
+/// Whether a pending job may stop running work of lower priority to make room.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PreemptionPolicy {
+    /// Gangs of strictly lower priority may be stopped.
+    #[default]
+    LowerPriority,
+    /// Nothing is stopped.
+    Never,
+}
+
+impl PreemptionPolicy {
+    pub fn allows(self) -> bool {
+        self == PreemptionPolicy::LowerPriority
+    }
+
+    fn never() -> PreemptionPolicy {
+        PreemptionPolicy::Never
+    }
+}
+
+/// Whose running work the queue's pending jobs may preempt (reclaiming borrowed capacity is
+/// not preemption and is not limited here).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QueuePreemption {
+    /// Work of the pending job's own namespace.
+    #[serde(default)]
+    pub within_namespace: PreemptionPolicy,
+    /// Work of every other namespace.
+    #[serde(default = "PreemptionPolicy::never")]
+    pub other_namespaces: PreemptionPolicy,
+}
+
+impl Default for QueuePreemption {
+    fn default() -> Self {
+        QueuePreemption {
+            within_namespace: PreemptionPolicy::LowerPriority,
+            other_namespaces: PreemptionPolicy::Never,
+        }
+    }
+}
+
+impl QueuePreemption {
+    pub fn is_default(&self) -> bool {
+        *self == QueuePreemption::default()
+    }
+
+    /// The policy for preempting work of `victim_namespace` for a job of `namespace`.
+    pub fn towards(&self, namespace: &str, victim_namespace: &str) -> PreemptionPolicy {
+        if namespace == victim_namespace {
+            self.within_namespace
+        } else {
+            self.other_namespaces
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct QueueSpec {
     #[serde(default, skip_serializing_if = "QueueQuota::is_empty")]
     pub quota: QueueQuota,
-    /// Higher runs first and may preempt lower.
+    /// Higher runs first and may preempt lower; the priority of jobs that name none.
     #[serde(default)]
     pub priority: i32,
+    /// The highest priority a job of this queue may ask for; `priority` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_priority: Option<i32>,
+    /// Whose running work this queue's jobs may preempt.
+    #[serde(default, skip_serializing_if = "QueuePreemption::is_default")]
+    pub preemption: QueuePreemption,
     /// Share of idle capacity relative to other queues.
     #[serde(default = "common::one")]
     pub weight: u32,
@@ -76,6 +144,8 @@ impl Default for QueueSpec {
         QueueSpec {
             quota: QueueQuota::default(),
             priority: 0,
+            max_priority: None,
+            preemption: QueuePreemption::default(),
             weight: 1,
             namespaces: Vec::new(),
             borrowing_limit: None,
@@ -92,7 +162,24 @@ impl QueueSpec {
             .and_then(|d| parse_duration(d).ok())
     }
 
+    /// The highest priority a job of this queue may ask for (and is ordered by).
+    pub fn ceiling(&self) -> i32 {
+        self.max_priority.unwrap_or(self.priority)
+    }
+
     pub(crate) fn check(&self) -> CheckResult {
+        if let Some(max) = self.max_priority
+            && max < self.priority
+        {
+            return Err(ValidationError::new(
+                "maxPriority",
+                format!(
+                    "{max} is below the queue's priority {}: jobs that name no priority get the \
+                     queue's, so the ceiling must be at least that",
+                    self.priority
+                ),
+            ));
+        }
         if self.weight == 0 {
             return Err(ValidationError::new("weight", "must be at least 1"));
         }

@@ -412,6 +412,76 @@ fn queue_rules() {
     );
 }
 
+/// The priority policy of a Queue: `maxPriority` (at least `priority`) and `preemption`, whose
+/// defaults keep preemption within a namespace; unknown fields and values are refused.
+#[test]
+fn queue_priority_policy() {
+    let queue = |spec: Value| {
+        object(
+            json!({"apiVersion": "tb/v1", "kind": "Queue", "metadata": {"name": "q"}, "spec": spec}),
+        )
+    };
+    let spec = |spec: Value| -> QueueSpec {
+        parse_spec(&validate_object(&queue(spec)).expect("valid queue").spec).expect("spec")
+    };
+    // Absent: the ceiling is the queue's own priority; preemption stays in the namespace.
+    let plain = spec(json!({"priority": 7}));
+    assert_eq!((plain.max_priority, plain.ceiling()), (None, 7));
+    assert_eq!(plain.preemption, QueuePreemption::default());
+    assert_eq!(
+        plain.preemption.towards("a", "a"),
+        PreemptionPolicy::LowerPriority
+    );
+    assert_eq!(plain.preemption.towards("a", "b"), PreemptionPolicy::Never);
+    // Defaults are not written back, so queues stored before these fields stay unchanged.
+    let stored = validate_object(&queue(json!({"priority": 7}))).unwrap();
+    assert_eq!(stored.spec, json!({"priority": 7, "weight": 1}));
+
+    let set = spec(json!({"priority": 1, "maxPriority": 10,
+        "preemption": {"otherNamespaces": "LowerPriority"}}));
+    assert_eq!((set.max_priority, set.ceiling()), (Some(10), 10));
+    assert_eq!(
+        set.preemption,
+        QueuePreemption {
+            within_namespace: PreemptionPolicy::LowerPriority,
+            other_namespaces: PreemptionPolicy::LowerPriority,
+        }
+    );
+    let never = spec(json!({"preemption": {"withinNamespace": "Never"}}));
+    assert_eq!(never.preemption.towards("a", "a"), PreemptionPolicy::Never);
+    assert_eq!(never.preemption.towards("a", "b"), PreemptionPolicy::Never);
+    assert_eq!(
+        spec(json!({"maxPriority": -5, "priority": -5})).ceiling(),
+        -5
+    );
+
+    assert_error(
+        queue(json!({"priority": 10, "maxPriority": 5})),
+        "spec.maxPriority",
+        "5 is below the queue's priority 10",
+    );
+    assert_error(
+        queue(json!({"maxPriority": "high"})),
+        "spec.maxPriority",
+        "invalid type",
+    );
+    assert_error(
+        queue(json!({"maxPriority": 2147483648u64})),
+        "spec.maxPriority",
+        "",
+    );
+    assert_error(
+        queue(json!({"preemption": {"otherNamespaces": "Always"}})),
+        "spec.preemption.otherNamespaces",
+        "unknown variant `Always`, expected `LowerPriority` or `Never`",
+    );
+    assert_error(
+        queue(json!({"preemption": {"crossNamespace": "Never"}})),
+        "spec.preemption",
+        "unknown field `crossNamespace`",
+    );
+}
+
 #[test]
 fn event_and_node_rules() {
     let event = |spec: Value| {
