@@ -17,7 +17,7 @@ use tb_api::status::{JobPhase, JobStatus, PlacementSummary, RankPlacement};
 use tb_api::{Kind, Object, ObjectKey, ObjectMeta};
 
 use super::placement::{GangRequest, RankSlot, place};
-use super::view::{Alloc, ClusterView};
+use super::view::{Alloc, ClusterView, JobFacts};
 use super::{Clock, SchedulerConfig, event, parse_time, preemption};
 use crate::placement::{self as model_placement, Options, Topology, Workload, live};
 use crate::store::{Plan, PlanWrite};
@@ -565,12 +565,22 @@ fn make_room(
     let reclaim = queue
         .clone()
         .filter(|q| view.queues.within_quota(q, gang_memory, shape.ranks));
-    let eligible = |p: i32, theirs: Option<&str>| -> Option<&'static str> {
-        if p < priority {
+    // Whose lower-priority work this job may stop is its queue's policy (unqueued work: only
+    // its own namespace's). Reclaiming borrowed capacity is what borrowing agreed to, so it
+    // crosses namespaces whatever the policy says.
+    let policy = queue
+        .as_deref()
+        .and_then(|q| view.queues.specs.get(q))
+        .map(|q| q.preemption)
+        .unwrap_or_default();
+    let namespace = job.metadata.namespace.as_str();
+    let eligible = |their_namespace: &str, theirs: &JobFacts| -> Option<&'static str> {
+        let p = theirs.priority;
+        if p < priority && policy.towards(namespace, their_namespace).allows() {
             return Some("Preempted");
         }
         let ours = reclaim.as_deref()?;
-        let theirs = theirs?;
+        let theirs = theirs.queue.as_deref()?;
         (theirs != ours && p <= priority && view.queues.borrowing(theirs)).then_some("Reclaimed")
     };
     // Room is made only if the job then also fits its queue's quota (stopping the queue's own
@@ -587,7 +597,7 @@ fn make_room(
     // standing and shape, until capacity changes (which clears the memo).
     let hopeless_key = (!shape.sized_from_model && shape.service.is_none()).then(|| {
         format!(
-            "hopeless:{priority}:{queue:?}:{reclaim:?}:{}x{}:{}:{:?}",
+            "hopeless:{priority}:{queue:?}:{namespace}:{reclaim:?}:{}x{}:{}:{:?}",
             shape.ranks, shape.memory_bytes, shape.exclusive, shape.node_selector
         )
     });

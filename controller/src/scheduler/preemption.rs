@@ -1,6 +1,8 @@
 //! Preemption: when a job fits nowhere, whole gangs of lower priority may be stopped to make
 //! room — never part of a gang, lowest priority first, then the cheapest (least memory), then
-//! the youngest. A job whose queue is under its quota also reclaims what other queues borrowed:
+//! the youngest — where the job's queue's `preemption` policy allows it (by default only gangs
+//! of the job's own namespace). A job whose queue is under its quota also reclaims what other
+//! queues borrowed:
 //! gangs of queues over their own quota, of no higher priority, are stopped too (reason
 //! Reclaimed). Pure: it picks the victims; the job's reconcile stops them and requeues them
 //! (Pending, reason Preempted), and the job is placed on a later pass once their ranks have
@@ -15,7 +17,7 @@ use std::sync::Arc;
 use tb_api::Object;
 use tb_api::specs::Desired;
 
-use super::view::{Alloc, ClusterView};
+use super::view::{Alloc, ClusterView, JobFacts};
 
 /// A running gang that may be stopped.
 #[derive(Debug, Clone)]
@@ -88,9 +90,9 @@ fn without(view: &ClusterView, allocations: &[&Alloc]) -> ClusterView {
     trial
 }
 
-/// Whether a job (by its priority and queue) may be stopped for the one being placed, and
-/// under which reason.
-pub type Eligible<'a> = dyn Fn(i32, Option<&str>) -> Option<&'static str> + 'a;
+/// Whether a job (by its namespace, priority and queue) may be stopped for the one being
+/// placed, and under which reason.
+pub type Eligible<'a> = dyn Fn(&str, &JobFacts) -> Option<&'static str> + 'a;
 
 /// The gangs that run now and `eligible` allows stopping, in the order they would be stopped.
 fn candidates(job: &Object, view: &ClusterView, eligible: &Eligible) -> Vec<Victim> {
@@ -99,7 +101,7 @@ fn candidates(job: &Object, view: &ClusterView, eligible: &Eligible) -> Vec<Vict
         .iter()
         .filter(|g| g.job.metadata.uid != job.metadata.uid)
         .filter_map(|g| {
-            let reason = eligible(g.facts.priority, g.facts.queue.as_deref())?;
+            let reason = eligible(&g.job.metadata.namespace, &g.facts)?;
             Some(Victim {
                 job: g.job.clone(),
                 priority: g.facts.priority,
@@ -133,7 +135,7 @@ fn lower(view: &ClusterView, a: &Alloc, eligible: &Eligible) -> bool {
     );
     view.facts
         .get(&key)
-        .is_none_or(|f| eligible(f.priority, f.queue.as_deref()).is_some())
+        .is_none_or(|f| eligible(&key.1, f).is_some())
 }
 
 /// Which gangs to stop so that `fits` holds, if any.

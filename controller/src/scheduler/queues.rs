@@ -6,10 +6,18 @@
 //! namespace (the first by name), and without such a queue it is unqueued: no quota applies.
 //! A queue's usage is what the allocations of its jobs hold now (memory summed over ranks; Macs
 //! counted once each), so it falls as soon as a rank ends.
+//!
+//! Priority is admin policy: a job is ordered and preempts by its own priority (else its
+//! queue's) capped at its queue's ceiling (`maxPriority`, else the queue's `priority`; 0 for
+//! unqueued work). The objects service refuses a job asking for more at apply
+//! ([`Queues::priority_refusal`]); the cap here holds for jobs stored before a ceiling was
+//! lowered or whose queue changed since.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tb_api::specs::{InferenceServiceSpec, QueueSpec, TrainingJobSpec, parse_spec};
+use tb_api::specs::{
+    InferenceServiceSpec, QueueSpec, TrainingJobSpec, UNQUEUED_MAX_PRIORITY, parse_spec,
+};
 use tb_api::{Kind, Object};
 
 use super::placement::human;
@@ -90,20 +98,57 @@ impl Queues {
         self.facts_of(&job.metadata.namespace, &job_fields(job))
     }
 
-    /// The facts of a job in namespace `ns` that says `fields`.
+    /// The facts of a job in namespace `ns` that says `fields`. Its priority is its own, else
+    /// its queue's, and never above its queue's ceiling (the one place priority is computed).
     pub fn facts_of(&self, ns: &str, fields: &JobFields) -> super::view::JobFacts {
         let queue = self.resolve(ns, fields.queue.clone()).ok().flatten();
-        let priority = fields.priority.unwrap_or_else(|| {
-            queue
-                .as_ref()
-                .and_then(|q| self.specs.get(q))
-                .map_or(0, |q| q.priority)
-        });
+        let spec = queue.as_ref().and_then(|q| self.specs.get(q));
+        let asked = fields
+            .priority
+            .unwrap_or_else(|| spec.map_or(0, |q| q.priority));
         super::view::JobFacts {
-            priority,
+            priority: asked.min(self.ceiling(queue.as_deref())),
             queue,
             demand_bytes: fields.demand_bytes,
         }
+    }
+
+    /// The highest priority a job of `queue` (None: unqueued) may ask for and is ordered by.
+    pub fn ceiling(&self, queue: Option<&str>) -> i32 {
+        queue
+            .and_then(|q| self.specs.get(q))
+            .map_or(UNQUEUED_MAX_PRIORITY, QueueSpec::ceiling)
+    }
+
+    /// Why work in namespace `ns` naming queue `named` may not ask for `priority`: it is above
+    /// the ceiling of the queue it resolves to (None when it is not, or names no priority, or
+    /// names a queue it cannot use — the scheduler holds that job with QueueNotFound or
+    /// QueueForbidden, and caps it should the queue appear).
+    pub fn priority_refusal(
+        &self,
+        ns: &str,
+        named: Option<String>,
+        priority: Option<i32>,
+    ) -> Option<String> {
+        let priority = priority?;
+        let queue = self.resolve(ns, named).ok()?;
+        let ceiling = self.ceiling(queue.as_deref());
+        if priority <= ceiling {
+            return None;
+        }
+        Some(match queue.as_deref().map(|q| (q, self.specs.get(q))) {
+            Some((q, Some(spec))) if spec.max_priority.is_some() => {
+                format!("{priority} is above queue {q:?}'s maxPriority {ceiling}")
+            }
+            Some((q, _)) => format!(
+                "{priority} is above queue {q:?}'s maxPriority {ceiling} (its priority; the queue \
+                 sets no maxPriority)"
+            ),
+            None => format!(
+                "{priority} is above {ceiling}, the most a job in no queue may ask for \
+                 (no queue lists namespace {ns:?}; name a queue in spec.queue)"
+            ),
+        })
     }
 
     /// The queue a job belongs to: Ok(None) when it is unqueued, Err when it names a queue it
@@ -139,15 +184,9 @@ impl Queues {
         }
     }
 
-    /// The priority a job is ordered by: its own, else its queue's.
+    /// The priority a job is ordered by: its own, else its queue's, capped at the ceiling.
     pub fn priority_of(&self, job: &Object) -> i32 {
-        job_fields(job).priority.unwrap_or_else(|| {
-            self.queue_of(job)
-                .ok()
-                .flatten()
-                .and_then(|q| self.specs.get(&q))
-                .map_or(0, |q| q.priority)
-        })
+        self.facts(job).priority
     }
 
     /// Count a gang (its memory, its Macs) against its queue.

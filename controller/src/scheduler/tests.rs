@@ -11,6 +11,7 @@ use super::{Clock, SchedulerConfig, reconcile, stamp};
 use crate::store::{Command, Op, Response, State};
 
 mod fair_share;
+mod priority_policy;
 
 const GI: u64 = 1 << 30;
 
@@ -161,12 +162,16 @@ impl Sim {
     }
 
     fn apply_job_as(&mut self, kind: &str, name: &str, spec: Value, user: &str) {
+        self.apply_job_in("default", kind, name, spec, user);
+    }
+
+    fn apply_job_in(&mut self, namespace: &str, kind: &str, name: &str, spec: Value, user: &str) {
         let obj = Object {
             api_version: "tb/v1".into(),
             kind: kind.into(),
             metadata: ObjectMeta {
                 name: name.into(),
-                namespace: "default".into(),
+                namespace: namespace.into(),
                 ..Default::default()
             },
             spec,
@@ -178,9 +183,13 @@ impl Sim {
     }
 
     fn job(&self, kind: &str, name: &str) -> JobStatus {
+        self.job_in("default", kind, name)
+    }
+
+    fn job_in(&self, namespace: &str, kind: &str, name: &str) -> JobStatus {
         let key = ObjectKey {
             kind: kind.into(),
-            namespace: "default".into(),
+            namespace: namespace.into(),
             name: name.into(),
         };
         JobStatus::from_value(&self.state.get(&key).expect("job exists").status)
@@ -1210,6 +1219,12 @@ fn borrowing_lets_a_queue_go_past_its_quota_up_to_the_limit() {
 fn higher_priority_jobs_take_capacity_first_and_bad_queues_are_named() {
     let mut sim = Sim::new();
     sim.add_node("a", 8);
+    // Priorities above 0 need a queue that allows them.
+    apply_queue(
+        &mut sim,
+        "lab",
+        json!({"maxPriority": 10, "namespaces": ["default"]}),
+    );
     let mut low = exec_job(1, "6Gi");
     low["priority"] = json!(1);
     let mut high = exec_job(1, "6Gi");
@@ -1241,6 +1256,11 @@ fn a_higher_priority_job_preempts_a_whole_lower_gang_which_is_requeued() {
     let mut sim = Sim::new();
     sim.add_node("a", 16);
     sim.add_node("b", 16);
+    apply_queue(
+        &mut sim,
+        "lab",
+        json!({"maxPriority": 10, "namespaces": ["default"]}),
+    );
     let mut low = exec_job(2, "12Gi");
     low["priority"] = json!(1);
     sim.apply_job("TrainingJob", "low", low);

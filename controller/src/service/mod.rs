@@ -4,6 +4,7 @@ pub mod auth;
 pub mod cluster;
 pub mod nodes;
 pub mod objects;
+mod priority;
 pub mod usage;
 
 use std::sync::Arc;

@@ -164,6 +164,7 @@ impl Objects for ObjectsService {
             );
             self.check(&caller, &access)?;
         }
+        super::priority::check_apply(&self.node, &objects).await?;
         if req.dry_run {
             self.read_barrier(false).await?;
             let state = self.node.store().read();
