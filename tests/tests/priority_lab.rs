@@ -10,6 +10,8 @@
 //!   policy (the member's job waits Unschedulable, the other job keeps running); once the admin
 //!   sets the queue's `preemption.otherNamespaces: LowerPriority` it does, and runs.
 //!
+//! `tbctl explain queue.spec.maxPriority` documents the field.
+//!
 //! Sizes: one job of 60 % of the Mac's allocatable memory fills it, so a second cannot start
 //! unless the first is stopped. No assertion is about speed; waits are bounded.
 
@@ -112,6 +114,8 @@ spec:
 ",
     )
     .await;
+    let out = lab.tbctl_ok(&["explain", "queue.spec.maxPriority"]).await;
+    assert!(out.stdout.contains("spec.maxPriority <integer>"), "{out}");
     let out = lab
         .tbctl_ok(&[
             "admin", "user", "create", "alice", "--role", "member", "-n", "vision",

@@ -136,6 +136,20 @@ mod tests {
     }
 
     #[test]
+    fn explains_the_priority_policy_of_a_queue() {
+        let text = explain_path("queue.spec.maxPriority").unwrap();
+        assert!(text.contains("FIELD:    spec.maxPriority <integer>"), "{text}");
+        assert!(text.contains("refused at apply"), "{text}");
+        let text = explain_path("queue.spec.preemption").unwrap();
+        assert!(text.contains("withinNamespace"), "{text}");
+        assert!(text.contains("otherNamespaces"), "{text}");
+        let text = explain_path("queue.spec.preemption.otherNamespaces").unwrap();
+        assert!(text.contains("(default Never)"), "{text}");
+        let text = explain_path("tj.spec.priority").unwrap();
+        assert!(text.contains("maxPriority"), "{text}");
+    }
+
+    #[test]
     fn unknown_fields_name_the_valid_ones() {
         let err = explain(Kind::InferenceService, "spec.nodez").unwrap_err();
         assert!(err.contains("no field \"nodez\""), "{err}");
