@@ -184,8 +184,14 @@ spec:
         assert!(!out.success(), "{who}: {out}");
         assert!(out.stderr.contains(REFUSAL), "{who}: {out}");
     }
-    assert_eq!(names(&lab, "TrainingJob", "vision").await, Vec::<String>::new());
-    assert_eq!(names(&lab, "Schedule", "vision").await, Vec::<String>::new());
+    assert_eq!(
+        names(&lab, "TrainingJob", "vision").await,
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        names(&lab, "Schedule", "vision").await,
+        Vec::<String>::new()
+    );
 
     // A permitted priority, above the running job's, in another namespace: by default it
     // preempts nothing there and waits.
@@ -207,7 +213,10 @@ spec:
         (Some("Running"), Some(1)),
         "{long:#}"
     );
-    let allocs = lab.list("Allocation", "research").await.expect("allocations");
+    let allocs = lab
+        .list("Allocation", "research")
+        .await
+        .expect("allocations");
     assert!(
         allocs.iter().all(|a| a["spec"]["desired"] != "stop"),
         "nothing of research is being stopped: {allocs:#?}"

@@ -138,7 +138,10 @@ mod tests {
     #[test]
     fn explains_the_priority_policy_of_a_queue() {
         let text = explain_path("queue.spec.maxPriority").unwrap();
-        assert!(text.contains("FIELD:    spec.maxPriority <integer>"), "{text}");
+        assert!(
+            text.contains("FIELD:    spec.maxPriority <integer>"),
+            "{text}"
+        );
         assert!(text.contains("refused at apply"), "{text}");
         let text = explain_path("queue.spec.preemption").unwrap();
         assert!(text.contains("withinNamespace"), "{text}");

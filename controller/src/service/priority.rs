@@ -220,10 +220,10 @@ mod tests {
             "batch",
             json!({"maxPriority": 20, "namespaces": ["vision"]}),
         );
-        assert_eq!(refusal(&state, &[raised, high.clone()]), None);
+        assert_eq!(refusal(&state, &[raised, high]), None);
         let lowered = queue("batch", json!({"maxPriority": 5, "namespaces": ["vision"]}));
         let low = job("vision", json!({"priority": 8}));
-        assert!(refusal(&state, &[low.clone()]).is_none());
+        assert!(refusal(&state, std::slice::from_ref(&low)).is_none());
         assert!(refusal(&state, &[lowered, low]).is_some());
     }
 }
