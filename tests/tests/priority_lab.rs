@@ -182,7 +182,11 @@ spec:
         ("admin", lab.tbctl(&["apply", "-f", &file]).await),
     ] {
         assert!(!out.success(), "{who}: {out}");
-        assert!(out.stderr.contains(REFUSAL), "{who}: {out}");
+        assert_eq!(
+            out.stderr.trim(),
+            format!("error: objects[0] (TrainingJob vision/greedy): {REFUSAL}"),
+            "{who}: {out}"
+        );
     }
     assert_eq!(
         names(&lab, "TrainingJob", "vision").await,
