@@ -93,6 +93,22 @@ pub(crate) fn from_json_strict<T: DeserializeOwned>(text: &str) -> Result<T, Val
     Ok(value)
 }
 
+/// Reads JSON sent to the API strictly (no duplicate keys) and bounded like an object, for
+/// kinds of input that are not objects to apply (events).
+pub fn parse_json_strict<T: DeserializeOwned>(text: &str) -> Result<T, ValidationError> {
+    if text.len() > crate::bounds::MAX_OBJECT_BYTES {
+        return Err(ValidationError::new(
+            "",
+            format!(
+                "{} bytes; at most {} may be sent",
+                text.len(),
+                crate::bounds::describe_bytes(crate::bounds::MAX_OBJECT_BYTES)
+            ),
+        ));
+    }
+    from_json_strict(text)
+}
+
 /// A status as the API receives it: strict JSON, bounded in size, of the shape every kind's
 /// status shares.
 pub fn parse_status_json(kind: crate::Kind, text: &str) -> Result<Value, ValidationError> {

@@ -22,7 +22,7 @@ use crate::validate::{ValidationError, validate_object};
 use document::{DocErrors, load_document, load_typed_document};
 use split::split_documents;
 
-pub use json::parse_status_json;
+pub use json::{parse_json_strict, parse_status_json};
 
 /// What `load_path` reads from a directory.
 const EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
