@@ -167,6 +167,10 @@ impl Nodes for NodesService {
         } else {
             req.namespace.clone()
         };
+        tb_api::name::validate_name(&req.name)
+            .map_err(|m| Status::invalid_argument(format!("name: {m}")))?;
+        tb_api::name::validate_namespace(&namespace)
+            .map_err(|m| Status::invalid_argument(format!("namespace: {m}")))?;
         let key = ObjectKey {
             kind: kind.as_str().into(),
             namespace: namespace.clone(),
