@@ -55,9 +55,9 @@ impl fmt::Display for Quoted<'_> {
 pub fn describe_bytes(n: usize) -> String {
     const KI: usize = 1024;
     const MI: usize = 1024 * 1024;
-    let unit = if n >= MI && n % (MI / 2) == 0 {
+    let unit = if n >= MI && n.is_multiple_of(MI / 2) {
         format_unit(n, MI, "MiB")
-    } else if n >= KI && n % (KI / 2) == 0 {
+    } else if n >= KI && n.is_multiple_of(KI / 2) {
         format_unit(n, KI, "KiB")
     } else {
         return format!("{n} bytes");
@@ -66,7 +66,7 @@ pub fn describe_bytes(n: usize) -> String {
 }
 
 fn format_unit(n: usize, unit: usize, name: &str) -> String {
-    if n % unit == 0 {
+    if n.is_multiple_of(unit) {
         format!("{} {name}", n / unit)
     } else {
         format!("{}.5 {name}", n / unit)

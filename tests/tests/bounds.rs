@@ -101,13 +101,20 @@ async fn the_server_refuses_on_its_own_what_tbctl_refuses() {
         ),
         (
             "NUL in an environment value",
-            job(&ns, "nul-env", json!({"command": ["true"], "env": {"A": "x\u{0}"}})),
+            job(
+                &ns,
+                "nul-env",
+                json!({"command": ["true"], "env": {"A": "x\u{0}"}}),
+            ),
             vec!["spec.env.A", "NUL"],
         ),
         (
             "an unknown zone",
             schedule(&ns, "mars", "0 2 * * *", Some("Mars/Olympus")),
-            vec!["spec.timeZone", "\"Mars/Olympus\" is not a time zone in the IANA database"],
+            vec![
+                "spec.timeZone",
+                "\"Mars/Olympus\" is not a time zone in the IANA database",
+            ],
         ),
         (
             "a cron that never fires",
@@ -130,7 +137,11 @@ async fn the_server_refuses_on_its_own_what_tbctl_refuses() {
     ];
     for (what, obj, want) in cases {
         step!("{what}");
-        assert_invalid(apply_text(&client, &addr, obj.to_string()).await, what, &want);
+        assert_invalid(
+            apply_text(&client, &addr, obj.to_string()).await,
+            what,
+            &want,
+        );
     }
     let overflow = format!(
         r#"{{"apiVersion": "tb/v1", "kind": "TrainingJob", "metadata": {{"name": "big", "namespace": "{ns}"}},
@@ -162,7 +173,11 @@ async fn the_server_refuses_on_its_own_what_tbctl_refuses() {
             request_id: objects::request_id(),
         })
         .await;
-    assert_invalid(status, "duplicate status keys", &["status", "duplicate entry"]);
+    assert_invalid(
+        status,
+        "duplicate status keys",
+        &["status", "duplicate entry"],
+    );
     let stored = client
         .get_on(&addr, "Model", &ns, "m", false)
         .await
@@ -205,7 +220,11 @@ async fn objects_over_the_size_limits_are_refused_with_the_limit_and_their_size(
     let addr = cluster.addr(0);
     let ns = unique_namespace("size");
 
-    let mut big = job(&ns, "big", json!({"command": ["true", "x".repeat(2 << 20)]}));
+    let mut big = job(
+        &ns,
+        "big",
+        json!({"command": ["true", "x".repeat(2 << 20)]}),
+    );
     assert_invalid(
         apply_text(&client, &addr, big.to_string()).await,
         "a 2 MiB object",
@@ -361,7 +380,11 @@ async fn a_10_mib_name_gets_a_short_refusal_and_stores_nothing() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert!(after.1 <= 1100, "an audit record holds a {} byte name", after.1);
+    assert!(
+        after.1 <= 1100,
+        "an audit record holds a {} byte name",
+        after.1
+    );
     assert!(
         after.0 < before.0 + 256,
         "the audit log grew from {} to {} bytes",
@@ -397,7 +420,12 @@ async fn an_idle_cluster_with_objects_it_cannot_act_on_commits_almost_nothing() 
     apply_text(
         &client,
         &addr,
-        job("default", "huge", json!({"command": ["true"], "memory": "64Ti"})).to_string(),
+        job(
+            "default",
+            "huge",
+            json!({"command": ["true"], "memory": "64Ti"}),
+        )
+        .to_string(),
     )
     .await
     .expect("apply");
@@ -413,7 +441,12 @@ async fn an_idle_cluster_with_objects_it_cannot_act_on_commits_almost_nothing() 
         &["Mars/Olympus"],
     );
     let deadline = Instant::now() + BUDGET;
-    while lab.event_reasons("huge").await.iter().all(|r| r != "FailedScheduling") {
+    while lab
+        .event_reasons("huge")
+        .await
+        .iter()
+        .all(|r| r != "FailedScheduling")
+    {
         assert!(Instant::now() < deadline, "the job never said why it waits");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

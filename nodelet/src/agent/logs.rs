@@ -136,7 +136,11 @@ impl Nodelet for LogsService {
         };
         let lines = follow_stamped(logs, LogStream::Both, from, since, ended).await;
         let stream = lines.flat_map(move |line| {
-            futures::stream::iter(log_line(rank, "stdout", line, timestamps).into_iter().map(Ok))
+            futures::stream::iter(
+                log_line(rank, "stdout", line, timestamps)
+                    .into_iter()
+                    .map(Ok),
+            )
         });
         Ok(Response::new(Box::pin(stream)))
     }
