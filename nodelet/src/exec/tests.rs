@@ -345,7 +345,13 @@ async fn a_process_runs_as_the_given_account() {
 async fn an_escape_from_the_group_ends_with_the_leader() {
     let dir = tempfile::tempdir().expect("tempdir");
     let id = format!("test/escape/{}", std::process::id());
-    let mut spec = sh("setsid sleep 30 & echo $!", dir.path());
+    // The leader exits only once the escape has its own session (it writes its pid after
+    // setsid), so the group kill cannot reach it.
+    let mut spec = sh(
+        "setsid sh -c 'echo $$ > escaped.tmp; mv escaped.tmp escaped; exec sleep 30' &\n\
+         while [ ! -e escaped ]; do sleep 0.01; done; cat escaped",
+        dir.path(),
+    );
     spec.env.insert(contain::MARKER_ENV.into(), id.clone());
     spec.scope = Some(contain::Scope::new(id));
     let mut running = spawn(spec).expect("spawn");
