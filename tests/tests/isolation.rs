@@ -339,7 +339,7 @@ fn sleeps_with(arg: &str) -> Vec<i64> {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
                 let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
                 args.first().is_some_and(|a| a.ends_with(b"sleep"))
-                    && args.iter().any(|a| *a == arg.as_bytes())
+                    && args.contains(&arg.as_bytes())
             })
         })
         .filter(|pid| process_alive(*pid))

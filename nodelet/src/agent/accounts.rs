@@ -370,7 +370,7 @@ mod tests {
         };
         let p = Policy::load_as(&asked, dir.path(), true).expect("policy");
         assert_eq!(p.account_for("team-a"), Ok(None));
-        assert_eq!(p.condition().0, false);
+        assert!(!p.condition().0);
         assert_eq!(p.condition().1, "SingleUser");
         let p = Policy::load_as(&cfg("61184-61439"), dir.path(), false).expect("policy");
         assert_eq!(p.single_user(), Some(&SingleUser::NotRoot));

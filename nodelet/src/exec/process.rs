@@ -215,13 +215,12 @@ pub fn spawn(spec: Spec) -> Result<Running, ExecError> {
                     return Err(io::Error::last_os_error());
                 }
             }
-            if let Some(a) = run_as {
-                if nix::libc::setgroups(0, std::ptr::null()) != 0
+            if let Some(a) = run_as
+                && (nix::libc::setgroups(0, std::ptr::null()) != 0
                     || nix::libc::setgid(a.gid) != 0
-                    || nix::libc::setuid(a.uid) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
+                    || nix::libc::setuid(a.uid) != 0)
+            {
+                return Err(io::Error::last_os_error());
             }
             Ok(())
         });
