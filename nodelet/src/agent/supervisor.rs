@@ -473,6 +473,8 @@ impl Supervisor {
     }
 
     fn measure_and_trim(&self) {
+        // Orphans of ranks that exited on their own (the nodelet adopted them): reap them.
+        contain::reap_adopted();
         let allocs = self.data_dir.join("allocs");
         let mut total = dirs::disk_usage(&allocs);
         if total > self.job_disk_limit {

@@ -225,7 +225,13 @@ pub fn spawn(spec: Spec) -> Result<Running, ExecError> {
             Ok(())
         });
     }
+    // Listed as a leader before anything could see it as an adopted zombie.
+    let mut leaders = contain::leaders();
     let mut child = command.spawn().map_err(|err| spawn_error(&program, err))?;
+    if let Some(pid) = child.id() {
+        leaders.insert(pid as i32);
+    }
+    drop(leaders);
     drop(cgroup_procs);
     let Some(pid) = child.id() else {
         // Only possible if the child was already reaped, which nothing here has done.
@@ -341,6 +347,7 @@ impl Running {
             pid: self.pid,
             source,
         })?;
+        contain::leaders().remove(&(self.pid as i32));
         Ok(self.finish(status.into()).await)
     }
 
@@ -374,6 +381,7 @@ impl Running {
             pid: self.pid,
             source,
         })?;
+        contain::leaders().remove(&(self.pid as i32));
         Ok(self.finish(status.into()).await)
     }
 

@@ -30,6 +30,7 @@ pub fn read(pid: i32) -> Option<ProcInfo> {
         uid: parse_real_uid(&status)?,
         start,
         zombie,
+        sid: parse_session(&stat).unwrap_or(0),
     })
 }
 
@@ -63,6 +64,12 @@ pub fn parse_stat(stat: &str) -> Option<(i32, bool, u64)> {
     Some((ppid, state == "Z" || state == "X", start))
 }
 
+/// The session id (field 6) from `/proc/PID/stat`.
+pub fn parse_session(stat: &str) -> Option<i32> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(6 - 3)?.parse().ok()
+}
+
 /// The real uid from `/proc/PID/status` (`Uid:\treal\teffective\tsaved\tfs`).
 pub fn parse_real_uid(status: &str) -> Option<u32> {
     status
@@ -92,6 +99,7 @@ mod tests {
         assert_eq!(parse_stat(STAT), Some((17, false, 9186534)));
         let zombie = STAT.replace(") S 17", ") Z 17");
         assert_eq!(parse_stat(&zombie), Some((17, true, 9186534)));
+        assert_eq!(parse_session(STAT), Some(4242));
         assert_eq!(parse_stat("4242 (x) S 1 2"), None, "too short");
         assert_eq!(parse_stat("garbage"), None);
     }

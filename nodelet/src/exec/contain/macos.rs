@@ -53,6 +53,8 @@ pub fn read(pid: i32) -> Option<ProcInfo> {
         uid: info.pbi_ruid,
         start: info.pbi_start_tvsec * 1_000_000 + info.pbi_start_tvusec,
         zombie: info.pbi_status == libc::SZOMB,
+        // Only used to tell adopted orphans apart, and macOS adopts none.
+        sid: 0,
     })
 }
 

@@ -34,7 +34,7 @@ pub use linux::{environ_has, parse_real_uid, parse_stat};
 pub use os::{become_subreaper, has_env, processes, start_time};
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
@@ -59,6 +59,8 @@ pub struct ProcInfo {
     /// With the pid, it names one process: a recycled pid has another start time.
     pub start: u64,
     pub zombie: bool,
+    /// Session id (Linux; 0 where unknown).
+    pub sid: i32,
 }
 
 /// The cgroup type, or a stand-in where there is none.
@@ -157,6 +159,33 @@ impl Scope {
     }
 }
 
+/// The pids of the ranks' leaders this process started and has not yet waited for: tokio reaps
+/// those, so [`reap_adopted`] must not. Hold it across a spawn so that no leader is ever
+/// unlisted while it exists.
+pub fn leaders() -> MutexGuard<'static, HashSet<i32>> {
+    static LEADERS: LazyLock<Mutex<HashSet<i32>>> = LazyLock::new(Mutex::default);
+    LEADERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Reaps the zombies of orphans the nodelet adopted as subreaper (their own parent exited
+/// first), which nothing else would ever wait for: children of this process in another session
+/// than its own that are not a leader it waits for. Its other children (commands it runs for
+/// discovery) share its session and are left to whoever started them. Returns how many.
+pub fn reap_adopted() -> usize {
+    let me = own_pid();
+    let own_session = nix::unistd::getsid(None).map(Pid::as_raw).unwrap_or(0);
+    let leaders = leaders();
+    let mut reaped = 0;
+    for p in processes() {
+        if p.zombie && p.ppid == me && p.sid != own_session && !leaders.contains(&p.pid) {
+            if waitpid(Pid::from_raw(p.pid), Some(WaitPidFlag::WNOHANG)).is_ok() {
+                reaped += 1;
+            }
+        }
+    }
+    reaped
+}
+
 /// Kills every process of the given uids (tb's dynamic uids when nothing of tb runs yet: at
 /// start, everything under them is a leftover of an earlier run). Returns how many.
 pub fn sweep_uids(uids: &HashSet<u32>) -> usize {
@@ -243,6 +272,7 @@ fn sweep_where(pick: impl Fn(&[ProcInfo]) -> Vec<ProcInfo>) -> usize {
     if !killed.is_empty() {
         tracing::info!(count = killed.len(), "killed processes left behind");
     }
+    reap_adopted();
     killed.len()
 }
 
@@ -273,6 +303,7 @@ mod tests {
             uid,
             start: pid as u64 * 10,
             zombie: false,
+            sid: 0,
         }
     }
 
