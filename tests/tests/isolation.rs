@@ -7,6 +7,7 @@
 //!
 //! Accounts can only be switched by root: run as another user, these tests say so and return.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -468,8 +469,10 @@ async fn escapes_end_with_the_rank_isolated() {
 #[tokio::test]
 async fn a_stale_pid_file_never_kills_a_stranger() {
     let mut lab = Lab::start("iso-stale-pid", 1).await;
+    // A group leader, as a user's process often is: killpg(pid) would reach it.
     let mut stranger = std::process::Command::new("sleep")
         .arg("300")
+        .process_group(0)
         .spawn()
         .expect("sleep");
     let pid = stranger.id();
