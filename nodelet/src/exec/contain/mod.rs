@@ -177,10 +177,13 @@ pub fn reap_adopted() -> usize {
     let leaders = leaders();
     let mut reaped = 0;
     for p in processes() {
-        if p.zombie && p.ppid == me && p.sid != own_session && !leaders.contains(&p.pid) {
-            if waitpid(Pid::from_raw(p.pid), Some(WaitPidFlag::WNOHANG)).is_ok() {
-                reaped += 1;
-            }
+        if p.zombie
+            && p.ppid == me
+            && p.sid != own_session
+            && !leaders.contains(&p.pid)
+            && waitpid(Pid::from_raw(p.pid), Some(WaitPidFlag::WNOHANG)).is_ok()
+        {
+            reaped += 1;
         }
     }
     reaped
