@@ -6,6 +6,8 @@
 
 use std::fmt;
 
+use crate::bounds::Quoted;
+
 /// A parsed cron expression: the set of allowed values of each field.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CronSchedule {
@@ -82,7 +84,7 @@ const SYNTAX: &str = "expected five fields (minute hour day-of-month month day-o
 impl CronSchedule {
     pub fn parse(expr: &str) -> Result<CronSchedule, String> {
         let text = expr.trim();
-        let invalid = |why: String| format!("{text:?} is not a valid schedule: {why}");
+        let invalid = |why: String| format!("{} is not a valid schedule: {why}", Quoted(text));
         let expanded = if text.starts_with('@') {
             MACROS
                 .iter()
@@ -104,7 +106,7 @@ impl CronSchedule {
         if sets[4] & (1 << 7) != 0 {
             sets[4] = (sets[4] & !(1 << 7)) | 1;
         }
-        Ok(CronSchedule {
+        let schedule = CronSchedule {
             minutes: sets[0],
             hours: sets[1],
             days_of_month: sets[2],
@@ -113,6 +115,33 @@ impl CronSchedule {
             day_of_month_any: parts[2].starts_with('*'),
             day_of_week_any: parts[4].starts_with('*'),
             text: text.to_string(),
+        };
+        if !schedule.can_fire() {
+            return Err(invalid(format!(
+                "it never fires: no month it allows ({}) has a day of the month it allows ({}); \
+                 February has at most 29 days, April, June, September and November 30",
+                list(schedule.months, &MONTH_NAMES, 1),
+                list(schedule.days_of_month, &[], 0)
+            )));
+        }
+        Ok(schedule)
+    }
+
+    /// Whether some calendar day matches. Worked out, not searched for: every field is a
+    /// non-empty set, so minutes and hours always match somewhere; when both day fields are
+    /// restricted a day matches if either does, and every weekday comes round in every month;
+    /// otherwise a day must be in the day-of-month set and in the months, and every date that
+    /// exists (29 February included, once in four years at most eight apart) falls on every
+    /// weekday within a 28-year cycle. So the schedule fires iff some allowed month has an
+    /// allowed day of the month that it can hold.
+    fn can_fire(&self) -> bool {
+        if !self.day_of_month_any && !self.day_of_week_any {
+            return true;
+        }
+        const LONGEST: [u32; 12] = [31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+        (1..=12u32).any(|month| {
+            self.months & (1 << month) != 0
+                && (1..=LONGEST[month as usize - 1]).any(|day| self.days_of_month & (1 << day) != 0)
         })
     }
 
@@ -143,6 +172,18 @@ impl fmt::Display for CronSchedule {
     }
 }
 
+/// The members of a field's set, by name where the field has names: `feb`, `30,31`.
+fn list(set: u64, names: &[&str], first: u32) -> String {
+    (0..64u32)
+        .filter(|v| set & (1u64 << v) != 0)
+        .map(|v| match names.get((v - first.min(v)) as usize) {
+            Some(name) if !names.is_empty() => name.to_string(),
+            _ => v.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// One field: a comma-separated list of `*`, `N`, `A-B`, each optionally followed by `/STEP`.
 fn parse_field(text: &str, field: &Field) -> Result<u64, String> {
     let mut set = 0u64;
@@ -156,7 +197,11 @@ fn parse_field(text: &str, field: &Field) -> Result<u64, String> {
         } else if let Some((a, b)) = range.split_once('-') {
             let (a, b) = (value(a, field)?, value(b, field)?);
             if a > b {
-                return Err(format!("{} range {range:?} runs backwards", field.name));
+                return Err(format!(
+                    "{} range {} runs backwards",
+                    field.name,
+                    Quoted(range)
+                ));
             }
             (a, b)
         } else {
@@ -170,8 +215,9 @@ fn parse_field(text: &str, field: &Field) -> Result<u64, String> {
                 Ok(n) if n >= 1 => n,
                 _ => {
                     return Err(format!(
-                        "{} step {s:?} must be a whole number of at least 1",
-                        field.name
+                        "{} step {} must be a whole number of at least 1",
+                        field.name,
+                        Quoted(s)
                     ));
                 }
             },
@@ -205,8 +251,11 @@ fn value(text: &str, field: &Field) -> Result<u32, String> {
     };
     let out_of_range = || {
         format!(
-            "{} {text:?} is out of range; expected {}-{}{names}",
-            field.name, field.min, field.max
+            "{} {} is out of range; expected {}-{}{names}",
+            field.name,
+            Quoted(text),
+            field.min,
+            field.max
         )
     };
     match text.parse::<u32>() {
@@ -216,8 +265,11 @@ fn value(text: &str, field: &Field) -> Result<u32, String> {
             Err(out_of_range())
         }
         Err(_) => Err(format!(
-            "{} {text:?} is not a number; expected {}-{}{names}, '*', ',', '-' or '/N'",
-            field.name, field.min, field.max
+            "{} {} is not a number; expected {}-{}{names}, '*', ',', '-' or '/N'",
+            field.name,
+            Quoted(text),
+            field.min,
+            field.max
         )),
     }
 }
@@ -280,6 +332,25 @@ mod tests {
             let err = CronSchedule::parse(expr).expect_err(expr);
             assert!(err.contains(want), "{expr}: {err}");
             assert!(err.contains("is not a valid schedule"), "{err}");
+        }
+    }
+
+    #[test]
+    fn schedules_that_never_fire_are_refused() {
+        for never in [
+            "0 0 31 2 *",
+            "0 0 30,31 feb *",
+            "0 0 31 4,6,9,11 *",
+            "0 0 30 2 *",
+        ] {
+            let err = CronSchedule::parse(never).expect_err(never);
+            assert!(err.contains("it never fires"), "{never}: {err}");
+        }
+        let err = CronSchedule::parse("0 0 31 2 *").unwrap_err();
+        assert!(err.contains("(feb)") && err.contains("(31)"), "{err}");
+        // 29 February comes every four years; both day fields restricted means either.
+        for fires in ["0 0 29 2 *", "0 0 31 2 mon", "0 0 31 1-2 *", "0 0 */31 2 *"] {
+            assert!(CronSchedule::parse(fires).is_ok(), "{fires}");
         }
     }
 

@@ -1,11 +1,13 @@
 //! Human durations such as `30s`, `15m`, `1h30m`, `7d`, `2w`, as written in specs.
 
+use crate::bounds::Quoted;
+
 const EXPECTED: &str = "a duration like 30m, 1h, 1h30m or 7d (units s, m, h, d, w)";
 
 /// Parses a duration into whole seconds.
 pub fn parse_duration(s: &str) -> Result<u64, String> {
-    let invalid = || format!("expected {EXPECTED}, got {s:?}");
-    let too_long = || format!("duration {s:?} is too long");
+    let invalid = || format!("expected {EXPECTED}, got {}", Quoted(s));
+    let too_long = || format!("duration {} is too long", Quoted(s));
     let mut rest = s.trim();
     if rest.is_empty() {
         return Err(invalid());

@@ -100,7 +100,7 @@ pub const KIND_LIST: &str = "Model, InferenceService (isvc), TrainingJob (tj), S
 
 /// An unknown kind, with the list of known ones for the error message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown kind {0:?}; expected one of {KIND_LIST}")]
+#[error("unknown kind {}; expected one of {KIND_LIST}", crate::bounds::Quoted(.0))]
 pub struct UnknownKind(pub String);
 
 impl FromStr for Kind {

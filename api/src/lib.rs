@@ -4,6 +4,7 @@
 //! Every other crate speaks through these types; nothing here does I/O beyond reading the files
 //! a user asks to load.
 
+pub mod bounds;
 pub mod chips;
 pub mod cron;
 pub mod duration;

@@ -60,7 +60,8 @@ fn u64_from_number_or_string<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::
             }
             s.parse().map_err(|_| {
                 E::custom(format!(
-                    "expected a resourceVersion (a non-negative integer), got {s:?}"
+                    "expected a resourceVersion (a non-negative integer), got {}",
+                    crate::bounds::Quoted(s)
                 ))
             })
         }

@@ -3,8 +3,11 @@
 //! Names end up in URLs, file names on the Macs and DNS-like keys, so they are kept to a small,
 //! safe alphabet. Each check returns a message that says what would have been accepted.
 
-const NAME_RULE: &str = "use lower-case letters, digits, '-' and '.', starting and ending with a \
-                         letter or digit (at most 253 characters)";
+use crate::bounds::Quoted;
+
+const NAME_RULE: &str = "use lower-case letters, digits, '-' and '.'; each dot-separated part \
+                         starts and ends with a letter or digit and has at most 63 characters \
+                         (253 in all)";
 const NAMESPACE_RULE: &str = "use lower-case letters, digits and '-', starting and ending with a \
                               letter or digit (at most 63 characters)";
 const LABEL_VALUE_RULE: &str = "use letters, digits, '-', '_' and '.', starting and ending with a \
@@ -19,18 +22,42 @@ pub fn validate_name(s: &str) -> Result<(), String> {
         return Err(format!("a name is required: {NAME_RULE}"));
     }
     if is_dns_subdomain(s) {
-        Ok(())
-    } else {
-        Err(format!("{s:?} is not a valid name: {NAME_RULE}"))
+        return Ok(());
     }
+    let q = Quoted(s);
+    if s.len() > 253 {
+        return Err(format!(
+            "{q} is not a valid name: it has {} characters; a name has at most 253 in all \
+             (at most 63 between dots)",
+            s.len()
+        ));
+    }
+    if let Some(part) = s.split('.').find(|p| p.len() > 63) {
+        return Err(format!(
+            "{q} is not a valid name: its part {:?} has {} characters; each dot-separated part of \
+             a name has at most 63 (253 in all)",
+            part,
+            part.len()
+        ));
+    }
+    Err(format!("{q} is not a valid name: {NAME_RULE}"))
 }
 
 /// A namespace: a DNS-1123 label (`default`, `team-a`).
 pub fn validate_namespace(s: &str) -> Result<(), String> {
     if is_dns_label(s) {
         Ok(())
+    } else if s.len() > 63 {
+        Err(format!(
+            "{} is not a valid namespace: it has {} characters; a namespace has at most 63",
+            Quoted(s),
+            s.len()
+        ))
     } else {
-        Err(format!("{s:?} is not a valid namespace: {NAMESPACE_RULE}"))
+        Err(format!(
+            "{} is not a valid namespace: {NAMESPACE_RULE}",
+            Quoted(s)
+        ))
     }
 }
 
@@ -40,7 +67,8 @@ pub fn validate_label_value(s: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "{s:?} is not a valid label value: {LABEL_VALUE_RULE}"
+            "{} is not a valid label value: {LABEL_VALUE_RULE}",
+            Quoted(s)
         ))
     }
 }
@@ -55,14 +83,19 @@ pub fn validate_label_key(s: &str) -> Result<(), String> {
         && !is_dns_subdomain(prefix)
     {
         return Err(format!(
-            "{s:?} is not a valid label key: its prefix {prefix:?} must be a lower-case DNS name \
-             like example.com (at most 253 characters)"
+            "{} is not a valid label key: its prefix {} must be a lower-case DNS name like \
+             example.com (at most 63 characters between dots, 253 in all)",
+            Quoted(s),
+            Quoted(prefix)
         ));
     }
     if is_qualified_name_part(name) {
         Ok(())
     } else {
-        Err(format!("{s:?} is not a valid label key: {LABEL_KEY_RULE}"))
+        Err(format!(
+            "{} is not a valid label key: {LABEL_KEY_RULE}",
+            Quoted(s)
+        ))
     }
 }
 
@@ -122,9 +155,36 @@ mod tests {
         }
         assert_eq!(
             validate_name("My_Job").unwrap_err(),
-            "\"My_Job\" is not a valid name: use lower-case letters, digits, '-' and '.', starting \
-             and ending with a letter or digit (at most 253 characters)"
+            "\"My_Job\" is not a valid name: use lower-case letters, digits, '-' and '.'; each \
+             dot-separated part starts and ends with a letter or digit and has at most 63 \
+             characters (253 in all)"
         );
+    }
+
+    #[test]
+    fn long_names_are_refused_with_the_rule_they_break() {
+        let err = validate_name(&"a".repeat(64)).unwrap_err();
+        assert!(
+            err.contains("has 64 characters; each dot-separated part of a name has at most 63"),
+            "{err}"
+        );
+        assert!(!err.contains("at most 253 in all ("), "{err}");
+        let err = validate_name(&format!("{}.b", "a".repeat(63).repeat(5))).unwrap_err();
+        assert!(
+            err.contains("has 317 characters; a name has at most 253"),
+            "{err}"
+        );
+        // A huge name is echoed in part, with its length.
+        let err = validate_name(&"x".repeat(10 << 20)).unwrap_err();
+        assert!(err.len() < 1400, "{}", err.len());
+        assert!(err.contains("…(10485760 bytes)"), "{err}");
+        let err = validate_namespace(&"n".repeat(64)).unwrap_err();
+        assert!(
+            err.contains("has 64 characters; a namespace has at most 63"),
+            "{err}"
+        );
+        let err = validate_label_value(&"v".repeat(1 << 20)).unwrap_err();
+        assert!(err.len() < 1400, "{}", err.len());
     }
 
     #[test]

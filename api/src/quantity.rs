@@ -10,6 +10,8 @@ use std::hash::{Hash, Hasher};
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::bounds::Quoted;
+
 /// What every "this is not a quantity" error says, so users learn the syntax from the message.
 const EXPECTED: &str = "a quantity like 64Gi, 512G or 1.5Ti";
 
@@ -44,17 +46,22 @@ pub struct Quantity {
 /// Why a string is not a [`Quantity`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuantityError {
-    #[error("expected {EXPECTED}, got {0:?}")]
+    #[error("expected {EXPECTED}, got {}", Quoted(.0))]
     Invalid(String),
-    #[error("quantity {0:?} is negative; expected {EXPECTED}")]
+    #[error("quantity {} is negative; expected {EXPECTED}", Quoted(.0))]
     Negative(String),
-    #[error("quantity {0:?} is too large (at most 16Ei)")]
+    #[error("quantity {} is too large (at most 16Ei)", Quoted(.0))]
     TooLarge(String),
+    #[error(
+        "quantity {} is not a whole number of bytes; memory is counted in whole bytes (write 1 or more, or a unit such as 512Mi)",
+        Quoted(.0)
+    )]
+    Fractional(String),
 }
 
 impl Quantity {
-    /// Parses `64Gi`, `512G`, `1.5Ti`, `100Mi`, `1k`, `1024`, `0`. A fraction of a byte is rounded
-    /// up, as Kubernetes does for memory.
+    /// Parses `64Gi`, `512G`, `1.5Ti`, `100Mi`, `1k`, `1024`, `0`. A quantity that is not a whole
+    /// number of bytes (`0.5`, `1.1Ki`) is refused; Kubernetes would round it up silently.
     pub fn parse(s: &str) -> Result<Quantity, QuantityError> {
         let text = s.trim();
         if text.starts_with('-') {
@@ -87,7 +94,11 @@ impl Quantity {
         if !fraction.is_empty() {
             let scale = 10u128.pow(fraction.len() as u32);
             let numerator: u128 = fraction.parse::<u128>().map_err(|_| too_large())? * multiplier;
-            total += numerator.div_ceil(scale);
+            // Half a byte means nothing: refuse rather than silently round.
+            if !numerator.is_multiple_of(scale) {
+                return Err(QuantityError::Fractional(text.to_string()));
+            }
+            total += numerator / scale;
         }
         let bytes = u64::try_from(total).map_err(|_| too_large())?;
         Ok(Quantity {
@@ -238,7 +249,7 @@ mod tests {
             ("1.5Ti", TI + TI / 2),
             ("0.5Gi", GI / 2),
             (".5Gi", GI / 2),
-            ("1.1Ki", 1127), // 1126.4 rounds up to a whole byte
+            ("1.5k", 1500),
             ("2M", 2_000_000),
             ("3T", 3_000_000_000_000),
             ("1Pi", 1 << 50),
@@ -283,6 +294,19 @@ mod tests {
             );
         }
         assert!(Quantity::parse("1.0000000000000000001Gi").is_err());
+        for fractional in ["0.5", "1.1Ki", "0.0001k", ".5"] {
+            let err = Quantity::parse(fractional).expect_err(fractional);
+            assert!(matches!(err, QuantityError::Fractional(_)), "{fractional}");
+            assert!(
+                err.to_string().contains("is not a whole number of bytes"),
+                "{err}"
+            );
+        }
+        // YAML reads 0.5 as a number.
+        let err = serde_yaml::from_str::<Quantity>("0.5")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a whole number of bytes"), "{err}");
     }
 
     #[test]

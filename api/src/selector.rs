@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::bounds::Quoted;
 use crate::name::{validate_label_key, validate_label_value};
 
 /// One condition on a set of labels.
@@ -28,12 +29,12 @@ pub struct LabelSelector {
 impl LabelSelector {
     pub fn parse(text: &str) -> Result<LabelSelector, String> {
         let requirements = split_top_level(text)
-            .map_err(|m| format!("invalid selector {text:?}: {m}"))?
+            .map_err(|m| format!("invalid selector {}: {m}", Quoted(text)))?
             .into_iter()
             .filter(|part| !part.trim().is_empty())
             .map(|part| {
                 parse_requirement(part.trim())
-                    .map_err(|m| format!("invalid selector {text:?}: {m}"))
+                    .map_err(|m| format!("invalid selector {}: {m}", Quoted(text)))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(LabelSelector { requirements })
@@ -115,7 +116,12 @@ fn parse_requirement(part: &str) -> Result<Requirement, String> {
         let words: Vec<&str> = head.split_whitespace().collect();
         let values = rest
             .strip_suffix(')')
-            .ok_or_else(|| format!("{part:?}: expected the values in parentheses at the end"))?
+            .ok_or_else(|| {
+                format!(
+                    "{}: expected the values in parentheses at the end",
+                    Quoted(part)
+                )
+            })?
             .split(',')
             .map(|v| value_of(v.trim()))
             .collect::<Result<Vec<_>, _>>()?;
@@ -123,13 +129,15 @@ fn parse_requirement(part: &str) -> Result<Requirement, String> {
             [key, "in"] => Ok(Requirement::In(key_of(key)?, values)),
             [key, "notin"] => Ok(Requirement::NotIn(key_of(key)?, values)),
             _ => Err(format!(
-                "{part:?}: expected KEY in (A,B) or KEY notin (A,B)"
+                "{}: expected KEY in (A,B) or KEY notin (A,B)",
+                Quoted(part)
             )),
         };
     }
     if part.split_whitespace().count() > 1 {
         return Err(format!(
-            "{part:?}: expected KEY=VALUE, KEY!=VALUE, KEY in (A,B), KEY notin (A,B), KEY or !KEY"
+            "{}: expected KEY=VALUE, KEY!=VALUE, KEY in (A,B), KEY notin (A,B), KEY or !KEY",
+            Quoted(part)
         ));
     }
     Ok(Requirement::Exists(key_of(part)?))

@@ -264,6 +264,9 @@ pub struct NodeStatus {
     /// Allocations running here, by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allocations: Vec<String>,
+    /// Bytes on disk of the allocations' directories (work dirs, logs) on this node.
+    #[serde(default)]
+    pub job_disk_bytes: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

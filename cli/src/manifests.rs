@@ -4,7 +4,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::io::Read;
 use std::path::Path;
 
 use tb_api::load::{LoadedObject, STDIN_NAME};
@@ -44,11 +43,14 @@ pub fn load(inputs: &[String]) -> Result<Vec<Input>, InputErrors> {
                 errors.push("-f -: standard input can be read only once".to_string());
                 continue;
             }
-            let mut text = String::new();
-            if let Err(e) = std::io::stdin().read_to_string(&mut text) {
-                errors.push(format!("{STDIN_NAME}: cannot read: {e}"));
-                continue;
-            }
+            // Bounded, and not-UTF-8 named with its line and column.
+            let text = match tb_api::load::read_text(STDIN_NAME, std::io::stdin().lock()) {
+                Ok(text) => text,
+                Err(e) => {
+                    errors.push(e.to_string());
+                    continue;
+                }
+            };
             (tb_api::load::load_str(STDIN_NAME, &text), Some(text))
         } else {
             let path = Path::new(input);

@@ -79,6 +79,32 @@ fn identify<B>(store: &Shared, method: &str, req: &Request<B>) -> Result<Caller,
     Ok(caller)
 }
 
+/// A request tonic cannot decode (a string field that is not UTF-8, a truncated message) is the
+/// client's fault, but prost's decode errors come back as INTERNAL: answer INVALID_ARGUMENT, as
+/// for any other bad input. Decode errors are answered before a body, so the code is in the
+/// headers.
+fn client_fault_is_invalid_argument<RB>(resp: &mut Response<RB>) {
+    let headers = resp.headers_mut();
+    let internal = headers
+        .get("grpc-status")
+        .is_some_and(|v| v.as_bytes() == b"13");
+    let decode = headers.get("grpc-message").is_some_and(|m| {
+        let m = m.as_bytes();
+        [
+            &b"failed to decode Protobuf message"[..],
+            b"failed%20to%20decode%20Protobuf%20message",
+        ]
+        .iter()
+        .any(|p| m.starts_with(p))
+    });
+    if internal && decode {
+        headers.insert(
+            "grpc-status",
+            http::HeaderValue::from_static("3"), // INVALID_ARGUMENT
+        );
+    }
+}
+
 impl<S, B, RB> Service<Request<B>> for RpcService<S>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
@@ -113,7 +139,10 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
-            let result = inner.call(req).await;
+            let mut result = inner.call(req).await;
+            if let Ok(resp) = &mut result {
+                client_fault_is_invalid_argument(resp);
+            }
             let code = match &result {
                 // Errors answered before a body ("trailers-only") carry grpc-status in the
                 // headers; a successful unary call carries it in trailers, and is OK.

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use tb_api::status::PortRange;
+use tb_nodelet::agent::accounts::{IsolationConfig, UidRange};
 use tb_nodelet::agent::{Config, run};
 use tb_nodelet::probe::{DEFAULT_PORT, ProbeConfig};
 use tb_nodelet::topology::Topology;
@@ -65,6 +66,33 @@ struct Args {
     /// Log format.
     #[arg(long, value_parser = ["text", "json"], default_value = "text")]
     log_format: String,
+    /// Run every job as this nodelet's own account (a single-user development cluster; jobs
+    /// can then read the node's credential). A nodelet that is not root always does.
+    #[arg(long)]
+    single_user: bool,
+    /// Run namespace NS's jobs as the existing local ACCOUNT (name or uid): NS=ACCOUNT,
+    /// repeatable or comma-separated. Other namespaces get a dynamic uid of their own.
+    #[arg(long, value_name = "NS=ACCOUNT", value_delimiter = ',', value_parser = parse_run_as)]
+    run_as: Vec<(String, String)>,
+    /// The uids handed out to namespaces without --run-as (one per namespace, kept in
+    /// DATA_DIR/accounts.json): START-END. No other account may use them.
+    #[arg(long, value_name = "START-END", default_value = "61184-61439")]
+    job_uid_range: UidRange,
+    /// Disk the allocations' directories (work dirs, logs) may use; past it, the oldest
+    /// finished allocations' directories are removed first.
+    #[arg(long, default_value = "10Gi")]
+    job_disk_limit: tb_api::Quantity,
+}
+
+fn parse_run_as(s: &str) -> Result<(String, String), String> {
+    let (ns, account) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NS=ACCOUNT"))?;
+    let (ns, account) = (ns.trim(), account.trim());
+    if ns.is_empty() || account.is_empty() {
+        return Err(format!("{s:?}: expected NS=ACCOUNT"));
+    }
+    Ok((ns.to_string(), account.to_string()))
 }
 
 fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
@@ -148,6 +176,12 @@ async fn main() -> anyhow::Result<()> {
         topology,
         probe_port: args.probe_port,
         probe: ProbeConfig::default(),
+        isolation: IsolationConfig {
+            single_user: args.single_user,
+            run_as: args.run_as,
+            uid_range: args.job_uid_range,
+        },
+        job_disk_limit: args.job_disk_limit.bytes(),
     };
     run(cfg).await
 }

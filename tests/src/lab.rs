@@ -54,6 +54,13 @@ pub struct LabOptions {
     pub relative_data_dirs: bool,
     /// A described lab (`--topology`): ports and cables between the nodelets.
     pub topology: Option<PathBuf>,
+    /// Run jobs under accounts of their own (the nodelets as root, without `--single-user`,
+    /// each with its own `--job-uid-range`), in a test directory other accounts may pass
+    /// through. Off by default: the binaries (and a venv) may sit where no job account can
+    /// reach them, so labs are single-user unless a test is about isolation.
+    pub isolated: bool,
+    /// More arguments for every nodelet (e.g. `--run-as NS=ACCOUNT`).
+    pub nodelet_args: Vec<String>,
 }
 
 impl LabOptions {
@@ -66,6 +73,8 @@ impl LabOptions {
             reserve: None,
             relative_data_dirs: false,
             topology: None,
+            isolated: false,
+            nodelet_args: Vec::new(),
         }
     }
 }
@@ -450,6 +459,15 @@ pub fn kill_leftover_ranks(data_dir: &Path) -> usize {
 // ---------------------------------------------------------------------------------------------
 // The lab
 
+/// Dynamic uids per isolated nodelet (`--job-uid-range`).
+pub const JOB_UIDS: u32 = 4;
+
+/// The first uid of the `--job-uid-range` of an isolated nodelet whose rank ports start at
+/// `first_port`: rank ports are not shared by nodelets running at once, so neither are these.
+pub fn job_uid_base(first_port: u16) -> u32 {
+    200_000 + u32::from(first_port) * JOB_UIDS
+}
+
 /// One nodelet of a lab.
 pub struct Nodelet {
     /// `node-N`.
@@ -496,6 +514,12 @@ impl Lab {
 
     pub async fn start_with(name: &str, opts: LabOptions) -> Lab {
         let dir = TestDir::new(name);
+        if opts.isolated {
+            // Job accounts pass through to their work dirs under the nodelets' data dirs.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
+                .unwrap_or_else(|e| panic!("chmod {}: {e}", dir.path().display()));
+        }
         let addr = crate::ports::free_addr();
         let controller_args = vec![
             "--id".to_string(),
@@ -573,6 +597,18 @@ impl Lab {
             }
             // Several nodelets share this host: each lets the OS pick its probe port.
             args.extend(["--probe-port".to_string(), "0".into()]);
+            if opts.isolated {
+                // tb owns the uids of its range exclusively (and kills what runs under them):
+                // nodelets that share this host must not share uids.
+                let first = job_uid_base(ports.0);
+                args.extend([
+                    "--job-uid-range".to_string(),
+                    format!("{first}-{}", first + JOB_UIDS - 1),
+                ]);
+            } else {
+                args.push("--single-user".into());
+            }
+            args.extend(opts.nodelet_args.iter().cloned());
             args.extend(crate::auth::nodelet_args());
             if let Some(t) = &opts.topology {
                 args.extend(["--topology".to_string(), t.display().to_string()]);

@@ -641,6 +641,8 @@ impl EmulatedLab {
                 topology.display().to_string(),
                 "--probe-port".into(),
                 probe_port.to_string(),
+                // The binaries may sit where job accounts cannot reach them.
+                "--single-user".into(),
             ];
             let args = [args, crate::auth::nodelet_args()].concat();
             self.data_dirs.push(data_dir);

@@ -15,7 +15,7 @@ use super::split::Document;
 use crate::kind::{KIND_LIST, Kind, UnknownKind};
 use crate::meta::ObjectMeta;
 use crate::object::{API_VERSION, Object};
-use crate::serde_util::render_path;
+use crate::serde_util::{integer_message, render_path};
 use crate::specs::{
     AllocationSpec, EventSpec, InferenceServiceSpec, LinkSpec, ModelSpec, NodeSpec, QueueSpec,
     ScheduleSpec, Spec, TrainingJobSpec,
@@ -50,6 +50,17 @@ impl DocErrors<'_> {
     /// A YAML syntax error: libyaml's problem, without its document-relative position.
     fn syntax(&self, err: &serde_yaml::Error) -> LocatedError {
         let (pos, message) = split_yaml_message(err);
+        if message.starts_with("repetition limit exceeded") {
+            // serde_yaml gives no position; the expansion starts at the first alias.
+            let pos = first_alias(&self.doc.text)
+                .unwrap_or((self.doc.start - self.doc.first_line + 1, 1));
+            return self.at(
+                pos,
+                "",
+                "repetition limit exceeded: the aliases (*name) of this document expand to more \
+                 than tb reads (an alias bomb?); the first alias is here",
+            );
+        }
         let pos = pos.unwrap_or((1, 1));
         // serde_yaml places a duplicate key at the start of its mapping; point at the duplicate.
         let pos = duplicated_key_name(&message)
@@ -64,6 +75,8 @@ impl DocErrors<'_> {
         let full_path = render_path(err.path(), "");
         // serde_yaml prefixes its own idea of the path; strip it to get the bare message.
         let (yaml_path, message) = strip_path_prefix(&text, &full_path);
+        let integer = integer_message(message);
+        let message = integer.as_deref().unwrap_or(message);
         let path = render_path(err.path(), message);
         let structural = ["unknown field", "missing field", "duplicate field"]
             .iter()
@@ -79,6 +92,74 @@ impl DocErrors<'_> {
             },
             None => self.at_path(&path, message),
         }
+    }
+}
+
+/// The first character YAML does not allow in a document (NUL and the other control
+/// characters but tab and line ends), with its 1-based line and column: libyaml reports it at
+/// the start of the document, by character count.
+fn control_character(text: &str) -> Option<((usize, usize), char)> {
+    for (n, line) in text.split('\n').enumerate() {
+        for (col, c) in line.chars().enumerate() {
+            let allowed = matches!(c, '\t' | '\r' | '\u{85}')
+                || !(c.is_control() || c == '\u{feff}' && (n, col) != (0, 0))
+                    && c != '\u{fffe}'
+                    && c != '\u{ffff}';
+            if !allowed {
+                return Some(((n + 1, col + 1), c));
+            }
+        }
+    }
+    None
+}
+
+/// The 1-based position of the first alias (`*name`) outside quotes and comments.
+fn first_alias(text: &str) -> Option<(usize, usize)> {
+    for (n, line) in text.split('\n').enumerate() {
+        let mut quote = None;
+        let mut prev = ' ';
+        for (col, c) in line.chars().enumerate() {
+            match (quote, c) {
+                (None, '#') if prev.is_whitespace() => break,
+                (None, '"' | '\'') => quote = Some(c),
+                (Some(q), c) if c == q => quote = None,
+                (None, '*') if matches!(prev, ' ' | '\t' | '[' | '{' | ',' | ':' | '-') => {
+                    return Some((n + 1, col + 1));
+                }
+                _ => {}
+            }
+            prev = c;
+        }
+    }
+    None
+}
+
+/// The first, YAML-only reading of a document: syntax errors, placed.
+fn check_syntax(errors: &DocErrors<'_>) -> Result<(), LocatedError> {
+    let text = &errors.doc.text;
+    if let Some((pos, c)) = control_character(text) {
+        let name = if c == '\0' { " (NUL)" } else { "" };
+        return Err(errors.at(
+            pos,
+            "",
+            &format!(
+                "control character U+{:04X}{name} is not allowed in YAML; write it as an escape \
+                 (\"\\u{:04X}\") inside double quotes if it belongs in a string",
+                c as u32, c as u32
+            ),
+        ));
+    }
+    match serde_yaml::from_str::<serde_yaml::Value>(text) {
+        Ok(_) => Ok(()),
+        // serde_yaml's Value holds no integer wider than 64 bits; the typed reading says which
+        // field it is and what range the field takes.
+        Err(e)
+            if e.to_string().contains(" as u128, expected any YAML value")
+                || e.to_string().contains(" as i128, expected any YAML value") =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(errors.syntax(&e)),
     }
 }
 
@@ -227,7 +308,7 @@ pub(crate) fn load_typed_document<T: DeserializeOwned>(
     check: impl FnOnce(&T) -> Result<(), crate::validate::ValidationError>,
 ) -> Result<T, LocatedError> {
     let text = &errors.doc.text;
-    serde_yaml::from_str::<serde_yaml::Value>(text).map_err(|e| errors.syntax(&e))?;
+    check_syntax(errors)?;
     let value: T = deserialize(text).map_err(|e| errors.typed(&e))?;
     check(&value).map_err(|e| errors.at_path(&e.path, &e.message))?;
     Ok(value)
@@ -236,7 +317,7 @@ pub(crate) fn load_typed_document<T: DeserializeOwned>(
 /// Reads and checks one document.
 pub(crate) fn load_document(errors: &DocErrors<'_>) -> Result<Object, LocatedError> {
     let text = &errors.doc.text;
-    serde_yaml::from_str::<serde_yaml::Value>(text).map_err(|e| errors.syntax(&e))?;
+    check_syntax(errors)?;
     let probe: Probe = deserialize(text).map_err(|e| errors.typed(&e))?;
     if probe.api_version.is_none() {
         return Err(errors.at_path(

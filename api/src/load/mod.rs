@@ -6,6 +6,7 @@
 //! so nothing is applied from a half-good file.
 
 mod document;
+mod json;
 mod locate;
 mod split;
 
@@ -14,12 +15,14 @@ use std::fmt;
 use std::io::Read;
 use std::path::Path;
 
+use crate::bounds::{MAX_FILE_BYTES, describe_bytes};
 use crate::object::{Object, ObjectKey};
-use crate::serde_util::{json_message, render_path};
 use crate::validate::{ValidationError, validate_object};
 
 use document::{DocErrors, load_document, load_typed_document};
 use split::split_documents;
+
+pub use json::{parse_json_strict, parse_status_json};
 
 /// What `load_path` reads from a directory.
 const EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
@@ -162,6 +165,9 @@ fn no_objects(file: &str) -> LoadError {
 
 /// Loads the documents of `text`, naming `source_name` in errors.
 pub fn load_str(source_name: &str, text: &str) -> Result<Vec<LoadedObject>, LoadError> {
+    if text.len() > MAX_FILE_BYTES {
+        return Err(too_large(source_name, Some(text.len() as u64)));
+    }
     let mut loader = Loader::default();
     if loader.add_text(source_name, text) == 0 {
         return Err(no_objects(source_name));
@@ -197,16 +203,41 @@ pub fn load_typed_str<T: serde::de::DeserializeOwned>(
 }
 
 /// Reads everything from `reader` (stdin, a socket) and loads it.
-pub fn load_reader(
-    source_name: &str,
-    mut reader: impl Read,
-) -> Result<Vec<LoadedObject>, LoadError> {
+pub fn load_reader(source_name: &str, reader: impl Read) -> Result<Vec<LoadedObject>, LoadError> {
+    let text = read_text(source_name, reader)?;
+    load_str(source_name, &text)
+}
+
+/// Reads at most [`MAX_FILE_BYTES`] of UTF-8 text from `reader`, naming `source_name` when it
+/// is longer or not text (with the line and column of the first bad byte).
+pub fn read_text(source_name: &str, reader: impl Read) -> Result<String, LoadError> {
     let mut bytes = Vec::new();
     reader
+        .take(MAX_FILE_BYTES as u64 + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| LoadError::single(source_name, format!("cannot read: {e}")))?;
-    let text = utf8(source_name, bytes)?;
-    load_str(source_name, &text)
+    if bytes.len() > MAX_FILE_BYTES {
+        return Err(too_large(source_name, None));
+    }
+    utf8(source_name, bytes)
+}
+
+/// The refusal of an input over [`MAX_FILE_BYTES`], checked before anything is parsed.
+fn too_large(name: &str, size: Option<u64>) -> LoadError {
+    let size = match size {
+        Some(n) => format!("{n} bytes"),
+        None => "more".to_string(),
+    };
+    LoadError::single(
+        name,
+        format!(
+            "the file is {size}; tbctl reads at most {} from one file (the most one request to \
+             the controller may carry, and one object may be at most {}); split it into smaller \
+             files",
+            describe_bytes(MAX_FILE_BYTES),
+            describe_bytes(crate::bounds::MAX_OBJECT_BYTES)
+        ),
+    )
 }
 
 /// Loads a file, every `*.yaml`, `*.yml` and `*.json` file of a directory (sorted by name, not
@@ -252,20 +283,38 @@ pub fn load_path(path: &Path) -> Result<Vec<LoadedObject>, LoadError> {
 
 fn read_file(path: &Path) -> Result<String, LoadError> {
     let name = path.display().to_string();
-    let bytes =
-        std::fs::read(path).map_err(|e| LoadError::single(&name, format!("cannot read: {e}")))?;
-    utf8(&name, bytes)
+    let cannot = |e: std::io::Error| LoadError::single(&name, format!("cannot read: {e}"));
+    // The size is checked before anything is read or parsed.
+    let size = std::fs::metadata(path).map_err(cannot)?.len();
+    if size > MAX_FILE_BYTES as u64 {
+        return Err(too_large(&name, Some(size)));
+    }
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    read_text(&name, file)
 }
 
+/// The bytes as text, or the line and column of the first byte that is not UTF-8.
 fn utf8(name: &str, bytes: Vec<u8>) -> Result<String, LoadError> {
     String::from_utf8(bytes).map_err(|e| {
-        LoadError::single(
-            name,
-            format!(
-                "not UTF-8 text (invalid byte at offset {})",
-                e.utf8_error().valid_up_to()
-            ),
-        )
+        let offset = e.utf8_error().valid_up_to();
+        let bytes = e.as_bytes();
+        // Everything before `offset` is valid UTF-8.
+        let before = std::str::from_utf8(&bytes[..offset]).unwrap_or_default();
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+        LoadError {
+            errors: vec![LocatedError {
+                file: name.to_string(),
+                line,
+                column,
+                path: String::new(),
+                message: format!(
+                    "not UTF-8 text: byte 0x{:02x} (at byte offset {offset}) does not begin or \
+                     continue a UTF-8 character; save the file as UTF-8",
+                    bytes[offset]
+                ),
+            }],
+        }
     })
 }
 
@@ -277,14 +326,9 @@ pub fn to_yaml(obj: &Object) -> String {
 }
 
 /// The server's reading of a submitted object: JSON text → object → `validate_object`.
+/// Duplicate keys are refused as the YAML loader refuses them, not read last-one-wins.
 pub fn parse_object_json(text: &str) -> Result<Object, ValidationError> {
-    let mut de = serde_json::Deserializer::from_str(text);
-    let obj: Object = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let message = json_message(e.inner());
-        ValidationError::new(render_path(e.path(), &message), message)
-    })?;
-    de.end()
-        .map_err(|e| ValidationError::new("", json_message(&e)))?;
+    let obj: Object = json::from_json_strict(text)?;
     validate_object(&obj)
 }
 

@@ -3,7 +3,9 @@
 
 use std::path::PathBuf;
 
-use serde_json::json;
+use std::io::Read;
+
+use serde_json::{Value, json};
 
 use super::*;
 use crate::kind::Kind;
@@ -410,4 +412,158 @@ fn every_example_manifest_loads() {
     assert_eq!(count(Kind::InferenceService), 2);
     assert_eq!(count(Kind::TrainingJob), 2);
     assert_eq!(count(Kind::Schedule), 1);
+}
+
+/// Loads `bytes` as the file job.yaml in a fresh directory; the one error, with the directory
+/// cut from the file name.
+fn file_error(bytes: &[u8]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("job.yaml");
+    std::fs::write(&path, bytes).unwrap();
+    let err = load_path(&path).expect_err("should fail");
+    assert_eq!(err.errors.len(), 1, "{err}");
+    err.to_string()
+        .replace(&format!("{}/", dir.path().display()), "")
+}
+
+#[test]
+fn invalid_utf8_is_placed_at_its_line_and_column() {
+    let mut bytes = JOB.as_bytes().to_vec();
+    // Inside `name: echo` on line 4: after "  name: ec".
+    let at = JOB.find("echo\n").unwrap() + 2;
+    bytes.splice(at..at, [0xff, 0xfe]);
+    assert_eq!(
+        file_error(&bytes),
+        format!(
+            "job.yaml:4:11: not UTF-8 text: byte 0xff (at byte offset {at}) does not begin or \
+             continue a UTF-8 character; save the file as UTF-8"
+        )
+    );
+}
+
+#[test]
+fn a_nul_byte_is_placed_at_its_line_and_column() {
+    let text = JOB.replace("echo hi", "echo \0hi");
+    let err = file_error(text.as_bytes());
+    assert!(
+        err.starts_with("job.yaml:6:27: control character U+0000 (NUL) is not allowed in YAML"),
+        "{err}"
+    );
+    // Written as an escape it is read, and refused by the rule for text fields.
+    let text = JOB.replace("'echo hi'", "\"echo \\0hi\"");
+    let err = load_error(&text);
+    assert!(
+        err.starts_with("job.yaml:6:") && err.contains("spec.command[2]: contains a NUL byte"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_alias_bomb_is_placed_at_its_first_alias() {
+    let mut text = format!("{JOB}  env:\n    A: &a [x, x, x, x, x, x, x, x, x, x]\n");
+    for (name, prev) in ["b", "c", "d", "e", "f", "g"]
+        .iter()
+        .zip(["a", "b", "c", "d", "e", "f"])
+    {
+        let refs = vec![format!("*{prev}"); 10].join(", ");
+        text.push_str(&format!("    {}: &{name} [{refs}]\n", name.to_uppercase()));
+    }
+    let err = load_error(&text);
+    assert!(
+        err.starts_with("job.yaml:10:12: repetition limit exceeded: the aliases (*name)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn overflowing_integers_read_like_other_errors() {
+    for (value, want) in [
+        ("99999999999999999999999", "found 99999999999999999999999"),
+        ("-99999999999999999999999", "found -99999999999999999999999"),
+        ("5000000000", "found 5000000000"),
+    ] {
+        let text = JOB.replace("ranks: 2", &format!("ranks: {value}"));
+        assert_eq!(
+            load_error(&text),
+            format!("job.yaml:7:10: spec.ranks: expected an integer from 0 to 4294967295, {want}")
+        );
+    }
+    // Through the API (JSON reads big numbers as floats).
+    let json = r#"{"apiVersion": "tb/v1", "kind": "TrainingJob", "metadata": {"name": "j"},
+        "spec": {"command": ["x"], "ranks": 99999999999999999999999}}"#;
+    let err = parse_object_json(json).unwrap_err();
+    assert_eq!(err.path, "spec.ranks");
+    assert_eq!(
+        err.message,
+        "expected an integer from 0 to 4294967295, found 1e+23"
+    );
+}
+
+#[test]
+fn a_file_over_the_limit_is_refused_by_name_before_parsing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.yaml");
+    // Not even YAML: the size is checked first.
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(crate::bounds::MAX_FILE_BYTES as u64 + 1)
+        .unwrap();
+    let err = load_path(&path).unwrap_err().to_string();
+    assert!(
+        err.starts_with(&format!(
+            "{}: the file is 16777217 bytes; tbctl reads at most 16 MiB (16777216 bytes)",
+            path.display()
+        )),
+        "{err}"
+    );
+    let err = load_reader(STDIN_NAME, std::io::repeat(b'a').take(20 << 20))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("<stdin>: the file is more; tbctl reads at most 16 MiB"),
+        "{err}"
+    );
+}
+
+#[test]
+fn duplicate_json_keys_are_refused() {
+    let json = r#"{"apiVersion": "tb/v1", "kind": "TrainingJob", "metadata": {"name": "j"},
+        "spec": {"command": ["x"], "ranks": 1, "ranks": 2}}"#;
+    let err = parse_object_json(json).unwrap_err();
+    assert_eq!(err.path, "spec");
+    assert!(
+        err.message
+            .starts_with("duplicate entry with key \"ranks\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn objects_over_the_size_limits_are_refused_with_the_limit_and_their_size() {
+    let with = |annotations: Value, command: Value| {
+        json!({"apiVersion": "tb/v1", "kind": "TrainingJob",
+            "metadata": {"name": "j", "annotations": annotations},
+            "spec": {"command": command}})
+        .to_string()
+    };
+    let err =
+        parse_object_json(&with(json!({"a": "x".repeat(300 << 10)}), json!(["x"]))).unwrap_err();
+    assert_eq!(err.path, "metadata.annotations");
+    assert!(
+        err.message.starts_with("the annotations take 307201 bytes; all of an object's annotations together may take at most 256 KiB (262144 bytes)"),
+        "{err}"
+    );
+    let err = parse_object_json(&with(json!({}), json!(["x".repeat(2 << 20)]))).unwrap_err();
+    assert_eq!(err.path, "");
+    assert!(
+        err.message
+            .contains("an object may be at most 1.5 MiB (1572864 bytes)")
+            && err.message.starts_with("the object is 2097"),
+        "{err}"
+    );
+    // Just under the limits is fine.
+    parse_object_json(&with(
+        json!({"a": "x".repeat(250 << 10)}),
+        json!(["x".repeat(1 << 20)]),
+    ))
+    .unwrap();
 }

@@ -68,7 +68,7 @@ pub(crate) fn non_zero_quantity(path: &str, value: Option<&Quantity>) -> CheckRe
 /// Environment variable names; `TB_*` is reserved for what tb sets (rank, world size, ...).
 pub(crate) fn env(path: &str, env: &BTreeMap<String, String>) -> CheckResult {
     for name in env.keys() {
-        let at = format!("{path}.{name}");
+        let at = format!("{path}.{}", crate::bounds::excerpt_to(name, 256));
         let mut chars = name.chars();
         let valid = chars
             .next()
@@ -78,7 +78,8 @@ pub(crate) fn env(path: &str, env: &BTreeMap<String, String>) -> CheckResult {
             return err(
                 &at,
                 format!(
-                    "{name:?} is not a valid environment variable name: use letters, digits and '_', not starting with a digit"
+                    "{} is not a valid environment variable name: use letters, digits and '_', not starting with a digit",
+                    crate::bounds::Quoted(name)
                 ),
             );
         }

@@ -164,20 +164,22 @@ pub fn job_from_template(
     }
 }
 
-/// The shape of an IANA zone name (`UTC`, `Europe/Paris`, `America/Argentina/Buenos_Aires`,
-/// `Etc/GMT+5`). Whether the zone exists is for the controller's zone database to say.
+/// An IANA zone name that the zone database knows (`UTC`, `Europe/Paris`,
+/// `America/Argentina/Buenos_Aires`, `Etc/GMT+5`), spelled exactly as the database spells it:
+/// the scheduler reads the zone from the same database, so a Schedule that passes here always
+/// has a zone to run in.
 pub fn validate_time_zone(tz: &str) -> Result<(), String> {
-    let part_ok = |p: &str| {
-        p.starts_with(|c: char| c.is_ascii_alphabetic())
-            && p.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '+'))
-    };
-    let parts: Vec<&str> = tz.split('/').collect();
-    if !tz.is_empty() && tz.len() <= 64 && parts.len() <= 3 && parts.iter().all(|p| part_ok(p)) {
-        Ok(())
-    } else {
-        Err(format!(
-            "{tz:?} is not a time zone name; expected an IANA name like UTC, Europe/Paris or America/New_York"
-        ))
+    if tz.parse::<chrono_tz::Tz>().is_ok() {
+        return Ok(());
     }
+    let hint = chrono_tz::TZ_VARIANTS
+        .iter()
+        .find(|z| z.name().eq_ignore_ascii_case(tz))
+        .map(|z| format!(" (did you mean {}?)", z.name()))
+        .unwrap_or_default();
+    Err(format!(
+        "{} is not a time zone in the IANA database{hint}; expected a name like UTC, Europe/Paris \
+         or America/New_York",
+        crate::bounds::Quoted(tz)
+    ))
 }

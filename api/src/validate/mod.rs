@@ -10,6 +10,7 @@ use std::fmt;
 
 use serde_json::Value;
 
+use crate::bounds::{MAX_ANNOTATIONS_BYTES, MAX_OBJECT_BYTES, describe_bytes, excerpt_to};
 use crate::kind::Kind;
 use crate::meta::Condition;
 use crate::name::{validate_label_key, validate_label_value, validate_name, validate_namespace};
@@ -64,6 +65,7 @@ pub(crate) fn join_path(prefix: &str, path: &str) -> String {
 /// Checks `obj` and returns it normalised (see the module docs). The status is checked for shape
 /// but left as it is.
 pub fn validate_object(obj: &Object) -> Result<Object, ValidationError> {
+    validate_size(obj)?;
     if obj.api_version != API_VERSION {
         return Err(ValidationError::new(
             "apiVersion",
@@ -79,14 +81,116 @@ pub fn validate_object(obj: &Object) -> Result<Object, ValidationError> {
     let mut out = obj.clone();
     out.kind = kind.as_str().to_string();
     validate_metadata(kind, &mut out)?;
+    no_nul_bytes("spec", &obj.spec)?;
     out.spec = TypedSpec::from_value(kind, &obj.spec)?.to_value();
     validate_status(kind, &obj.status)?;
     Ok(out)
 }
 
+/// How many bytes `value` takes as compact JSON, counted without building the text.
+pub fn json_size<T: serde::Serialize + ?Sized>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing to a counter cannot fail, and string-keyed trees always serialise.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+/// The object's and its annotations' sizes against [`MAX_OBJECT_BYTES`] and
+/// [`MAX_ANNOTATIONS_BYTES`], so that no one object can fill the store.
+pub fn validate_size(obj: &Object) -> Result<(), ValidationError> {
+    let annotations: usize = obj
+        .metadata
+        .annotations
+        .iter()
+        .map(|(k, v)| k.len() + v.len())
+        .sum();
+    if annotations > MAX_ANNOTATIONS_BYTES {
+        return Err(ValidationError::new(
+            "metadata.annotations",
+            format!(
+                "the annotations take {annotations} bytes; all of an object's annotations \
+                 together may take at most {}",
+                describe_bytes(MAX_ANNOTATIONS_BYTES)
+            ),
+        ));
+    }
+    let size = json_size(obj);
+    if size > MAX_OBJECT_BYTES {
+        return Err(ValidationError::new(
+            "",
+            format!(
+                "the object is {size} bytes; an object may be at most {} (as JSON)",
+                describe_bytes(MAX_OBJECT_BYTES)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A status as sent on its own (by nodelets and tb itself) is bounded like an object.
+pub fn validate_status_size(status: &Value) -> Result<(), ValidationError> {
+    let size = json_size(status);
+    if size > MAX_OBJECT_BYTES {
+        return Err(ValidationError::new(
+            "status",
+            format!(
+                "the status is {size} bytes; a status may be at most {} (as JSON)",
+                describe_bytes(MAX_OBJECT_BYTES)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// No string (value or key) under `value` holds a NUL byte: no program argument, environment
+/// variable or path can carry one, so such a job could only fail on every node, over and over.
+pub(crate) fn no_nul_bytes(path: &str, value: &Value) -> Result<(), ValidationError> {
+    let nul = |path: String, s: &str| Err(nul_error(path, s));
+    match value {
+        Value::String(s) if s.contains('\0') => nul(path.to_string(), s),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, v)| no_nul_bytes(&format!("{path}[{i}]"), v)),
+        Value::Object(map) => map.iter().try_for_each(|(k, v)| {
+            let at = join_path(path, &excerpt_to(k, 256).replace('\0', "\\0"));
+            if k.contains('\0') {
+                return nul(at, k);
+            }
+            no_nul_bytes(&at, v)
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The one wording for a NUL byte in `s`, found at `path`.
+pub(crate) fn nul_error(path: String, s: &str) -> ValidationError {
+    let at = s.find('\0').unwrap_or(0);
+    ValidationError::new(
+        path,
+        format!(
+            "contains a NUL byte (at byte {at}); text fields cannot hold NUL (\\0): no command, \
+             argument or environment variable can carry it"
+        ),
+    )
+}
+
 /// The one wording for a wrong apiVersion, used here and by the YAML loader.
 pub(crate) fn api_version_message(got: &str) -> String {
-    format!("unsupported apiVersion {got:?}; expected {API_VERSION:?}")
+    format!(
+        "unsupported apiVersion {}; expected {API_VERSION:?}",
+        crate::bounds::Quoted(got)
+    )
 }
 
 /// Name, namespace (defaulted or refused by scope), label and annotation keys and values.
@@ -115,20 +219,24 @@ pub(crate) fn validate_labels(
     labels: &BTreeMap<String, String>,
 ) -> Result<(), ValidationError> {
     for (key, value) in labels {
-        let at = || format!("{prefix}.{key}");
+        let at = || format!("{prefix}.{}", excerpt_to(key, 256));
         validate_label_key(key).map_err(|m| ValidationError::new(at(), m))?;
         validate_label_value(value).map_err(|m| ValidationError::new(at(), m))?;
     }
     Ok(())
 }
 
-/// Annotation keys follow the label-key rules; values are free text.
+/// Annotation keys follow the label-key rules; values are free text, without NUL bytes.
 pub(crate) fn validate_annotations(
     prefix: &str,
     annotations: &BTreeMap<String, String>,
 ) -> Result<(), ValidationError> {
-    for key in annotations.keys() {
-        validate_label_key(key).map_err(|m| ValidationError::new(format!("{prefix}.{key}"), m))?;
+    for (key, value) in annotations {
+        let at = || format!("{prefix}.{}", excerpt_to(key, 256));
+        validate_label_key(key).map_err(|m| ValidationError::new(at(), m))?;
+        if value.contains('\0') {
+            return Err(nul_error(at(), value));
+        }
     }
     Ok(())
 }

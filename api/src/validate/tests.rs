@@ -60,6 +60,41 @@ fn unknown_kind() {
 }
 
 #[test]
+fn nul_bytes_are_refused_in_commands_env_and_annotations() {
+    assert_error(
+        job(json!({"command": ["sh", "-c", "echo\0hi"]})),
+        "spec.command[2]",
+        "contains a NUL byte (at byte 4)",
+    );
+    assert_error(
+        job(json!({"command": ["x"], "env": {"A": "b\0"}})),
+        "spec.env.A",
+        "contains a NUL byte",
+    );
+    assert_error(
+        job(json!({"command": ["x"], "env": {"A\0": "b"}})),
+        "spec.env.A\\0",
+        "contains a NUL byte",
+    );
+    let mut obj = job(json!({"command": ["x"]}));
+    obj.metadata
+        .annotations
+        .insert("note".into(), "a\0b".into());
+    assert_error(obj, "metadata.annotations.note", "contains a NUL byte");
+    // Other control characters are text (a script may hold tabs and newlines).
+    validate_object(&job(json!({"command": ["sh", "-c", "echo a\tb\necho c"]}))).unwrap();
+}
+
+#[test]
+fn memory_must_be_whole_bytes() {
+    assert_error(
+        job(json!({"command": ["x"], "memory": 0.5})),
+        "spec.memory",
+        "is not a whole number of bytes",
+    );
+}
+
+#[test]
 fn kind_aliases_are_normalised() {
     let mut obj = isvc(json!({"model": "m"}));
     obj.kind = "isvc".into();
@@ -74,7 +109,8 @@ fn bad_name() {
     assert_eq!(
         err.to_string(),
         "metadata.name: \"My_Job\" is not a valid name: use lower-case letters, digits, '-' and \
-         '.', starting and ending with a letter or digit (at most 253 characters)"
+         '.'; each dot-separated part starts and ends with a letter or digit and has at most 63 \
+         characters (253 in all)"
     );
     let mut obj = job(json!({"command": ["true"]}));
     obj.metadata.name = String::new();
@@ -159,7 +195,7 @@ fn wrong_type() {
     assert_error(
         isvc(json!({"model": "m", "endpoint": {"port": 70000}})),
         "spec.endpoint.port",
-        "expected u16",
+        "expected an integer from 0 to 65535, found 70000",
     );
 }
 
@@ -348,7 +384,27 @@ fn schedule_rules() {
             json!({"schedule": "@daily", "timeZone": "Paris, France", "jobTemplate": template}),
         ),
         "spec.timeZone",
-        "not a time zone name",
+        "not a time zone in the IANA database",
+    );
+    // Well-formed but unknown to the zone database.
+    assert_error(
+        schedule(
+            json!({"schedule": "@daily", "timeZone": "Mars/Olympus", "jobTemplate": template}),
+        ),
+        "spec.timeZone",
+        "\"Mars/Olympus\" is not a time zone in the IANA database",
+    );
+    assert_error(
+        schedule(
+            json!({"schedule": "@daily", "timeZone": "europe/paris", "jobTemplate": template}),
+        ),
+        "spec.timeZone",
+        "(did you mean Europe/Paris?)",
+    );
+    assert_error(
+        schedule(json!({"schedule": "0 0 31 2 *", "jobTemplate": template})),
+        "spec.schedule",
+        "it never fires",
     );
     assert_error(
         schedule(

@@ -37,20 +37,50 @@ pub fn wanted(line: &LogLine, only: Option<LogStream>) -> bool {
 
 /// A line as printed: `[rank N] ` first when several ranks stream, then with `timestamps` the
 /// line's time and a space (if the time is known), one newline at the end.
-pub fn format_line(line: &LogLine, prefix: bool, timestamps: bool) -> String {
-    let text = line.line.strip_suffix('\n').unwrap_or(&line.line);
-    let text = text.strip_suffix('\r').unwrap_or(text);
-    let mut out = String::with_capacity(text.len() + line.time.len() + 16);
-    if prefix {
-        out.push_str(&format!("[rank {}] ", line.rank));
+#[cfg(test)]
+fn format_line(line: &LogLine, prefix: bool, timestamps: bool) -> String {
+    Pieces::default().format(line, prefix, timestamps)
+}
+
+/// Joins the pieces of a line sent in parts (`LogLine.partial`: a line longer than a message):
+/// the rank prefix and the time come before the first piece, the newline after the last.
+#[derive(Debug, Default)]
+pub struct Pieces {
+    /// (rank, stream) of the lines whose last piece has not come yet.
+    open: std::collections::HashSet<(u32, String)>,
+}
+
+impl Pieces {
+    /// The text to print for `line`, given the pieces printed before it.
+    pub fn format(&mut self, line: &LogLine, prefix: bool, timestamps: bool) -> String {
+        let key = (line.rank, line.stream.clone());
+        let continuing = if line.partial {
+            !self.open.insert(key)
+        } else {
+            self.open.remove(&key)
+        };
+        let text = if line.partial {
+            line.line.as_str()
+        } else {
+            let text = line.line.strip_suffix('\n').unwrap_or(&line.line);
+            text.strip_suffix('\r').unwrap_or(text)
+        };
+        let mut out = String::with_capacity(text.len() + line.time.len() + 16);
+        if !continuing {
+            if prefix {
+                out.push_str(&format!("[rank {}] ", line.rank));
+            }
+            if timestamps && !line.time.is_empty() {
+                out.push_str(&line.time);
+                out.push(' ');
+            }
+        }
+        out.push_str(text);
+        if !line.partial {
+            out.push('\n');
+        }
+        out
     }
-    if timestamps && !line.time.is_empty() {
-        out.push_str(&line.time);
-        out.push(' ');
-    }
-    out.push_str(text);
-    out.push('\n');
-    out
 }
 
 /// The request for a job's logs as `args` ask for them (`rank` -1: every rank).
@@ -89,13 +119,14 @@ pub async fn run(ctx: &mut Ctx, args: &LogsArgs) -> Result<()> {
     let ranks = JobStatus::from_value(&object.status).placement.len();
     let prefix = args.rank.is_none() && ranks > 1;
     let mut req = logs_request(job.kind.as_str(), namespace, job.name.clone(), args);
+    let mut pieces = Pieces::default();
     loop {
         let mut stream = ctx.client().logs(req.clone()).await?;
         loop {
             match stream.message().await {
                 Ok(Some(line)) => {
                     if wanted(&line, args.stream) {
-                        emit(&format_line(&line, prefix, args.timestamps))?;
+                        emit(&pieces.format(&line, prefix, args.timestamps))?;
                     }
                 }
                 Ok(None) => return Ok(()),
@@ -134,6 +165,7 @@ mod tests {
 
     fn line(rank: u32, stream: &str, text: &str) -> LogLine {
         LogLine {
+            partial: false,
             rank,
             stream: stream.into(),
             line: text.into(),
@@ -146,6 +178,30 @@ mod tests {
             time: time.into(),
             ..line(rank, "stdout", text)
         }
+    }
+
+    #[test]
+    fn a_line_sent_in_pieces_is_printed_whole() {
+        let piece = |rank: u32, text: &str, partial: bool| LogLine {
+            partial,
+            time: "T".into(),
+            ..line(rank, "stdout", text)
+        };
+        let mut pieces = Pieces::default();
+        let printed: String = [
+            piece(0, "aaa", true),
+            piece(1, "other", false),
+            piece(0, "bbb", true),
+            piece(0, "ccc\n", false),
+            piece(0, "next", false),
+        ]
+        .iter()
+        .map(|l| pieces.format(l, true, true))
+        .collect();
+        assert_eq!(
+            printed,
+            "[rank 0] T aaa[rank 1] T other\nbbbccc\n[rank 0] T next\n"
+        );
     }
 
     #[test]

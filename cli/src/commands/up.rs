@@ -320,7 +320,8 @@ pub async fn run(args: &UpArgs) -> Result<()> {
         ]);
     }
     emit(&format!(
-        "{}{file_path_note}local cluster up: 1 controller, {} nodelets (state in {}; `tbctl down` stops it)\n",
+        "{}{file_path_note}local cluster up: 1 controller, {} nodelets (state in {}; `tbctl down` stops it)\n\
+         single-user development cluster: jobs run as your own account and can read its files\n",
         t.render(),
         args.nodelets,
         dir.display()
@@ -434,6 +435,8 @@ async fn start(
             lab.display().to_string(),
             "--probe-port".into(),
             "0".into(),
+            // Jobs run as the account that ran `tbctl up`: a development cluster.
+            "--single-user".into(),
         ]);
         cluster.spawn(
             &node_name(i),

@@ -11,6 +11,7 @@
 
 use super::Caller;
 use crate::store::Role;
+use tb_api::bounds::{Quoted, excerpt};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Verb {
@@ -172,10 +173,12 @@ fn denied(caller: &Caller, access: &Access<'_>) -> Denied {
     } else {
         access.kind.to_string()
     };
+    // What the caller sent is repeated in part only (a refusal must not echo 10 MiB).
+    let (name, namespace) = (Quoted(access.name), Quoted(access.namespace));
     let where_ = match (access.namespace.is_empty(), access.name.is_empty()) {
-        (false, false) => format!(" {:?} in namespace {:?}", access.name, access.namespace),
-        (false, true) => format!(" in namespace {:?}", access.namespace),
-        (true, false) => format!(" {:?}", access.name),
+        (false, false) => format!(" {name} in namespace {namespace}"),
+        (false, true) => format!(" in namespace {namespace}"),
+        (true, false) => format!(" {name}"),
         (true, true) => String::new(),
     };
     Denied {
@@ -184,7 +187,7 @@ fn denied(caller: &Caller, access: &Access<'_>) -> Denied {
             .verb
             .map(|v| v.as_str().to_string())
             .unwrap_or_else(|| "(unknown verb)".into()),
-        kind,
+        kind: excerpt(&kind),
         where_,
     }
 }

@@ -128,7 +128,15 @@ pub fn reconcile_job(
     cfg: &SchedulerConfig,
 ) -> Option<Plan> {
     let parsed = view.parsed_job(job, cfg);
-    let shape = parsed.shape.as_ref()?;
+    let Some(shape) = parsed.shape.as_ref() else {
+        // Only a spec stored before the API refused it gets here.
+        let error = match job.kind()? {
+            Kind::TrainingJob => parse_spec::<TrainingJobSpec>(&job.spec).err(),
+            Kind::InferenceService => parse_spec::<InferenceServiceSpec>(&job.spec).err(),
+            _ => None,
+        }?;
+        return Some(super::invalid_spec(job, &error));
+    };
     let mut status = parsed.status.clone();
     let before = &parsed.status;
     let mut plan = Plan::default();

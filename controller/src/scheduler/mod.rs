@@ -128,7 +128,23 @@ pub fn reconcile_with(
             plans.push(plan);
         }
     }
+    without_fresh_events(state, clock, plans)
+}
+
+/// The plans without the events the store would not record (an identical one was recorded
+/// less than a minute ago), and without plans left with nothing to write: an object the
+/// scheduler cannot act on (a Schedule in an unknown zone, a job that fits nowhere) says so
+/// once, its event's count is bumped at most once a minute, and no pass proposes anything for
+/// it in between.
+fn without_fresh_events(state: &State, clock: &Clock, plans: Vec<Plan>) -> Vec<Plan> {
     plans
+        .into_iter()
+        .filter_map(|mut plan| {
+            plan.events
+                .retain(|e| !state.event_is_fresh(e, &clock.stamp));
+            (!plan.writes.is_empty() || !plan.events.is_empty()).then_some(plan)
+        })
+        .collect()
 }
 
 /// Allocations whose job is gone (deleted, or replaced by one with the same name): stopped,
@@ -166,6 +182,23 @@ fn orphans(state: &State, view: &ClusterView) -> Vec<Plan> {
         plans.push(plan);
     }
     plans
+}
+
+/// The one report about a stored object whose spec no longer passes the API's checks (stored
+/// before a check existed): tb does not act on it, and says why. Throttled like every event.
+pub fn invalid_spec(involved: &Object, error: &tb_api::ValidationError) -> Plan {
+    let mut plan = Plan::default();
+    plan.events.push(event(
+        involved,
+        true,
+        "InvalidSpec",
+        &format!(
+            "the stored spec no longer passes the API's checks ({error}); tb does not act on \
+             this {} until it is applied again with the fix",
+            involved.kind
+        ),
+    ));
+    plan
 }
 
 /// An Event about `involved`, recorded with a plan.

@@ -84,8 +84,12 @@ pub fn reconcile_schedules(state: &State, clock: &Clock) -> Vec<Plan> {
     let jobs = state.list(Kind::TrainingJob.as_str(), "");
     let mut plans = Vec::new();
     for schedule in state.list(Kind::Schedule.as_str(), "") {
-        let Ok(spec) = parse_spec::<ScheduleSpec>(&schedule.spec) else {
-            continue;
+        let spec = match parse_spec::<ScheduleSpec>(&schedule.spec) {
+            Ok(spec) => spec,
+            Err(e) => {
+                plans.push(super::invalid_spec(&schedule, &e));
+                continue;
+            }
         };
         let runs: Vec<Run> = jobs
             .iter()

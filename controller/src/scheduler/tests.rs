@@ -1404,3 +1404,76 @@ fn a_builtin_service_gets_its_pipeline_and_is_ready_when_rank_0_answers() {
     let status = sim.job("InferenceService", "chat");
     assert_eq!(status.epoch, 2, "{}", status.message);
 }
+
+/// A Schedule stored before the API checked zones and crons, as an old store may hold it.
+fn plant_unchecked_schedule(sim: &mut Sim, name: &str, spec: Value) {
+    let obj = Object {
+        api_version: "tb/v1".into(),
+        kind: "Schedule".into(),
+        metadata: ObjectMeta {
+            name: name.into(),
+            namespace: "default".into(),
+            ..Default::default()
+        },
+        spec,
+        status: Value::Null,
+    };
+    assert!(
+        tb_api::validate_object(&obj).is_err(),
+        "the API refuses it now"
+    );
+    let r = sim.commit(Op::Apply { objects: vec![obj] });
+    assert!(matches!(r, Response::Applied { .. }), "{r:?}");
+}
+
+#[test]
+fn objects_the_scheduler_cannot_act_on_report_once_a_minute_and_plan_nothing_between() {
+    let mut sim = Sim::new();
+    sim.add_node("a", 8);
+    let template = json!({"spec": {"command": ["python3", "tune.py"], "memory": "1Gi"}});
+    plant_unchecked_schedule(
+        &mut sim,
+        "mars",
+        json!({"schedule": "* * * * *", "timeZone": "Mars/Olympus", "jobTemplate": template}),
+    );
+    plant_unchecked_schedule(
+        &mut sim,
+        "never",
+        json!({"schedule": "0 0 31 2 *", "jobTemplate": template}),
+    );
+    sim.apply_job("TrainingJob", "big", exec_job(1, "64Gi"));
+    // The first pass says what is wrong: one event each.
+    assert!(sim.settle() > 0);
+    let count = |sim: &Sim, reason: &str| -> Vec<u64> {
+        sim.state
+            .events
+            .iter()
+            .filter(|e| e.spec["reason"] == reason)
+            .map(|e| e.spec["count"].as_u64().unwrap_or(1))
+            .collect()
+    };
+    // Both Schedules no longer pass the API's checks (the zone, the never-firing cron).
+    assert_eq!(count(&sim, "InvalidSpec"), [1, 1], "{:?}", sim.events());
+    assert_eq!(count(&sim, "FailedScheduling"), [1], "{:?}", sim.events());
+    // Passes within the minute plan nothing at all (no Raft write).
+    for _ in 0..5 {
+        sim.run_for(10);
+        let plans = reconcile(&sim.state, &Clock::new(sim.now, sim.leader_since), &sim.cfg);
+        assert!(plans.is_empty(), "{plans:?}");
+    }
+    // After a minute the event's count is bumped, once.
+    sim.run_for(11);
+    assert_eq!(sim.settle(), 2);
+    assert_eq!(count(&sim, "InvalidSpec"), [2, 2]);
+    let message = sim
+        .state
+        .events
+        .iter()
+        .find(|e| e.spec["involvedObject"]["name"] == "mars")
+        .map(|e| e.spec["message"].to_string())
+        .unwrap_or_default();
+    assert!(message.contains("Mars/Olympus"), "{message}");
+    assert_eq!(sim.settle(), 0);
+    assert!(schedule_runs(&sim, "never").is_empty());
+    assert!(schedule_runs(&sim, "mars").is_empty());
+}

@@ -2,6 +2,7 @@
 //! answer to "may I?". Tokens are random, shown once, and stored as SHA-256 hashes.
 
 use std::sync::Arc;
+use tb_api::bounds::Quoted;
 
 use tb_api::proto::auth_server::Auth;
 use tb_api::proto::{
@@ -88,6 +89,7 @@ impl Auth for AuthService {
     ) -> Result<Response<IssueTokenResponse>, Status> {
         let caller = caller(&req);
         let req = req.into_inner();
+        user_name("name", &req.name)?;
         check(
             &self.node,
             &caller,
@@ -95,8 +97,8 @@ impl Auth for AuthService {
         )?;
         let role = Role::parse(&req.role).ok_or_else(|| {
             Status::invalid_argument(format!(
-                "role: expected admin, member or viewer, got {:?}",
-                req.role
+                "role: expected admin, member or viewer, got {}",
+                Quoted(&req.role)
             ))
         })?;
         if role == Role::Member && req.namespaces.is_empty() {
@@ -155,6 +157,7 @@ impl Auth for AuthService {
     ) -> Result<Response<DeleteUserResponse>, Status> {
         let caller = caller(&req);
         let req = req.into_inner();
+        user_name("name", &req.name)?;
         check(
             &self.node,
             &caller,
@@ -171,6 +174,14 @@ impl Auth for AuthService {
     ) -> Result<Response<IssueTokenResponse>, Status> {
         let caller = caller(&req);
         let req = req.into_inner();
+        user_name("user", &req.user)?;
+        if req.description.len() > tb_api::bounds::MAX_ECHO_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "description: {} bytes; a token's description may be at most {}",
+                req.description.len(),
+                tb_api::bounds::MAX_ECHO_BYTES
+            )));
+        }
         check(
             &self.node,
             &caller,
@@ -188,6 +199,12 @@ impl Auth for AuthService {
     ) -> Result<Response<RevokeTokenResponse>, Status> {
         let caller = caller(&req);
         let req = req.into_inner();
+        if req.id.is_empty() || req.id.len() > 64 {
+            return Err(Status::invalid_argument(format!(
+                "id: {} is not a token id (as tbctl token list shows them)",
+                Quoted(&req.id)
+            )));
+        }
         check(
             &self.node,
             &caller,
@@ -235,8 +252,8 @@ impl Auth for AuthService {
         let verb = Verb::parse(&req.verb).ok_or_else(|| {
             let verbs: Vec<&str> = Verb::ALL.iter().map(|v| v.as_str()).collect();
             Status::invalid_argument(format!(
-                "verb: unknown verb {:?}; expected one of {}",
-                req.verb,
+                "verb: unknown verb {}; expected one of {}",
+                Quoted(&req.verb),
                 verbs.join(", ")
             ))
         })?;
@@ -315,6 +332,12 @@ impl Auth for AuthService {
     }
 }
 
+/// A user's name as a request gives it: refused before anything is checked or stored when no
+/// user could have it.
+fn user_name(field: &str, name: &str) -> Result<(), Status> {
+    tb_api::name::validate_name(name).map_err(|m| Status::invalid_argument(format!("{field}: {m}")))
+}
+
 /// A kind or alias as `tbctl auth can-i` takes it: object kinds, or User, Token, JoinToken,
 /// AuditLog, ClusterMember.
 fn canonical_kind(s: &str) -> Result<String, Status> {
@@ -332,7 +355,8 @@ fn canonical_kind(s: &str) -> Result<String, Status> {
         return Ok(AUDIT_LOG.into());
     }
     Err(Status::invalid_argument(format!(
-        "kind: unknown kind {s:?}; expected one of {}, User, Token, JoinToken, AuditLog, ClusterMember",
+        "kind: unknown kind {}; expected one of {}, User, Token, JoinToken, AuditLog, ClusterMember",
+        Quoted(s),
         tb_api::kind::KIND_LIST
     )))
 }

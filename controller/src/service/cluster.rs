@@ -56,7 +56,8 @@ fn check_address(addr: &str) -> Result<(), Status> {
         Ok(())
     } else {
         Err(Status::invalid_argument(format!(
-            "address: expected HOST:PORT, got {addr:?}"
+            "address: expected HOST:PORT, got {}",
+            tb_api::bounds::Quoted(addr)
         )))
     }
 }

@@ -129,9 +129,11 @@ impl Nodes for NodesService {
         req: Request<HeartbeatRequest>,
     ) -> Result<TonicResponse<HeartbeatResponse>, Status> {
         let req = req.into_inner();
-        let status: serde_json::Value = serde_json::from_str(&req.status_json)
-            .map_err(|e| Status::invalid_argument(format!("status: not valid JSON: {e}")))?;
-        tb_api::validate::validate_status(Kind::Node, &status)
+        tb_api::name::validate_name(&req.node)
+            .map_err(|m| Status::invalid_argument(format!("node: {m}")))?;
+        // Strict and bounded like any status: the heartbeat is proposed before the store
+        // checks its credential.
+        let status = tb_api::load::parse_status_json(Kind::Node, &req.status_json)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         self.commit(
             &Caller::Anonymous,
@@ -165,6 +167,10 @@ impl Nodes for NodesService {
         } else {
             req.namespace.clone()
         };
+        tb_api::name::validate_name(&req.name)
+            .map_err(|m| Status::invalid_argument(format!("name: {m}")))?;
+        tb_api::name::validate_namespace(&namespace)
+            .map_err(|m| Status::invalid_argument(format!("namespace: {m}")))?;
         let key = ObjectKey {
             kind: kind.as_str().into(),
             namespace: namespace.clone(),

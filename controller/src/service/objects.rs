@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use futures::Stream;
 use serde_json::Value;
+use tb_api::bounds::Quoted;
 use tb_api::proto::objects_server::Objects;
 use tb_api::proto::{
     ApplyRequest, ApplyResponse, ApplyResult as PbApplyResult, DeleteRequest, DeleteResponse,
@@ -25,6 +26,10 @@ use crate::store::{Change, Op, Response};
 
 /// Most objects one apply may carry.
 pub const MAX_OBJECTS_PER_APPLY: usize = 1000;
+/// The longest label selector a list or watch may carry.
+pub const MAX_SELECTOR_BYTES: usize = 16 * 1024;
+/// The longest idempotency key a write may carry (the store remembers it with its answer).
+pub const MAX_REQUEST_ID_BYTES: usize = 128;
 
 pub struct ObjectsService {
     node: Arc<RaftNode>,
@@ -80,23 +85,41 @@ fn unexpected(r: Response) -> Status {
 fn parse_kind(kind: &str, field: &str) -> Result<Kind, Status> {
     Kind::parse(kind).ok_or_else(|| {
         Status::invalid_argument(format!(
-            "{field}: unknown kind {kind:?}; expected one of {}",
+            "{field}: unknown kind {}; expected one of {}",
+            Quoted(kind),
             tb_api::kind::KIND_LIST
         ))
     })
 }
 
 /// The key for a request naming one object, with namespaces defaulted and checked per kind.
+/// A name or namespace no object can have is refused here, before authorization, the audit
+/// log or Raft see it: nothing of a bad request is stored, and its echo is bounded.
 fn object_key(kind: &str, namespace: &str, name: &str) -> Result<ObjectKey, Status> {
     let kind = parse_kind(kind, "kind")?;
     if name.is_empty() {
         return Err(Status::invalid_argument("name: required"));
     }
+    tb_api::name::validate_name(name)
+        .map_err(|m| Status::invalid_argument(format!("name: {m}")))?;
+    let namespace = scope_namespace(kind, namespace);
+    if !namespace.is_empty() {
+        check_namespace(&namespace)?;
+    }
     Ok(ObjectKey {
         kind: kind.as_str().to_string(),
-        namespace: scope_namespace(kind, namespace),
+        namespace,
         name: name.to_string(),
     })
+}
+
+/// A namespace a request names (empty: all namespaces, where the call allows it).
+fn check_namespace(namespace: &str) -> Result<(), Status> {
+    if namespace.is_empty() {
+        return Ok(());
+    }
+    tb_api::name::validate_namespace(namespace)
+        .map_err(|m| Status::invalid_argument(format!("namespace: {m}")))
 }
 
 fn scope_namespace(kind: Kind, namespace: &str) -> String {
@@ -110,14 +133,25 @@ fn scope_namespace(kind: Kind, namespace: &str) -> String {
 }
 
 fn parse_selector(s: &str) -> Result<LabelSelector, Status> {
+    if s.len() > MAX_SELECTOR_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "labelSelector: {} bytes; a selector may be at most {MAX_SELECTOR_BYTES}",
+            s.len()
+        )));
+    }
     LabelSelector::parse(s).map_err(|e| Status::invalid_argument(format!("labelSelector: {e}")))
 }
 
-fn request_id(id: String) -> String {
+fn request_id(id: String) -> Result<String, Status> {
     if id.is_empty() {
-        uuid::Uuid::new_v4().to_string()
+        Ok(uuid::Uuid::new_v4().to_string())
+    } else if id.len() > MAX_REQUEST_ID_BYTES {
+        Err(Status::invalid_argument(format!(
+            "requestId: {} bytes; an idempotency key may be at most {MAX_REQUEST_ID_BYTES}",
+            id.len()
+        )))
     } else {
-        id
+        Ok(id)
     }
 }
 
@@ -189,7 +223,7 @@ impl Objects for ObjectsService {
             }));
         }
         match self
-            .commit(request_id(req.request_id), &caller, Op::Apply { objects })
+            .commit(request_id(req.request_id)?, &caller, Op::Apply { objects })
             .await?
         {
             Response::Applied {
@@ -234,6 +268,7 @@ impl Objects for ObjectsService {
         } else {
             String::new()
         };
+        check_namespace(&namespace)?;
         self.check(
             &caller,
             &Access::new(Verb::List, kind.as_str(), &namespace, ""),
@@ -272,7 +307,10 @@ impl Objects for ObjectsService {
             key,
             resource_version: req.resource_version,
         };
-        match self.commit(request_id(req.request_id), &caller, op).await? {
+        match self
+            .commit(request_id(req.request_id)?, &caller, op)
+            .await?
+        {
             Response::Deleted {
                 object,
                 resource_version,
@@ -301,16 +339,17 @@ impl Objects for ObjectsService {
                 .owned_by(owner.as_deref()),
         )?;
         let kind = parse_kind(&req.kind, "kind")?;
-        let status: Value = serde_json::from_str(&req.status_json)
-            .map_err(|e| Status::invalid_argument(format!("status: not valid JSON: {e}")))?;
-        tb_api::validate::validate_status(kind, &status)
+        let status = tb_api::load::parse_status_json(kind, &req.status_json)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let op = Op::UpdateStatus {
             key,
             status,
             resource_version: req.resource_version,
         };
-        match self.commit(request_id(req.request_id), &caller, op).await? {
+        match self
+            .commit(request_id(req.request_id)?, &caller, op)
+            .await?
+        {
             Response::Status { object } => Ok(TonicResponse::new(UpdateStatusResponse {
                 object_json: object.to_json(),
             })),
@@ -324,7 +363,7 @@ impl Objects for ObjectsService {
     ) -> Result<TonicResponse<RecordEventResponse>, Status> {
         let caller = caller(&req);
         let req = req.into_inner();
-        let mut raw: Object = serde_json::from_str(&req.event_json)
+        let mut raw: Object = tb_api::load::parse_json_strict(&req.event_json)
             .map_err(|e| Status::invalid_argument(format!("event: {e}")))?;
         if raw.metadata.name.is_empty() {
             // The store names events; validation wants a name meanwhile.
@@ -346,7 +385,7 @@ impl Objects for ObjectsService {
         )?;
         match self
             .commit(
-                request_id(req.request_id),
+                request_id(req.request_id)?,
                 &caller,
                 Op::RecordEvent { event },
             )
@@ -380,6 +419,7 @@ impl Objects for ObjectsService {
             },
             selector: parse_selector(&req.label_selector)?,
         };
+        check_namespace(&filter.namespace)?;
         self.check(
             &caller,
             &Access::new(

@@ -17,6 +17,25 @@ use super::users::{AuditRecord, TokenRecord, User, result_code};
 
 /// How many Event objects the store keeps; older ones are dropped.
 pub const MAX_EVENTS: usize = 1000;
+/// How many of the latest events a new one is compared with for aggregation.
+pub const EVENT_AGGREGATION_WINDOW: usize = 50;
+/// An identical event repeated sooner than this after the last one changes nothing; later, its
+/// count is bumped (so a count grows at most once a minute).
+pub const EVENT_REPEAT_INTERVAL_SECS: i64 = 60;
+
+/// Whether `now` is less than [`EVENT_REPEAT_INTERVAL_SECS`] after `last` (both RFC 3339; an
+/// unreadable time is never recent). Deterministic: both times come from commands.
+fn within_repeat_interval(last: &str, now: &str) -> bool {
+    let parse = |s: &str| chrono::DateTime::parse_from_rfc3339(s).ok();
+    match (parse(last), parse(now)) {
+        (Some(last), Some(now)) => {
+            let elapsed = now.signed_duration_since(last);
+            elapsed >= chrono::TimeDelta::zero()
+                && elapsed < chrono::TimeDelta::seconds(EVENT_REPEAT_INTERVAL_SECS)
+        }
+        _ => false,
+    }
+}
 /// How many idempotency keys (and their answers) the store remembers.
 pub const MAX_DEDUP: usize = 20_000;
 
@@ -449,9 +468,9 @@ impl State {
         (Response::Status { object: stored }, changes)
     }
 
-    fn record_event(&mut self, index: u64, now: &str, event: &Object) -> (Response, Vec<Change>) {
-        // A repeat of a recent identical event (same object, reason, message) bumps its count
-        // instead of growing the list, as Kubernetes aggregates events.
+    /// Where in `events` the recent event identical to `event` (same object, type, reason and
+    /// message) is, among the last [`EVENT_AGGREGATION_WINDOW`] recorded.
+    fn identical_event(&self, event: &Object) -> Option<usize> {
         let same = |e: &Object| {
             e.metadata.namespace == event.metadata.namespace
                 && e.spec.get("involvedObject") == event.spec.get("involvedObject")
@@ -459,10 +478,47 @@ impl State {
                 && e.spec.get("message") == event.spec.get("message")
                 && e.spec.get("type") == event.spec.get("type")
         };
-        let recent = self.events.iter().rev().take(50).position(|e| same(e));
+        let back = self
+            .events
+            .iter()
+            .rev()
+            .take(EVENT_AGGREGATION_WINDOW)
+            .position(|e| same(e))?;
+        Some(self.events.len() - 1 - back)
+    }
+
+    /// Whether recording `event` at `now` would change nothing: an identical event was
+    /// recorded (or bumped) less than [`EVENT_REPEAT_INTERVAL_SECS`] before. The scheduler asks
+    /// this so as not to propose such writes at all.
+    pub fn event_is_fresh(&self, event: &Object, now: &str) -> bool {
+        self.identical_event(event).is_some_and(|pos| {
+            let last = self.events[pos]
+                .spec
+                .get("lastTimestamp")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            within_repeat_interval(last, now)
+        })
+    }
+
+    fn record_event(&mut self, index: u64, now: &str, event: &Object) -> (Response, Vec<Change>) {
+        // A repeat of a recent identical event (same object, reason, message) bumps its count
+        // instead of growing the list, as Kubernetes aggregates events; and at most once per
+        // EVENT_REPEAT_INTERVAL_SECS, so that something retried in a loop (by a nodelet, or a
+        // scheduler that cannot act on an object) changes nothing and wakes no watcher.
+        let recent = self.identical_event(event);
         let mut changes = Vec::new();
-        let stored = if let Some(back) = recent {
-            let pos = self.events.len() - 1 - back;
+        if let Some(pos) = recent
+            && self.event_is_fresh(event, now)
+        {
+            return (
+                Response::Event {
+                    object: self.events[pos].clone(),
+                },
+                changes,
+            );
+        }
+        let stored = if let Some(pos) = recent {
             let mut obj = (*self.events[pos]).clone();
             let count = obj.spec.get("count").and_then(Value::as_u64).unwrap_or(1) + 1;
             if let Value::Object(spec) = &mut obj.spec {
@@ -950,12 +1006,39 @@ mod tests {
             e.metadata.name = String::new();
             e
         };
+        let at = |now: &str, op: Op| Command {
+            now: now.into(),
+            ..cmd("", op)
+        };
         s.apply(1, &cmd("", Op::RecordEvent { event: ev("hello") }));
-        let (r, _) = s.apply(2, &cmd("", Op::RecordEvent { event: ev("hello") }));
+        // Again within the minute: nothing changes, no watcher is woken.
+        let (r, changes) = s.apply(
+            2,
+            &at(
+                "2026-01-01T00:00:59.999Z",
+                Op::RecordEvent { event: ev("hello") },
+            ),
+        );
+        let Response::Event { object } = r else {
+            panic!()
+        };
+        assert_eq!(object.spec["count"], 1);
+        assert!(changes.is_empty());
+        assert!(s.event_is_fresh(&ev("hello"), "2026-01-01T00:00:30Z"));
+        assert!(!s.event_is_fresh(&ev("hello"), "2026-01-01T00:01:00Z"));
+        // A minute later the count is bumped.
+        let (r, changes) = s.apply(
+            3,
+            &at(
+                "2026-01-01T00:01:00Z",
+                Op::RecordEvent { event: ev("hello") },
+            ),
+        );
         let Response::Event { object } = r else {
             panic!()
         };
         assert_eq!(object.spec["count"], 2);
+        assert_eq!(changes.len(), 1);
         assert_eq!(s.events.len(), 1);
         for i in 0..(MAX_EVENTS + 10) {
             s.apply(

@@ -11,6 +11,10 @@ use super::state::State;
 
 /// How many audit records the store keeps; older ones are dropped.
 pub const MAX_AUDIT: usize = 10_000;
+/// How many bytes of audit records the store keeps (counted as [`AuditRecord::size`]); older
+/// records are dropped. Every field of a record is cut to 1 KiB, so one record weighs at most
+/// about 7 KiB and a full log holds at least a thousand.
+pub const MAX_AUDIT_BYTES: usize = 8 * 1024 * 1024;
 
 /// The name of the user created with a new cluster.
 pub const ADMIN_USER: &str = "admin";
@@ -86,6 +90,42 @@ pub struct AuditRecord {
     pub name: String,
     /// `ok`, or the gRPC code of the refusal.
     pub result: String,
+}
+
+impl AuditRecord {
+    /// The record with every field cut to [`tb_api::bounds::MAX_ECHO_BYTES`] (with the real
+    /// length): what a caller sends is never stored whole in the audit log.
+    pub fn bounded(self) -> AuditRecord {
+        let cut = |s: String| {
+            if s.len() > tb_api::bounds::MAX_ECHO_BYTES {
+                tb_api::bounds::excerpt(&s)
+            } else {
+                s
+            }
+        };
+        AuditRecord {
+            time: cut(self.time),
+            user: cut(self.user),
+            verb: cut(self.verb),
+            kind: cut(self.kind),
+            namespace: cut(self.namespace),
+            name: cut(self.name),
+            result: cut(self.result),
+        }
+    }
+
+    /// What the record weighs against [`MAX_AUDIT_BYTES`]: its text plus a little for the record.
+    pub fn size(&self) -> usize {
+        const RECORD: usize = 64;
+        RECORD
+            + self.time.len()
+            + self.user.len()
+            + self.verb.len()
+            + self.kind.len()
+            + self.namespace.len()
+            + self.name.len()
+            + self.result.len()
+    }
 }
 
 /// The gRPC code name a store refusal becomes, for the audit log.
@@ -215,9 +255,15 @@ impl State {
     }
 
     pub(crate) fn audit(&mut self, record: AuditRecord) {
-        self.audit.push_back(record);
-        while self.audit.len() > MAX_AUDIT {
-            self.audit.pop_front();
+        self.audit.push_back(record.bounded());
+        // Summed each time rather than kept in the state, so that snapshots written before
+        // the byte bound existed are bounded too; 10,000 lengths are quickly added.
+        let mut bytes: usize = self.audit.iter().map(AuditRecord::size).sum();
+        while self.audit.len() > MAX_AUDIT || bytes > MAX_AUDIT_BYTES {
+            match self.audit.pop_front() {
+                Some(old) => bytes -= old.size(),
+                None => break,
+            }
         }
     }
 
@@ -392,5 +438,43 @@ mod tests {
         }
         assert_eq!(s.audit.len(), MAX_AUDIT);
         assert_eq!(s.audit.front().map(|r| r.name.as_str()), Some("5"));
+    }
+
+    #[test]
+    fn audit_records_are_cut_and_the_log_is_bounded_in_bytes() {
+        let mut s = State::default();
+        let record = |name: String| AuditRecord {
+            time: String::new(),
+            user: "viewer".into(),
+            verb: "delete".into(),
+            kind: "Model".into(),
+            namespace: "default".into(),
+            name,
+            result: "PermissionDenied".into(),
+        };
+        run(
+            &mut s,
+            1,
+            "",
+            Op::RecordAudit {
+                record: record("x".repeat(10 << 20)),
+            },
+        );
+        let stored = &s.audit[0].name;
+        assert!(stored.len() < 1100, "{}", stored.len());
+        assert!(stored.ends_with("…(10485760 bytes)"), "{stored}");
+        // Records of 1 KiB names: the byte bound is reached long before the count.
+        for i in 0..(MAX_AUDIT as u64) {
+            let op = Op::RecordAudit {
+                record: record(format!("{i}-{}", "y".repeat(1000))),
+            };
+            run(&mut s, i + 2, "", op);
+        }
+        let bytes: usize = s.audit.iter().map(AuditRecord::size).sum();
+        assert!(bytes <= MAX_AUDIT_BYTES, "{bytes}");
+        assert!(s.audit.len() < MAX_AUDIT, "{}", s.audit.len());
+        assert!(s.audit.len() > 7000, "{}", s.audit.len());
+        let last = format!("{}-", MAX_AUDIT - 1);
+        assert!(s.audit.back().is_some_and(|r| r.name.starts_with(&last)));
     }
 }

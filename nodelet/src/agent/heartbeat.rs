@@ -26,6 +26,8 @@ pub struct NodeInfo {
     pub reserve_bytes: Option<u64>,
     /// The topology file, when one was given: its capacity for this Mac replaces the measured.
     pub topology: Option<Arc<Topology>>,
+    /// The `JobIsolation` condition: (status, reason, message).
+    pub isolation: (bool, &'static str, String),
 }
 
 /// The Node's ports and link-probe server, kept current by [`Links::refresh`].
@@ -75,7 +77,17 @@ pub fn observe(
         let usage = s.usage();
         status.allocated_bytes = usage.allocated_bytes;
         status.allocations = usage.allocations;
+        status.job_disk_bytes = usage.job_disk_bytes;
     }
+    let (isolated, reason, message) = &info.isolation;
+    set_condition(
+        &mut status.conditions,
+        super::accounts::CONDITION,
+        *isolated,
+        reason,
+        message,
+        &stamp,
+    );
     let measured = cap.as_ref().ok().map(|c| {
         (
             NodeCapacity {
@@ -231,6 +243,7 @@ mod tests {
             port_range: PortRange { start: 1, end: 2 },
             reserve_bytes: None,
             topology: Some(topology.clone()),
+            isolation: (false, "SingleUser", String::new()),
         };
         let status = observe(&info, None, topology.ports(), 7700);
         assert_eq!(status.capacity.memory, "64Gi");
@@ -243,6 +256,7 @@ mod tests {
         assert_eq!(status.ports[0].uuid, "m/tb1");
         assert_eq!(condition(&status, "Ready"), Some("True"));
         assert_eq!(condition(&status, "RDMAEnabled"), Some("True"));
+        assert_eq!(condition(&status, "JobIsolation"), Some("False"));
 
         // Without the file: the measured capacity (whatever this machine has), no ports.
         let info = NodeInfo {

@@ -50,17 +50,37 @@ fn since_cutoff(since_seconds: u64, now: DateTime<Utc>) -> Option<DateTime<Utc>>
         .and_then(|span| now.checked_sub_signed(span))
 }
 
-/// A stored line as sent: its time only when asked for (empty when unknown).
-fn log_line(rank: u32, stream: &str, line: StampedLine, timestamps: bool) -> LogLine {
-    LogLine {
-        rank,
-        stream: stream.into(),
-        line: line.text,
-        time: if timestamps {
-            line.time.unwrap_or_default()
-        } else {
-            String::new()
-        },
+/// The most text one LogLine carries: a gRPC message is at most 4 MiB by default, so a longer
+/// line is sent in pieces, every one but the last marked `partial`.
+pub const MAX_PIECE: usize = 1024 * 1024;
+
+/// A stored line as sent: its time only when asked for (empty when unknown), in pieces of at
+/// most [`MAX_PIECE`] bytes (cut at character boundaries).
+fn log_line(rank: u32, stream: &str, line: StampedLine, timestamps: bool) -> Vec<LogLine> {
+    let time = if timestamps {
+        line.time.unwrap_or_default()
+    } else {
+        String::new()
+    };
+    let mut text = line.text.as_str();
+    let mut pieces = Vec::with_capacity(text.len() / MAX_PIECE + 1);
+    loop {
+        let mut cut = text.len().min(MAX_PIECE);
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let (piece, rest) = text.split_at(cut);
+        pieces.push(LogLine {
+            rank,
+            stream: stream.into(),
+            line: piece.to_string(),
+            time: time.clone(),
+            partial: !rest.is_empty(),
+        });
+        if rest.is_empty() {
+            return pieces;
+        }
+        text = rest;
     }
 }
 
@@ -96,7 +116,7 @@ impl Nodelet for LogsService {
                     .map_err(|e| Status::internal(e.to_string()))?;
                 lines.extend(
                     read.into_iter()
-                        .map(|line| log_line(rank, name, line, timestamps)),
+                        .flat_map(|line| log_line(rank, name, line, timestamps)),
                 );
             }
             return Ok(Response::new(Box::pin(futures::stream::iter(
@@ -115,7 +135,13 @@ impl Nodelet for LogsService {
             }
         };
         let lines = follow_stamped(logs, LogStream::Both, from, since, ended).await;
-        let stream = lines.map(move |line| Ok(log_line(rank, "stdout", line, timestamps)));
+        let stream = lines.flat_map(move |line| {
+            futures::stream::iter(
+                log_line(rank, "stdout", line, timestamps)
+                    .into_iter()
+                    .map(Ok),
+            )
+        });
         Ok(Response::new(Box::pin(stream)))
     }
 }

@@ -1,9 +1,12 @@
 //! The running nodelet: joins (or reuses its credential), serves its logs (over TLS with the node
 //! certificate from its join, `tls`), heartbeats (with its ports, from discovery or a topology
 //! file), serves and runs link probes, and supervises the allocations the controllers assign to
-//! it.
+//! it — each rank under its namespace's account (`accounts`), in a data dir whose modes keep
+//! tb's credentials from the jobs (`dirs`).
 
+pub mod accounts;
 pub mod controllers;
+pub mod dirs;
 pub mod heartbeat;
 pub mod identity;
 pub mod logs;
@@ -54,15 +57,43 @@ pub struct Config {
     pub probe_port: u16,
     /// How much each link probe measures.
     pub probe: ProbeConfig,
+    /// Which accounts jobs run as.
+    pub isolation: accounts::IsolationConfig,
+    /// Past this many bytes under `allocs/`, the oldest finished allocations' dirs are removed.
+    pub job_disk_limit: u64,
 }
+
+/// The default `--job-disk-limit`: 10 GiB.
+pub const DEFAULT_JOB_DISK_LIMIT: u64 = 10 << 30;
 
 pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
     tb_api::name::validate_name(&cfg.name).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
     // Ranks run in their own working directories: every path handed to them must be absolute.
     cfg.data_dir = std::path::absolute(&cfg.data_dir)
         .with_context(|| format!("--data-dir {}", cfg.data_dir.display()))?;
-    std::fs::create_dir_all(&cfg.data_dir)
-        .with_context(|| format!("creating {}", cfg.data_dir.display()))?;
+    dirs::secure_data_dir(&cfg.data_dir)
+        .with_context(|| format!("preparing --data-dir {}", cfg.data_dir.display()))?;
+    let policy = Arc::new(accounts::Policy::load(&cfg.isolation, &cfg.data_dir)?);
+    match policy.single_user() {
+        Some(accounts::SingleUser::NotRoot) => tracing::warn!(
+            "not running as root: every job runs as this nodelet's own account and can read              its credential (single-user; the Node says JobIsolation=False)"
+        ),
+        Some(accounts::SingleUser::Asked) => tracing::warn!(
+            "--single-user: every job runs as this nodelet's own account (a development cluster)"
+        ),
+        None => {
+            if let Some(dir) = dirs::untraversable_ancestor(&cfg.data_dir) {
+                tracing::warn!(
+                    "{} is closed to other accounts: jobs cannot reach their work dirs under {}                      (give it o+x, or choose another --data-dir)",
+                    dir.display(),
+                    cfg.data_dir.display()
+                );
+            }
+        }
+    }
+    if let Err(e) = crate::exec::contain::become_subreaper() {
+        tracing::info!("{e}");
+    }
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("binding {}", cfg.listen))?;
@@ -82,6 +113,7 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         port_range: cfg.port_range,
         reserve_bytes: cfg.reserve_bytes,
         topology: cfg.topology.clone(),
+        isolation: policy.condition(),
     };
     let source = match &cfg.topology {
         Some(t) => Source::Static(t.clone()),
@@ -143,6 +175,8 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         cfg.data_dir.clone(),
         allocatable,
         controllers.clone(),
+        policy,
+        cfg.job_disk_limit,
     );
     tokio::spawn(supervisor.clone().run());
     tokio::spawn(heartbeat::run(

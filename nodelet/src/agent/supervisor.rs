@@ -1,9 +1,15 @@
 //! Runs this node's allocations: watches the Allocations assigned to it (a gRPC stream, so a new
 //! one starts without polling delay), starts each exactly once, reports how it goes, and stops —
 //! fences — any process whose allocation is gone, told to stop, or of another epoch.
+//!
+//! Each rank runs as its namespace's account (`super::accounts`) in directories laid out by
+//! `super::dirs`, and is contained (`crate::exec::contain`): what it leaves behind is killed
+//! with it. An allocation's directory is removed when the allocation is deleted, and the
+//! oldest finished ones go first when the jobs' disk use passes `--job-disk-limit`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,19 +22,28 @@ use tb_api::specs::{
 use tb_api::{Kind, Object};
 use tokio::sync::{Notify, oneshot};
 
+use super::accounts::{Account, Policy};
 use super::controllers::{Controllers, retryable};
+use super::dirs::{self, AllocDirs};
 use crate::builtin::command::{TERMINATION_MESSAGE_ENV, shard_command};
 use crate::exec;
+use crate::exec::contain::{self, Scope};
 use crate::mlx;
 
 /// How often rank 0 of a built-in service is asked whether it is ready.
 const READINESS_EVERY: Duration = Duration::from_secs(1);
+/// How often the jobs' disk use is measured (also after every allocation ends).
+const DISK_EVERY: Duration = Duration::from_secs(30);
+/// The most of a termination message read.
+const TERMINATION_MESSAGE_LIMIT: u64 = 4096;
 
 /// What the heartbeat reports about the work here.
 #[derive(Debug, Clone, Default)]
 pub struct Usage {
     pub allocated_bytes: u64,
     pub allocations: Vec<String>,
+    /// Bytes on disk under `allocs/` at the last measurement.
+    pub job_disk_bytes: u64,
 }
 
 /// One allocation's process, while it lives.
@@ -37,6 +52,8 @@ struct Live {
     key: String,
     epoch: u64,
     memory_bytes: u64,
+    /// The dynamic uid it runs as, if any: no sweep kills by uid while another runs under it.
+    dynamic_uid: Option<u32>,
     stop: Option<oneshot::Sender<()>>,
 }
 
@@ -45,9 +62,17 @@ pub struct Supervisor {
     data_dir: PathBuf,
     allocatable_bytes: u64,
     controllers: Arc<Controllers>,
+    policy: Arc<Policy>,
     live: Mutex<HashMap<String, Live>>,
     /// Allocations this nodelet started (or refused) once: never started again.
     seen: Mutex<HashSet<String>>,
+    /// `namespace/name` of every allocation the controllers list for this node now.
+    wanted: Mutex<HashSet<String>>,
+    /// Whether the dirs of allocations deleted while the nodelet was away have been removed.
+    tidied: AtomicBool,
+    job_disk_bytes: AtomicU64,
+    job_disk_limit: u64,
+    ended: Notify,
     changed: Notify,
 }
 
@@ -70,14 +95,22 @@ impl Supervisor {
         data_dir: PathBuf,
         allocatable_bytes: u64,
         controllers: Arc<Controllers>,
+        policy: Arc<Policy>,
+        job_disk_limit: u64,
     ) -> Arc<Self> {
         Arc::new(Supervisor {
             node,
             data_dir,
             allocatable_bytes,
             controllers,
+            policy,
             live: Mutex::new(HashMap::new()),
             seen: Mutex::new(HashSet::new()),
+            wanted: Mutex::new(HashSet::new()),
+            tidied: AtomicBool::new(false),
+            job_disk_bytes: AtomicU64::new(0),
+            job_disk_limit,
+            ended: Notify::new(),
             changed: Notify::new(),
         })
     }
@@ -92,6 +125,7 @@ impl Supervisor {
         Usage {
             allocated_bytes: live.values().map(|l| l.memory_bytes).sum(),
             allocations,
+            job_disk_bytes: self.job_disk_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -101,42 +135,64 @@ impl Supervisor {
     }
 
     /// Processes left by an earlier run of this nodelet cannot be supervised (they are not our
-    /// children): kill them, and report their allocations lost so their jobs are placed anew.
+    /// children): kill those it can prove are its own, and report their allocations lost so
+    /// their jobs are placed anew. A pid file's process is killed only while its pid, start time
+    /// and account still match (a number alone may name a stranger by now); everything under
+    /// tb's dynamic uids is tb's own, since nothing of this run has started yet.
     pub fn reap_orphans(&self) -> Vec<(String, String)> {
         let mut reaped = Vec::new();
-        let root = self.data_dir.join("allocs");
-        let Ok(namespaces) = std::fs::read_dir(&root) else {
-            return reaped;
-        };
-        for ns in namespaces.flatten() {
-            let Ok(allocs) = std::fs::read_dir(ns.path()) else {
-                continue;
-            };
-            for a in allocs.flatten() {
-                let pid_file = a.path().join("pid");
+        let dynamic = self.policy.dynamic_uids();
+        for ns in dirs::read_dirs(&self.data_dir.join("allocs")) {
+            for a in dirs::read_dirs(&ns) {
+                let pid_file = a.join("pid");
                 let Ok(text) = std::fs::read_to_string(&pid_file) else {
                     continue;
                 };
-                if let Some(pid) = text
-                    .split_whitespace()
-                    .next()
-                    .and_then(|p| p.parse::<i32>().ok())
-                {
-                    kill_group(pid);
-                    tracing::warn!(pid, alloc = %a.path().display(), "killed a process left by an earlier nodelet");
+                match PidFile::parse(&text) {
+                    Some(p) if p.is_alive() => {
+                        kill_group(p.pid);
+                        let killed = Scope::new(p.allocation.clone()).sweep(Some((p.pid, p.start)));
+                        tracing::warn!(pid = p.pid, killed, alloc = %a.display(), "killed the processes of an allocation left by an earlier nodelet");
+                    }
+                    Some(p) => {
+                        tracing::info!(pid = p.pid, alloc = %a.display(), "the pid file's process is gone (its pid names another process now, or none): nothing to kill");
+                    }
+                    None => {
+                        tracing::warn!(alloc = %a.display(), "a pid file without the process's start time cannot prove whose the pid is: left alone");
+                    }
                 }
                 let _ = std::fs::remove_file(&pid_file);
-                let namespace = ns.file_name().to_string_lossy().to_string();
-                let name = a.file_name().to_string_lossy().to_string();
+                let namespace = ns
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .to_string();
+                let name = a
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .to_string();
                 reaped.push((namespace, name));
             }
+        }
+        let killed = contain::sweep_uids(&dynamic);
+        if killed > 0 {
+            tracing::warn!(
+                killed,
+                "killed processes of tb's job accounts left by an earlier nodelet"
+            );
         }
         reaped
     }
 
     /// Follow this node's allocations until the process ends.
     pub async fn run(self: Arc<Self>) {
-        let orphans = self.reap_orphans();
+        dirs::empty_trash(&self.data_dir);
+        let me = self.clone();
+        let orphans = tokio::task::spawn_blocking(move || me.reap_orphans())
+            .await
+            .unwrap_or_default();
+        tokio::spawn(self.clone().keep_disk_use());
         for (namespace, name) in orphans {
             let status = AllocationStatus {
                 phase: AllocationPhase::Lost,
@@ -246,8 +302,10 @@ impl Supervisor {
         }
     }
 
-    /// Start what should run and is not running; stop what runs and should not.
+    /// Start what should run and is not running; stop what runs and should not; remove the
+    /// directories of allocations that are gone.
     fn reconcile(self: &Arc<Self>, desired: &BTreeMap<String, (Object, AllocationSpec)>) {
+        self.forget_gone(desired);
         // Fencing first: anything not wanted, or wanted under another epoch, stops.
         {
             let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
@@ -289,6 +347,20 @@ impl Supervisor {
         let k = incarnation(&obj);
         let (namespace, name) = (obj.metadata.namespace.clone(), obj.metadata.name.clone());
         let (stop_tx, stop_rx) = oneshot::channel();
+        let account = match self.policy.account_for(&namespace) {
+            Ok(a) => a,
+            Err(message) => {
+                let status = AllocationStatus {
+                    phase: AllocationPhase::Failed,
+                    reason: "NoJobAccount".into(),
+                    message,
+                    finished_at: now(),
+                    ..Default::default()
+                };
+                self.report(&namespace, &name, &status).await;
+                return;
+            }
+        };
         // Resource guard: what runs here never exceeds what the node may hand out.
         let refused = {
             let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
@@ -300,6 +372,7 @@ impl Supervisor {
                         key: key(&obj),
                         epoch: spec.epoch,
                         memory_bytes: spec.memory_bytes,
+                        dynamic_uid: account.as_ref().filter(|a| a.dynamic).map(|a| a.uid),
                         stop: Some(stop_tx),
                     },
                 );
@@ -323,23 +396,137 @@ impl Supervisor {
             self.report(&namespace, &name, &status).await;
             return;
         }
-        let status = self.supervise(&namespace, &name, &spec, stop_rx).await;
+        let status = self.supervise(&obj, &spec, account.as_ref(), stop_rx).await;
         self.live
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&k);
         self.report(&namespace, &name, &status).await;
+        // Deleted while it ran: its directory goes now that nothing runs in it.
+        self.remove_dir_if_gone(&key(&obj));
+        self.ended.notify_one();
         self.changed.notify_waiters();
+    }
+
+    /// Removes the directories of allocations no longer listed for this node (deleted: by
+    /// their job's deletion, ttl, or a retired epoch), unless a process still runs in them.
+    /// After the first full listing also those deleted while this nodelet was away.
+    fn forget_gone(&self, desired: &BTreeMap<String, (Object, AllocationSpec)>) {
+        let now: HashSet<String> = desired.keys().cloned().collect();
+        let gone: Vec<String> = {
+            let mut wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
+            let gone = wanted.difference(&now).cloned().collect();
+            *wanted = now;
+            gone
+        };
+        for k in gone {
+            self.remove_dir_if_gone(&k);
+        }
+        if !self.tidied.swap(true, Ordering::Relaxed) {
+            for ns in dirs::read_dirs(&self.data_dir.join("allocs")) {
+                for a in dirs::read_dirs(&ns) {
+                    let k = format!(
+                        "{}/{}",
+                        ns.file_name().unwrap_or_default().to_string_lossy(),
+                        a.file_name().unwrap_or_default().to_string_lossy()
+                    );
+                    self.remove_dir_if_gone(&k);
+                }
+            }
+        }
+    }
+
+    fn remove_dir_if_gone(&self, k: &str) {
+        let Some((namespace, name)) = k.split_once('/') else {
+            return;
+        };
+        let wanted = self
+            .wanted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(k);
+        let running = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .any(|l| l.key == k);
+        if !wanted && !running {
+            dirs::remove_alloc(
+                &self.data_dir,
+                &Self::alloc_dir(&self.data_dir, namespace, name),
+            );
+        }
+    }
+
+    /// Measures the jobs' disk use (every [`DISK_EVERY`] and after each allocation ends) and,
+    /// past `--job-disk-limit`, removes the oldest finished allocations' directories first.
+    async fn keep_disk_use(self: Arc<Self>) {
+        loop {
+            let me = self.clone();
+            let _ = tokio::task::spawn_blocking(move || me.measure_and_trim()).await;
+            tokio::select! {
+                _ = tokio::time::sleep(DISK_EVERY) => {}
+                _ = self.ended.notified() => {}
+            }
+        }
+    }
+
+    fn measure_and_trim(&self) {
+        // Orphans of ranks that exited on their own (the nodelet adopted them): reap them.
+        contain::reap_adopted();
+        let allocs = self.data_dir.join("allocs");
+        let mut total = dirs::disk_usage(&allocs);
+        if total > self.job_disk_limit {
+            let running: HashSet<String> = self
+                .live
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .map(|l| l.key.clone())
+                .collect();
+            // Finished (nothing runs in it), oldest first: by when it ended, else last change.
+            let mut finished: Vec<(std::time::SystemTime, String, PathBuf)> = Vec::new();
+            for ns in dirs::read_dirs(&allocs) {
+                for a in dirs::read_dirs(&ns) {
+                    let k = format!(
+                        "{}/{}",
+                        ns.file_name().unwrap_or_default().to_string_lossy(),
+                        a.file_name().unwrap_or_default().to_string_lossy()
+                    );
+                    if running.contains(&k) || a.join("pid").exists() {
+                        continue;
+                    }
+                    let when = std::fs::metadata(a.join("exit.json"))
+                        .or_else(|_| std::fs::metadata(&a))
+                        .and_then(|m| m.modified())
+                        .unwrap_or(std::time::UNIX_EPOCH);
+                    finished.push((when, k, a));
+                }
+            }
+            finished.sort();
+            for (_, k, dir) in finished {
+                if total <= self.job_disk_limit {
+                    break;
+                }
+                let bytes = dirs::disk_usage(&dir);
+                tracing::warn!(alloc = %k, bytes, limit = self.job_disk_limit, "jobs use more disk than --job-disk-limit: removing the oldest finished allocation's directory");
+                dirs::remove_alloc(&self.data_dir, &dir);
+                total = total.saturating_sub(bytes);
+            }
+        }
+        self.job_disk_bytes.store(total, Ordering::Relaxed);
     }
 
     /// Prepare, start and watch over one allocation's process; returns how it ended.
     async fn supervise(
-        &self,
-        namespace: &str,
-        name: &str,
+        self: &Arc<Self>,
+        obj: &Object,
         spec: &AllocationSpec,
+        account: Option<&Account>,
         stop: oneshot::Receiver<()>,
     ) -> AllocationStatus {
+        let (namespace, name) = (&obj.metadata.namespace[..], &obj.metadata.name[..]);
         let dir = Self::alloc_dir(&self.data_dir, namespace, name);
         let failed = |reason: &str, message: String| AllocationStatus {
             phase: AllocationPhase::Failed,
@@ -360,20 +547,38 @@ impl Supervisor {
                 Err(e) => return failed("StagingFailed", e),
             }
         }
-        let prepared = prepare(&dir, namespace, spec, staged_path.as_deref());
-        let exec_spec = match prepared {
+        if let Some(p) = &staged_path {
+            // tb-shard runs as the job's account: the cache must be readable to it.
+            let models = self.data_dir.join("models");
+            if p.starts_with(&models) {
+                dirs::share_tree(&models);
+            }
+        }
+        let inc = incarnation(obj);
+        let prepared = prepare(&dir, namespace, spec, staged_path.as_deref(), account, &inc);
+        let (mut exec_spec, alloc_dirs) = match prepared {
             Ok(s) => s,
             Err(Prepare::Model(e)) => return failed("ModelNotFound", e),
             Err(Prepare::Other(e)) => return failed("InvalidSpec", format!("{e:#}")),
         };
-        let termination = dir.join("termination-message");
+        exec_spec.scope = Some(self.scope_of(obj, &inc, account));
+        let termination = alloc_dirs.termination_message();
         let _ = std::fs::remove_file(&termination);
         let mut running = match exec::spawn(exec_spec) {
             Ok(r) => r,
             Err(e) => return failed(e.reason(), e.to_string()),
         };
         let pid = running.pid();
-        let _ = std::fs::write(dir.join("pid"), format!("{pid} {}\n", spec.epoch));
+        let pid_file = PidFile {
+            pid: pid as i32,
+            start: running.start_time(),
+            uid: account.map_or_else(|| nix::unistd::geteuid().as_raw(), |a| a.uid),
+            epoch: spec.epoch,
+            allocation: inc.clone(),
+        };
+        if let Err(e) = dirs::write_private(&dir.join("pid"), pid_file.to_string().as_bytes()) {
+            tracing::warn!(alloc = %inc, "{e:#}");
+        }
         let started_at = now();
         let running_status = AllocationStatus {
             phase: AllocationPhase::Running,
@@ -426,7 +631,7 @@ impl Supervisor {
                 };
                 // A process may say why it failed (tb-shard does): `Reason\nmessage`.
                 if status.phase == AllocationPhase::Failed
-                    && let Ok(text) = std::fs::read_to_string(&termination)
+                    && let Some(text) = dirs::read_job_file(&termination, TERMINATION_MESSAGE_LIMIT)
                 {
                     let (reason, message) = text.split_once('\n').unwrap_or(("Error", &text));
                     let reason: String = reason
@@ -446,9 +651,32 @@ impl Supervisor {
                 status.message = e.to_string();
             }
         }
-        let _ = std::fs::write(dir.join("exit.json"), status.to_value().to_string());
+        let _ = dirs::write_private(
+            &dir.join("exit.json"),
+            status.to_value().to_string().as_bytes(),
+        );
         tracing::info!(alloc = %format!("{namespace}/{name}"), phase = ?status.phase, "{}", status.message);
         status
+    }
+
+    /// What belongs to an allocation: its marker, its cgroup (Linux, cgroup v2), and its dynamic
+    /// uid while no other allocation here runs under it.
+    fn scope_of(self: &Arc<Self>, obj: &Object, inc: &str, account: Option<&Account>) -> Scope {
+        let exclusive_uid: Option<contain::ExclusiveUid> = account.filter(|a| a.dynamic).map(|a| {
+            let (me, uid, inc) = (self.clone(), a.uid, inc.to_string());
+            Arc::new(move || {
+                let live = me.live.lock().unwrap_or_else(|e| e.into_inner());
+                let shared = live
+                    .iter()
+                    .any(|(k, l)| k != &inc && l.dynamic_uid == Some(uid));
+                (!shared).then_some(uid)
+            }) as contain::ExclusiveUid
+        });
+        Scope {
+            id: inc.to_string(),
+            cgroup: contain::Cgroup::create(&obj.metadata.uid).map(Arc::new),
+            exclusive_uid,
+        }
     }
 
     /// Stages a built-in rank's shard from the nodes that hold the model, reporting progress in
@@ -675,20 +903,18 @@ async fn healthy(addr: &str) -> bool {
     )
 }
 
-/// The process to start: its directories, the MLX files and environment, the command.
+/// The process to start: its directories, the MLX files and environment, the command, the
+/// account.
 fn prepare(
     dir: &Path,
     namespace: &str,
     spec: &AllocationSpec,
     staged: Option<&Path>,
-) -> Result<exec::Spec, Prepare> {
-    let work = match &spec.working_dir {
-        Some(w) if Path::new(w).is_absolute() => PathBuf::from(w),
-        Some(w) => dir.join("work").join(w),
-        None => dir.join("work"),
-    };
-    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    let logs = dir.join("logs");
+    account: Option<&Account>,
+    incarnation: &str,
+) -> Result<(exec::Spec, AllocDirs), Prepare> {
+    let (alloc_dirs, work) = dirs::prepare_alloc(dir, account, spec.working_dir.as_deref())?;
+    let logs = alloc_dirs.logs.clone();
     let mut env = spec.env.clone();
     let job = if namespace == "default" {
         spec.job.name.clone()
@@ -707,6 +933,7 @@ fn prepare(
             .context("the allocation's MLX hosts")?;
         let hostfile = dir.join("hostfile.json");
         mlx::write_atomic(&hostfile, &mlx::ring_hostfile(&ranks)?)?;
+        dirs::give_file(&hostfile, account)?;
         files.hostfile_path = Some(hostfile);
         if let Some(matrix) = &m.ibv_devices {
             let matrix: Vec<Vec<Vec<String>>> = matrix
@@ -715,6 +942,7 @@ fn prepare(
                 .collect();
             let devices = dir.join("ibv_devices.json");
             mlx::write_atomic(&devices, &mlx::ibv_devices(&matrix)?)?;
+            dirs::give_file(&devices, account)?;
             files.ibv_devices_path = Some(devices);
         }
         coordinator = m.coordinator.clone();
@@ -752,10 +980,22 @@ fn prepare(
         env.insert("TB_RESUME_FROM".into(), newest.display().to_string());
     }
     env.insert("TB_ALLOCATION_DIR".into(), dir.display().to_string());
+    env.insert(contain::MARKER_ENV.into(), incarnation.to_string());
+    if let Some(a) = account {
+        // The nodelet's HOME and TMPDIR are not the job's to use.
+        env.entry("HOME".into())
+            .or_insert_with(|| alloc_dirs.work.display().to_string());
+        env.entry("TMPDIR".into())
+            .or_insert_with(|| alloc_dirs.tmp().display().to_string());
+        if let Some(name) = &a.name {
+            env.insert("USER".into(), name.clone());
+            env.insert("LOGNAME".into(), name.clone());
+        }
+    }
     let command = if spec.executor == Executor::Builtin {
         env.insert(
             TERMINATION_MESSAGE_ENV.into(),
-            dir.join("termination-message").display().to_string(),
+            alloc_dirs.termination_message().display().to_string(),
         );
         shard_command(&shard_binary(), spec, staged).map_err(Prepare::Model)?
     } else {
@@ -763,7 +1003,51 @@ fn prepare(
     };
     let mut s = exec::Spec::new(command, work, logs);
     s.env = env;
-    Ok(s)
+    s.run_as = account.map(Account::run_as);
+    Ok((s, alloc_dirs))
+}
+
+/// What a pid file records: enough to prove, after a restart, that a pid still names the
+/// process tb started (pid, start time, account), and the allocation it ran for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PidFile {
+    pid: i32,
+    start: u64,
+    uid: u32,
+    epoch: u64,
+    allocation: String,
+}
+
+impl std::fmt::Display for PidFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "{} {} {} {} {}",
+            self.pid, self.start, self.uid, self.epoch, self.allocation
+        )
+    }
+}
+
+impl PidFile {
+    /// `PID START UID EPOCH ALLOCATION`; None for anything else (an older `PID EPOCH` file
+    /// included: a number alone proves nothing).
+    fn parse(text: &str) -> Option<PidFile> {
+        let mut f = text.split_whitespace();
+        let p = PidFile {
+            pid: f.next()?.parse().ok()?,
+            start: f.next()?.parse().ok()?,
+            uid: f.next()?.parse().ok()?,
+            epoch: f.next()?.parse().ok()?,
+            allocation: f.next()?.to_string(),
+        };
+        (f.next().is_none() && p.pid > 1 && p.start > 0).then_some(p)
+    }
+
+    /// Whether the recorded process still runs: same pid, start time and account.
+    fn is_alive(&self) -> bool {
+        contain::is_same_process(self.pid, self.start)
+            && contain::uid_of(self.pid) == Some(self.uid)
+    }
 }
 
 fn kill_group(pid: i32) {
@@ -794,6 +1078,49 @@ mod tests {
         }
         assert_eq!(newest_entry(dir.path()), Some(dir.path().join("step-200")));
         assert_eq!(newest_entry(&dir.path().join("missing")), None);
+    }
+
+    #[test]
+    fn a_pid_file_proves_its_process_by_start_time_and_account() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let pid = child.id() as i32;
+        let start = contain::start_time(pid).expect("start time");
+        let me = nix::unistd::geteuid().as_raw();
+        let file = PidFile {
+            pid,
+            start,
+            uid: me,
+            epoch: 3,
+            allocation: "default/a-e3-r0/u1".into(),
+        };
+        let text = file.to_string();
+        assert_eq!(PidFile::parse(&text), Some(file.clone()));
+        assert!(file.is_alive());
+        // A recycled pid: same number, another start time or account.
+        assert!(
+            !PidFile {
+                start: start + 1,
+                ..file.clone()
+            }
+            .is_alive()
+        );
+        assert!(
+            !PidFile {
+                uid: me + 1,
+                ..file.clone()
+            }
+            .is_alive()
+        );
+        // The old format (pid, epoch) proves nothing; nor do garbage and pid 1.
+        assert_eq!(PidFile::parse(&format!("{pid} 3\n")), None);
+        assert_eq!(PidFile::parse("1 5 0 1 x"), None);
+        assert_eq!(PidFile::parse("x y z"), None);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(!file.is_alive(), "gone");
     }
 
     #[test]

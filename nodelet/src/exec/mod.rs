@@ -6,7 +6,9 @@
 //!   signalled.
 //! - [`logs`]: the rotating `stdout.log`/`stderr.log` files and the readers behind `tbctl logs`.
 //! - [`guard`]: the memory admission check made before starting anything.
+//! - [`contain`]: finding and stopping what a process left behind, even outside its group.
 
+pub mod contain;
 pub mod guard;
 pub mod logs;
 pub mod process;
@@ -18,7 +20,7 @@ use std::path::PathBuf;
 
 pub use guard::fits;
 pub use logs::{FollowFrom, LogError, LogStream, follow, follow_until, read_tail};
-pub use process::{ExitStatus, Running, Spec, spawn};
+pub use process::{ExitStatus, RunAs, Running, Spec, spawn};
 
 /// Why a process could not be started or supervised.
 #[derive(Debug, thiserror::Error)]

@@ -2,7 +2,9 @@
 //! everything it forks), with a clean environment, no stdin, and stdout/stderr pumped into
 //! rotating logs. Stopping signals the whole group: SIGTERM, a grace period, then SIGKILL.
 //! When the leader exits, whatever it left behind in its group is killed too, as a container
-//! runtime does when a container's first process exits.
+//! runtime does when a container's first process exits — and, with a [`contain::Scope`], also
+//! what left the group (`setsid`, double forks). With a [`RunAs`], the process drops to that
+//! account (no supplementary groups) before exec.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -17,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 
 use super::ExecError;
+use super::contain::{self, Scope};
 use super::logs::Single;
 use super::logs::writer::{RotatingWriter, pump};
 
@@ -47,7 +50,25 @@ pub struct Spec {
     pub log_max_bytes: u64,
     /// Rotated generations kept per stream.
     pub log_keep: usize,
+    /// The account to run as; None: the nodelet's own.
+    pub run_as: Option<RunAs>,
+    /// What else belongs to this process and must end with it.
+    pub scope: Option<Scope>,
 }
+
+/// An account to start a process as: no supplementary groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunAs {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl PartialEq for Scope {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+impl Eq for Scope {}
 
 impl Spec {
     /// A spec with an empty extra environment and the default log limits.
@@ -63,6 +84,8 @@ impl Spec {
             log_dir: log_dir.into(),
             log_max_bytes: DEFAULT_LOG_MAX_BYTES,
             log_keep: DEFAULT_LOG_KEEP,
+            run_as: None,
+            scope: None,
         }
     }
 
@@ -168,16 +191,48 @@ pub fn spawn(spec: Spec) -> Result<Running, ExecError> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: the closure runs in the forked child before exec and calls only setsid(2), which
-    // is async-signal-safe; it allocates nothing and touches no locks.
+    // The cgroup's procs file, opened here: the child only writes to it.
+    let cgroup_procs = match spec.scope.as_ref().and_then(|s| s.cgroup.as_ref()) {
+        Some(cg) => Some(cg.procs_for_writing().map_err(|source| ExecError::Spawn {
+            command: program.clone(),
+            source,
+        })?),
+        None => None,
+    };
+    let cgroup_fd = cgroup_procs.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
+    let run_as = spec.run_as;
+    // SAFETY: the closure runs in the forked child before exec and makes only
+    // async-signal-safe system calls (setsid, write, setgroups, setgid, setuid) on values
+    // prepared before the fork; it allocates nothing and touches no locks.
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
             // Its own session, hence its own process group: killpg reaches everything it forks
             // and nothing of the nodelet's.
-            nix::unistd::setsid().map(drop).map_err(io::Error::from)
+            nix::unistd::setsid().map_err(io::Error::from)?;
+            if let Some(fd) = cgroup_fd {
+                // "0" moves the writer itself into the cgroup, before it can fork.
+                if nix::libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if let Some(a) = run_as
+                && (nix::libc::setgroups(0, std::ptr::null()) != 0
+                    || nix::libc::setgid(a.gid) != 0
+                    || nix::libc::setuid(a.uid) != 0)
+            {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
         });
     }
+    // Listed as a leader before anything could see it as an adopted zombie.
+    let mut leaders = contain::leaders();
     let mut child = command.spawn().map_err(|err| spawn_error(&program, err))?;
+    if let Some(pid) = child.id() {
+        leaders.insert(pid as i32);
+    }
+    drop(leaders);
+    drop(cgroup_procs);
     let Some(pid) = child.id() else {
         // Only possible if the child was already reaped, which nothing here has done.
         return Err(ExecError::Spawn {
@@ -193,12 +248,15 @@ pub fn spawn(spec: Spec) -> Result<Running, ExecError> {
     if let Some(stderr) = child.stderr.take() {
         pumps.push(tokio::spawn(pump(stderr, stderr_log, pid)));
     }
-    tracing::info!(pid, command = ?spec.command, dir = %spec.working_dir.display(), "process started");
+    let start_time = contain::start_time(pid as i32).unwrap_or_default();
+    tracing::info!(pid, command = ?spec.command, dir = %spec.working_dir.display(), uid = ?run_as.map(|a| a.uid), "process started");
     Ok(Running {
         child,
         pid,
+        start_time,
         pumps,
         status: None,
+        scope: spec.scope,
     })
 }
 
@@ -252,13 +310,21 @@ fn spawn_error(program: &str, err: io::Error) -> ExecError {
 pub struct Running {
     child: tokio::process::Child,
     pid: u32,
+    /// The leader's start time: with the pid, what names it in a pid file.
+    start_time: u64,
     pumps: Vec<JoinHandle<()>>,
     /// Set once the leader has been reaped; its pid (and group id) may then be reused, so no
     /// signal is sent after this.
     status: Option<ExitStatus>,
+    scope: Option<Scope>,
 }
 
 impl Running {
+    /// The leader's start time (see [`contain::ProcInfo::start`]); 0 if it could not be read.
+    pub fn start_time(&self) -> u64 {
+        self.start_time
+    }
+
     /// The leader's pid, which is also its process group id.
     pub fn pid(&self) -> u32 {
         self.pid
@@ -281,6 +347,7 @@ impl Running {
             pid: self.pid,
             source,
         })?;
+        contain::leaders().remove(&(self.pid as i32));
         Ok(self.finish(status.into()).await)
     }
 
@@ -292,6 +359,12 @@ impl Running {
             return Ok(status);
         }
         self.signal_group(Signal::SIGTERM)?;
+        // What left the group gets the same notice.
+        if let Some(scope) = self.scope.clone() {
+            let leader = Some((self.pid as i32, self.start_time));
+            let _ = tokio::task::spawn_blocking(move || scope.signal_once(leader, Signal::SIGTERM))
+                .await;
+        }
         let status = match tokio::time::timeout(grace, self.child.wait()).await {
             Ok(waited) => waited,
             Err(_elapsed) => {
@@ -308,6 +381,7 @@ impl Running {
             pid: self.pid,
             source,
         })?;
+        contain::leaders().remove(&(self.pid as i32));
         Ok(self.finish(status.into()).await)
     }
 
@@ -346,6 +420,10 @@ impl Running {
         if let Err(err) = self.signal_group(Signal::SIGKILL) {
             tracing::warn!(pid = self.pid, %err, "cannot kill what the process left behind");
         }
+        // Then what left the group; before draining, as an escaped process may hold the pipes.
+        if let Some(scope) = self.scope.clone() {
+            let _ = tokio::task::spawn_blocking(move || scope.sweep(None)).await;
+        }
         self.status = Some(status);
         self.drain_logs().await;
         tracing::info!(pid = self.pid, %status, "process ended");
@@ -375,6 +453,9 @@ impl Drop for Running {
             // Best effort: nobody will stop it otherwise. Tokio reaps the dropped child.
             if let Err(err) = self.signal_group(Signal::SIGKILL) {
                 tracing::warn!(pid = self.pid, %err, "cannot kill dropped process group");
+            }
+            if let Some(scope) = self.scope.take() {
+                std::thread::spawn(move || scope.sweep(None));
             }
         }
         for pump in &self.pumps {

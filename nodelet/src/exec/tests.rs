@@ -312,3 +312,53 @@ async fn dropping_a_running_process_kills_its_group() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// As root, a process drops to the given uid and gid, with no supplementary groups, before
+/// exec. (Elsewhere there is nothing to drop to: skipped, saying why.)
+#[tokio::test]
+async fn a_process_runs_as_the_given_account() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: switching accounts needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The work dir must be the account's to enter.
+    std::os::unix::fs::chown(dir.path(), Some(61999), Some(61999)).expect("chown");
+    let mut spec = sh("id -u; id -g; id -G", dir.path());
+    spec.log_dir = tempfile::tempdir().expect("logs").keep();
+    spec.run_as = Some(RunAs {
+        uid: 61999,
+        gid: 61999,
+    });
+    let mut running = spawn(spec.clone()).expect("spawn");
+    assert!(running.wait().await.expect("wait").success());
+    assert_eq!(
+        read_tail(&spec.log_dir, LogStream::Stdout, None).expect("stdout"),
+        ["61999", "61999", "61999"]
+    );
+}
+
+/// What leaves the group (`setsid`) and carries the scope's marker is killed when the leader
+/// exits, before the logs are drained (an escape holding stdout would otherwise delay that).
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn an_escape_from_the_group_ends_with_the_leader() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let id = format!("test/escape/{}", std::process::id());
+    // The leader exits only once the escape has its own session (it writes its pid after
+    // setsid), so the group kill cannot reach it.
+    let mut spec = sh(
+        "setsid sh -c 'echo $$ > escaped.tmp; mv escaped.tmp escaped; exec sleep 30' &\n\
+         while [ ! -e escaped ]; do sleep 0.01; done; cat escaped",
+        dir.path(),
+    );
+    spec.env.insert(contain::MARKER_ENV.into(), id.clone());
+    spec.scope = Some(contain::Scope::new(id));
+    let mut running = spawn(spec).expect("spawn");
+    assert!(running.wait().await.expect("wait").success());
+    let logs = dir.path().join("logs");
+    let pid: u32 = read_tail(&logs, LogStream::Stdout, None).expect("stdout")[0]
+        .parse()
+        .expect("a pid");
+    assert!(gone(pid), "the escaped sleep {pid} is still running");
+}
