@@ -515,11 +515,19 @@ pub struct NodeArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {
-    /// Create a join token; it alone is printed on stdout (`TOKEN=$(tbctl token create)`).
+    /// Create a join token; it alone is printed on stdout (`tbctl token create > FILE`), to
+    /// hand to `tb-nodelet --join-token-file FILE` (or TB_JOIN_TOKEN).
     Create {
         /// How long the token may be used to join, e.g. 30m, 24h, 7d.
         #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_seconds)]
         ttl: u64,
+        /// How many nodes may join with it (default: one).
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        uses: u32,
+        /// The only node name it joins as. Such a token also replaces the credential of a Node
+        /// of that name that already joined (a reinstalled Mac); no other token can.
+        #[arg(long, value_name = "NAME")]
+        node: Option<String>,
         /// A note kept with the token, e.g. who it is for.
         #[arg(long, value_name = "TEXT")]
         description: Option<String>,
