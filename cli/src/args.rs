@@ -51,6 +51,11 @@ pub struct Global {
     /// --ca-cert` or `tbctl up`; without any, plain TCP, for controllers run with --insecure).
     #[arg(long, global = true, value_name = "FILE")]
     pub ca_cert: Option<PathBuf>,
+    /// Send the token over plain TCP when no CA is configured (to a controller run with
+    /// --insecure): the token then crosses the network in clear text. Without it tbctl refuses
+    /// to send a token without TLS. `tbctl login --insecure` keeps it in the context.
+    #[arg(long, global = true)]
+    pub insecure: bool,
     /// Format of log lines on stderr (verbosity from RUST_LOG, default warn).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
