@@ -568,7 +568,10 @@ mod tests {
     fn a_token_without_a_ca_needs_insecure() {
         let servers = parse_server_list("mac1:7400").expect("servers");
         let plain = Client::new(servers.clone(), Duration::from_secs(1));
-        assert!(plain.clear_text_refusal().is_none(), "no token: nothing secret");
+        assert!(
+            plain.clear_text_refusal().is_none(),
+            "no token: nothing secret"
+        );
         let with_token = Client::new(servers, Duration::from_secs(1)).with_token(Some("tbuser-x"));
         let refusal = with_token.clear_text_refusal().expect("refused");
         assert!(
@@ -578,7 +581,12 @@ mod tests {
             "{}",
             refusal.message
         );
-        assert!(with_token.with_insecure(true).clear_text_refusal().is_none());
+        assert!(
+            with_token
+                .with_insecure(true)
+                .clear_text_refusal()
+                .is_none()
+        );
     }
 
     #[test]

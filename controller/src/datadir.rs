@@ -16,8 +16,7 @@ pub const FILE_MODE: u32 = 0o600;
 /// mode 0600 when missing, so the database never exists with the default mode. Returns what was
 /// corrected, for the log.
 pub fn prepare(dir: &Path, db_file: &str) -> anyhow::Result<Vec<String>> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("creating data dir {}", dir.display()))?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating data dir {}", dir.display()))?;
     let mut fixed = Vec::new();
     #[cfg(unix)]
     {
@@ -31,8 +30,7 @@ pub fn prepare(dir: &Path, db_file: &str) -> anyhow::Result<Vec<String>> {
             .mode(FILE_MODE)
             .open(&db)
             .with_context(|| format!("creating {}", db.display()))?;
-        for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?
-        {
+        for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
             let entry = entry.with_context(|| format!("reading {}", dir.display()))?;
             let meta = entry
                 .metadata()

@@ -39,7 +39,10 @@ pub async fn run(ctx: &mut Ctx, cmd: TokenCommand) -> Result<()> {
             let node = if resp.node.is_empty() {
                 String::new()
             } else {
-                format!(", only as node {} (replacing it if it joined before)", resp.node)
+                format!(
+                    ", only as node {} (replacing it if it joined before)",
+                    resp.node
+                )
             };
             eprintln!("token expires at {}; {joins}{node}", resp.expires_at);
             Ok(())

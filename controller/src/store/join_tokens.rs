@@ -231,7 +231,10 @@ mod tests {
     fn a_single_use_token_joins_once() {
         let mut s = State::default();
         create(&mut s, 1, "t", Some(1), "");
-        assert!(matches!(join(&mut s, 2, "t", "a", "ca"), Response::Status { .. }));
+        assert!(matches!(
+            join(&mut s, 2, "t", "a", "ca"),
+            Response::Status { .. }
+        ));
         let before = s.clone();
         let r = join(&mut s, 3, "t", "b", "cb");
         let e = rejected(&r);
@@ -249,8 +252,14 @@ mod tests {
     fn a_token_with_two_uses_joins_twice() {
         let mut s = State::default();
         create(&mut s, 1, "t", Some(2), "");
-        assert!(matches!(join(&mut s, 2, "t", "a", "ca"), Response::Status { .. }));
-        assert!(matches!(join(&mut s, 3, "t", "b", "cb"), Response::Status { .. }));
+        assert!(matches!(
+            join(&mut s, 2, "t", "a", "ca"),
+            Response::Status { .. }
+        ));
+        assert!(matches!(
+            join(&mut s, 3, "t", "b", "cb"),
+            Response::Status { .. }
+        ));
         let r = join(&mut s, 4, "t", "c", "cc");
         assert!(rejected(&r).to_string().contains("all 2 of its joins"));
     }
@@ -264,16 +273,29 @@ mod tests {
         let r = join(&mut s, 4, "t2", "mac", "thief");
         let e = rejected(&r);
         assert!(matches!(e, StoreError::AlreadyExists(_)), "{e:?}");
-        assert!(e.to_string().contains("tbctl token create --node mac"), "{e}");
-        assert_eq!(s.node_credentials["mac"], "old", "the live credential stays");
-        assert_eq!(s.join_tokens["t2"].uses_left, Some(5), "a refusal spends nothing");
+        assert!(
+            e.to_string().contains("tbctl token create --node mac"),
+            "{e}"
+        );
+        assert_eq!(
+            s.node_credentials["mac"], "old",
+            "the live credential stays"
+        );
+        assert_eq!(
+            s.join_tokens["t2"].uses_left,
+            Some(5),
+            "a refusal spends nothing"
+        );
         // A token bound to another node cannot join as this one.
         create(&mut s, 5, "t3", Some(1), "other");
         let r = join(&mut s, 6, "t3", "mac", "x");
         assert!(matches!(rejected(&r), StoreError::PermissionDenied(_)));
         // The token made for it replaces it.
         create(&mut s, 7, "t4", Some(1), "mac");
-        assert!(matches!(join(&mut s, 8, "t4", "mac", "new"), Response::Status { .. }));
+        assert!(matches!(
+            join(&mut s, 8, "t4", "mac", "new"),
+            Response::Status { .. }
+        ));
         assert_eq!(s.node_credentials["mac"], "new");
     }
 
@@ -304,7 +326,10 @@ mod tests {
         let mut s: State = serde_json::from_value(json).expect("old snapshot");
         assert_eq!(s.join_tokens["h"].uses_left, None);
         join(&mut s, 1, "h", "a", "c1");
-        assert!(matches!(join(&mut s, 2, "h", "a", "c2"), Response::Status { .. }));
+        assert!(matches!(
+            join(&mut s, 2, "h", "a", "c2"),
+            Response::Status { .. }
+        ));
         assert_eq!(s.node_credentials["a"], "c2");
         // A log entry from before uses: no `uses` field.
         let op: Op = serde_json::from_value(serde_json::json!({"CreateToken": {

@@ -8,8 +8,8 @@ pub mod usage;
 pub mod users;
 pub mod watch;
 
-pub use join_tokens::JoinToken;
 pub use command::{ApplyResult, Command, Op, Outcome, Plan, PlanWrite, Response, StoreError};
+pub use join_tokens::JoinToken;
 pub use state::{Change, ChangeKind, State};
 pub use usage::{Ledger, UsageTick};
 pub use users::{AuditRecord, Role, TokenRecord, User};
