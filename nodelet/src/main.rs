@@ -48,8 +48,8 @@ struct Args {
     join_token: Option<String>,
     /// Talk plain TCP to the controllers when no CA is configured: the join token and the
     /// node's credential then cross the network in clear text. Only for controllers started
-    /// with --insecure.
-    #[arg(long, conflicts_with = "ca_cert")]
+    /// with --insecure. A CA, when there is one, is always used.
+    #[arg(long)]
     insecure: bool,
     /// Labels for the Node: k=v,k=v.
     #[arg(long, value_parser = parse_labels)]
