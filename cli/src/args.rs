@@ -739,8 +739,13 @@ mod tests {
             .expect("parse")
             .command
         {
-            Command::Token(TokenCommand::Create { ttl, description }) => {
-                assert_eq!((ttl, description), (86400, None));
+            Command::Token(TokenCommand::Create {
+                ttl,
+                uses,
+                node,
+                description,
+            }) => {
+                assert_eq!((ttl, uses, node, description), (86400, 1, None, None));
             }
             _ => unreachable!("token"),
         }
@@ -752,12 +757,24 @@ mod tests {
             "1h",
             "--description",
             "mac3",
+            "--uses",
+            "3",
+            "--node",
+            "mac3",
         ])
         .expect("parse")
         .command
         {
-            Command::Token(TokenCommand::Create { ttl, description }) => {
-                assert_eq!((ttl, description.as_deref()), (3600, Some("mac3")));
+            Command::Token(TokenCommand::Create {
+                ttl,
+                uses,
+                node,
+                description,
+            }) => {
+                assert_eq!(
+                    (ttl, uses, node.as_deref(), description.as_deref()),
+                    (3600, 3, Some("mac3"), Some("mac3"))
+                );
             }
             _ => unreachable!("token"),
         }
@@ -765,6 +782,7 @@ mod tests {
             Command::Up(a) => assert_eq!((a.nodelets, a.port, a.data_dir), (2, 7400, None)),
             _ => unreachable!("up"),
         }
+        assert!(Cli::try_parse_from(["tbctl", "token", "create", "--uses", "0"]).is_err());
         assert!(Cli::try_parse_from(["tbctl", "up", "--nodelets", "0"]).is_err());
         assert!(Cli::try_parse_from(["tbctl", "up", "--port", "0"]).is_err());
         assert!(Cli::try_parse_from(["tbctl", "down", "--purge", "--data-dir", "/tmp/x"]).is_ok());

@@ -261,6 +261,7 @@ mod tests {
                     namespace: Some("team-a".into()),
                     token: None,
                     ca_cert: Some("/lab/ca.pem".into()),
+                    insecure: false,
                 },
                 Context {
                     name: "home".into(),

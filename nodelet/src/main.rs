@@ -34,8 +34,8 @@ struct Args {
     #[arg(long)]
     advertise: Option<String>,
     /// The cluster CA (PEM) to verify the controllers with: a controller's DATA_DIR/ca.pem.
-    /// Needed to join; later the copy kept in --data-dir serves. Without any: plain TCP (for
-    /// controllers started with --insecure).
+    /// Needed to join; later the copy kept in --data-dir serves. Without any the nodelet does
+    /// not start unless --insecure (plain TCP, for controllers started with --insecure).
     #[arg(long, env = "TB_CA_CERT", value_name = "FILE")]
     ca_cert: Option<PathBuf>,
     /// A file holding the join token from `tbctl token create` (`-`: read it from stdin);
