@@ -212,13 +212,16 @@ impl Sim {
             spec: json!({}),
             status: status.to_value(),
         };
+        // Join tokens are single use: one per node, bound to it.
         self.commit(Op::CreateToken {
-            token_hash: "t".into(),
+            token_hash: format!("t-{name}"),
             expires_at: "2099-01-01T00:00:00.000Z".into(),
             description: String::new(),
+            uses: Some(1),
+            node: name.into(),
         });
         self.commit(Op::Join {
-            token_hash: "t".into(),
+            token_hash: format!("t-{name}"),
             node,
             credential_hash: format!("c-{name}"),
         });

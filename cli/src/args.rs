@@ -51,6 +51,11 @@ pub struct Global {
     /// --ca-cert` or `tbctl up`; without any, plain TCP, for controllers run with --insecure).
     #[arg(long, global = true, value_name = "FILE")]
     pub ca_cert: Option<PathBuf>,
+    /// Send the token over plain TCP when no CA is configured (to a controller run with
+    /// --insecure): the token then crosses the network in clear text. Without it tbctl refuses
+    /// to send a token without TLS. `tbctl login --insecure` keeps it in the context.
+    #[arg(long, global = true)]
+    pub insecure: bool,
     /// Format of log lines on stderr (verbosity from RUST_LOG, default warn).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -515,11 +520,19 @@ pub struct NodeArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {
-    /// Create a join token; it alone is printed on stdout (`TOKEN=$(tbctl token create)`).
+    /// Create a join token; it alone is printed on stdout (`tbctl token create > FILE`), to
+    /// hand to `tb-nodelet --join-token-file FILE` (or TB_JOIN_TOKEN).
     Create {
         /// How long the token may be used to join, e.g. 30m, 24h, 7d.
         #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_seconds)]
         ttl: u64,
+        /// How many nodes may join with it (default: one).
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        uses: u32,
+        /// The only node name it joins as. Such a token also replaces the credential of a Node
+        /// of that name that already joined (a reinstalled Mac); no other token can.
+        #[arg(long, value_name = "NAME")]
+        node: Option<String>,
         /// A note kept with the token, e.g. who it is for.
         #[arg(long, value_name = "TEXT")]
         description: Option<String>,
@@ -726,8 +739,13 @@ mod tests {
             .expect("parse")
             .command
         {
-            Command::Token(TokenCommand::Create { ttl, description }) => {
-                assert_eq!((ttl, description), (86400, None));
+            Command::Token(TokenCommand::Create {
+                ttl,
+                uses,
+                node,
+                description,
+            }) => {
+                assert_eq!((ttl, uses, node, description), (86400, 1, None, None));
             }
             _ => unreachable!("token"),
         }
@@ -739,12 +757,24 @@ mod tests {
             "1h",
             "--description",
             "mac3",
+            "--uses",
+            "3",
+            "--node",
+            "mac3",
         ])
         .expect("parse")
         .command
         {
-            Command::Token(TokenCommand::Create { ttl, description }) => {
-                assert_eq!((ttl, description.as_deref()), (3600, Some("mac3")));
+            Command::Token(TokenCommand::Create {
+                ttl,
+                uses,
+                node,
+                description,
+            }) => {
+                assert_eq!(
+                    (ttl, uses, node.as_deref(), description.as_deref()),
+                    (3600, 3, Some("mac3"), Some("mac3"))
+                );
             }
             _ => unreachable!("token"),
         }
@@ -752,6 +782,7 @@ mod tests {
             Command::Up(a) => assert_eq!((a.nodelets, a.port, a.data_dir), (2, 7400, None)),
             _ => unreachable!("up"),
         }
+        assert!(Cli::try_parse_from(["tbctl", "token", "create", "--uses", "0"]).is_err());
         assert!(Cli::try_parse_from(["tbctl", "up", "--nodelets", "0"]).is_err());
         assert!(Cli::try_parse_from(["tbctl", "up", "--port", "0"]).is_err());
         assert!(Cli::try_parse_from(["tbctl", "down", "--purge", "--data-dir", "/tmp/x"]).is_ok());

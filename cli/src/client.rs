@@ -75,6 +75,15 @@ impl fmt::Display for RpcError {
 
 impl std::error::Error for RpcError {}
 
+/// Why tbctl will not send a token to `addr` without a CA, and where to get one.
+pub fn no_ca_message(addr: &str) -> String {
+    format!(
+        "no CA configured for https://{addr}: pass --ca-cert FILE (a controller's \
+         DATA_DIR/ca.pem), set TB_CA_CERT, or `tbctl login --ca-cert FILE`; --insecure sends \
+         the token in clear text"
+    )
+}
+
 /// Whether another controller (or the same one a moment later) might answer differently.
 pub fn is_failover(s: &Status) -> bool {
     match s.code() {
@@ -111,6 +120,9 @@ pub struct Client {
     timeout: Duration,
     /// The CA to verify controllers with; None: plain TCP.
     trust: Option<Trust>,
+    /// The token may go over plain TCP (`--insecure`); else a token without a CA is refused
+    /// before anything is sent.
+    insecure: bool,
 }
 
 impl Client {
@@ -123,7 +135,30 @@ impl Client {
             channel: None,
             timeout,
             trust: None,
+            insecure: false,
         }
+    }
+
+    /// Allow the token over plain TCP when there is no CA.
+    pub fn with_insecure(mut self, insecure: bool) -> Client {
+        self.insecure = insecure;
+        self
+    }
+
+    /// Why this client may not call at all: a token, no CA, and no `--insecure`.
+    fn clear_text_refusal(&self) -> Option<RpcError> {
+        if self.bearer.0.is_none() || self.trust.is_some() || self.insecure {
+            return None;
+        }
+        let addr = self
+            .servers
+            .get(self.current)
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        Some(RpcError {
+            code: Code::FailedPrecondition,
+            message: no_ca_message(&addr),
+        })
     }
 
     /// Speak TLS, verifying the controllers with this CA (None: plain TCP).
@@ -213,6 +248,10 @@ impl Client {
                 code: Code::InvalidArgument,
                 message: "no server to talk to".into(),
             });
+        }
+        // Checked before any connection: a token never leaves in clear text by default.
+        if let Some(refusal) = self.clear_text_refusal() {
+            return Err(refusal);
         }
         let deadline = Instant::now() + self.timeout;
         let mut backoff = FIRST_BACKOFF;
@@ -524,6 +563,31 @@ pub fn fmt_duration(d: Duration) -> String {
 mod tests {
     use super::*;
     use crate::servers::parse_server_list;
+
+    #[test]
+    fn a_token_without_a_ca_needs_insecure() {
+        let servers = parse_server_list("mac1:7400").expect("servers");
+        let plain = Client::new(servers.clone(), Duration::from_secs(1));
+        assert!(
+            plain.clear_text_refusal().is_none(),
+            "no token: nothing secret"
+        );
+        let with_token = Client::new(servers, Duration::from_secs(1)).with_token(Some("tbuser-x"));
+        let refusal = with_token.clear_text_refusal().expect("refused");
+        assert!(
+            refusal
+                .message
+                .starts_with("no CA configured for https://mac1:7400: pass --ca-cert FILE"),
+            "{}",
+            refusal.message
+        );
+        assert!(
+            with_token
+                .with_insecure(true)
+                .clear_text_refusal()
+                .is_none()
+        );
+    }
 
     #[test]
     fn server_statuses_are_final_except_unavailable_and_deadline() {

@@ -11,6 +11,7 @@
 //!   namespace: team-a
 //!   token: tbuser-…        # from `tbctl login`; the file is kept mode 0600
 //!   ca-cert: /path/ca.pem  # the cluster CA (`tbctl login --ca-cert`, `tbctl up`)
+//!   insecure: true         # only without a CA: send the token in clear text
 //! ```
 
 use std::io::Write;
@@ -48,6 +49,10 @@ pub struct Context {
     /// TLS and verifies the controllers with it.
     #[serde(default, rename = "ca-cert", skip_serializing_if = "Option::is_none")]
     pub ca_cert: Option<PathBuf>,
+    /// Send the token over plain TCP when there is no CA (`tbctl login --insecure`): the
+    /// token then crosses the network in clear text.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub insecure: bool,
 }
 
 impl ConfigFile {
@@ -147,6 +152,20 @@ pub struct Overrides {
     pub ca_flag: Option<PathBuf>,
     /// `$TB_CA_CERT`.
     pub ca_env: Option<PathBuf>,
+    /// `--insecure`.
+    pub insecure_flag: bool,
+}
+
+/// Whether a token may go over plain TCP: `--insecure`, else the context's `insecure`.
+pub fn resolve_insecure(o: &Overrides, file: &ConfigFile) -> bool {
+    if o.insecure_flag {
+        return true;
+    }
+    o.context
+        .as_ref()
+        .or(file.current_context.as_ref())
+        .and_then(|name| file.context(name))
+        .is_some_and(|c| c.insecure)
 }
 
 /// The cluster CA's file: `--ca-cert` > `TB_CA_CERT` > the context's; None: plain TCP.
@@ -242,6 +261,7 @@ mod tests {
                     namespace: Some("team-a".into()),
                     token: None,
                     ca_cert: Some("/lab/ca.pem".into()),
+                    insecure: false,
                 },
                 Context {
                     name: "home".into(),
@@ -249,6 +269,7 @@ mod tests {
                     namespace: None,
                     token: None,
                     ca_cert: None,
+                    insecure: false,
                 },
             ],
         }

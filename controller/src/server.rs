@@ -106,6 +106,10 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
             Some(_) => {}
         }
     }
+    // Secrets and state live here: 0700, files 0600, before anything is written.
+    for fixed in crate::datadir::prepare(&opts.data_dir, crate::raft::DB_FILE)? {
+        tracing::warn!(change = %fixed, "tightened a mode in the data dir");
+    }
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("binding {}", opts.listen))?;

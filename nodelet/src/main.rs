@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::Parser;
 use tb_api::status::PortRange;
 use tb_nodelet::agent::accounts::{IsolationConfig, UidRange};
+use tb_nodelet::agent::identity::JoinTokenSource;
 use tb_nodelet::agent::{Config, run};
 use tb_nodelet::probe::{DEFAULT_PORT, ProbeConfig};
 use tb_nodelet::topology::Topology;
@@ -34,13 +35,23 @@ struct Args {
     #[arg(long)]
     advertise: Option<String>,
     /// The cluster CA (PEM) to verify the controllers with: a controller's DATA_DIR/ca.pem.
-    /// Needed to join; later the copy kept in --data-dir serves. Without any: plain TCP (for
-    /// controllers started with --insecure).
+    /// Needed to join; later the copy kept in --data-dir serves. Without any the nodelet does
+    /// not start unless --insecure (plain TCP, for controllers started with --insecure).
     #[arg(long, env = "TB_CA_CERT", value_name = "FILE")]
     ca_cert: Option<PathBuf>,
-    /// Join token from `tbctl token create`; needed only the first time.
-    #[arg(long, env = "TB_JOIN_TOKEN")]
+    /// A file holding the join token from `tbctl token create` (`-`: read it from stdin);
+    /// needed only the first time. Else the token is taken from $TB_JOIN_TOKEN. Never on the
+    /// command line, where every local user could read it.
+    #[arg(long, value_name = "FILE")]
+    join_token_file: Option<PathBuf>,
+    /// Removed: a token on the command line is readable by every local user (`ps`).
+    #[arg(long, hide = true, value_name = "TOKEN")]
     join_token: Option<String>,
+    /// Talk plain TCP to the controllers when no CA is configured: the join token and the
+    /// node's credential then cross the network in clear text. Only for controllers started
+    /// with --insecure. A CA, when there is one, is always used.
+    #[arg(long)]
+    insecure: bool,
     /// Labels for the Node: k=v,k=v.
     #[arg(long, value_parser = parse_labels)]
     labels: Option<BTreeMap<String, String>>,
@@ -143,6 +154,20 @@ fn init_logging(format: &str) {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_logging(&args.log_format);
+    if args.join_token.is_some() {
+        eprintln!(
+            "tb-nodelet: --join-token is not accepted: a token on the command line is readable by \
+             every local user (ps); pass it with --join-token-file FILE, --join-token-file - \
+             (stdin) or the environment variable TB_JOIN_TOKEN"
+        );
+        std::process::exit(2);
+    }
+    let join_token = match (args.join_token_file, std::env::var("TB_JOIN_TOKEN")) {
+        (Some(path), _) if path.as_os_str() == "-" => Some(JoinTokenSource::Stdin),
+        (Some(path), _) => Some(JoinTokenSource::File(path)),
+        (None, Ok(token)) if !token.trim().is_empty() => Some(JoinTokenSource::Env(token)),
+        (None, _) => None,
+    };
     let topology = match &args.topology {
         Some(path) => match Topology::load(path, &args.name) {
             Ok(t) => Some(Arc::new(t)),
@@ -167,8 +192,9 @@ async fn main() -> anyhow::Result<()> {
         data_dir: args.data_dir,
         listen: args.listen,
         advertise: args.advertise,
-        join_token: args.join_token,
+        join_token,
         ca_cert: args.ca_cert,
+        insecure: args.insecure,
         labels,
         port_range: args.port_range,
         heartbeat: Duration::from_millis(args.heartbeat_ms.max(50)),

@@ -555,8 +555,9 @@ impl Lab {
         };
         lab.wait_for_leader().await;
 
+        let uses = opts.nodelets.max(1).to_string();
         let token = lab
-            .tbctl_ok(&["token", "create"])
+            .tbctl_ok(&["token", "create", "--uses", &uses])
             .await
             .stdout
             .trim()
@@ -565,6 +566,9 @@ impl Lab {
             token.starts_with("tbjoin-"),
             "`tbctl token create` printed no token: {token:?}"
         );
+        // Given as a file (0600), never on a command line.
+        let token_file = lab.dir.write("join.token", &format!("{token}\n"));
+        set_private(&token_file);
         let bin = nodelet_bin();
         for i in 1..=opts.nodelets {
             let name = format!("node-{i}");
@@ -585,8 +589,8 @@ impl Lab {
                 data_arg,
                 "--listen".into(),
                 listen.clone(),
-                "--join-token".into(),
-                token.clone(),
+                "--join-token-file".into(),
+                token_file.display().to_string(),
                 "--port-range".into(),
                 format!("{}-{}", ports.0, ports.1),
                 "--heartbeat-ms".into(),
@@ -893,7 +897,7 @@ impl Lab {
         crate::step!("restarting {}", self.nodelets[i].name);
         let n = &mut self.nodelets[i];
         let mut args = n.proc.args.clone();
-        if let Some(pos) = args.iter().position(|a| a == "--join-token") {
+        if let Some(pos) = args.iter().position(|a| a == "--join-token-file") {
             args.drain(pos..pos + 2);
         }
         n.proc.restart(Some(args));
@@ -922,6 +926,13 @@ impl Lab {
             .env("NO_COLOR", "1");
         bounded_output(cmd, Duration::from_secs(5))
     }
+}
+
+/// Make `path` readable by its owner only.
+pub fn set_private(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .unwrap_or_else(|e| panic!("chmod 600 {}: {e}", path.display()));
 }
 
 /// Stdout and stderr of `cmd`, killed after `timeout`.

@@ -598,10 +598,11 @@ impl EmulatedLab {
         }
     }
 
-    /// A join token from `tbctl token create`.
+    /// A join token from `tbctl token create`, good for every Mac of the lab.
     pub async fn create_token(&self) -> String {
+        let uses = self.macs.len().max(1).to_string();
         let token = self
-            .tbctl_ok(&["token", "create"])
+            .tbctl_ok(&["token", "create", "--uses", &uses])
             .await
             .stdout
             .trim()
@@ -619,6 +620,9 @@ impl EmulatedLab {
     pub fn start_nodelets(&mut self, token: &str, topology: &Path, probe_port: u16) {
         let controller = self.controller_addr().to_string();
         let bin = nodelet_bin();
+        // Given as a file (0600), never on a command line.
+        let token_file = self.dir.write("join.token", &format!("{token}\n"));
+        crate::lab::set_private(&token_file);
         for m in self.macs.clone() {
             let name = m.spec.name.clone();
             let data_dir = self.dir.path().join(&name);
@@ -631,8 +635,8 @@ impl EmulatedLab {
                 data_dir.display().to_string(),
                 "--listen".into(),
                 format!("{}:{NODELET_PORT}", m.address),
-                "--join-token".into(),
-                token.to_string(),
+                "--join-token-file".into(),
+                token_file.display().to_string(),
                 "--heartbeat-ms".into(),
                 HEARTBEAT_MS.to_string(),
                 "--port-range".into(),

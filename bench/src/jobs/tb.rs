@@ -127,14 +127,14 @@ impl TbCluster {
                     data.display().to_string(),
                     "--listen".into(),
                     format!("127.0.0.1:{port}"),
-                    "--join-token".into(),
-                    token.clone(),
                     "--port-range".into(),
                     format!("{range_start}-{range_end}"),
                 ],
                 self.dir.join(format!("{name}.log")),
             )
-            .data_dir(data);
+            .data_dir(data)
+            // Never on the command line, where every local user could read it.
+            .env("TB_JOIN_TOKEN", &token);
             if let Some(filter) = &self.opts.rust_log {
                 m = m.env("RUST_LOG", filter);
             }
@@ -181,6 +181,8 @@ impl TbCluster {
             let req = CreateTokenRequest {
                 ttl_seconds: 3600,
                 description: "jobs-bench".into(),
+                uses: u32::try_from(self.opts.nodelets).unwrap_or(u32::MAX).max(1),
+                node: String::new(),
             };
             let why = match tokio::time::timeout(RPC_TIMEOUT, client.create_token(req)).await {
                 Ok(Ok(r)) => return Ok(r.into_inner().token),

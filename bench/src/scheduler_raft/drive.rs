@@ -51,6 +51,9 @@ pub(super) async fn drive(
             c.create_token(CreateTokenRequest {
                 ttl_seconds: 3600,
                 description: "scheduler-bench".into(),
+                // One token for every simulated Mac.
+                uses: u32::try_from(setup.macs).unwrap_or(u32::MAX).max(1),
+                node: String::new(),
             })
             .await
         }

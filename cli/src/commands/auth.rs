@@ -69,6 +69,9 @@ pub fn login(args: &LoginArgs, o: &Overrides) -> Result<()> {
             if ca.is_some() {
                 c.ca_cert = ca.clone();
             }
+            if o.insecure_flag {
+                c.insecure = true;
+            }
         }
         None => {
             let server = o
@@ -82,6 +85,7 @@ pub fn login(args: &LoginArgs, o: &Overrides) -> Result<()> {
                 namespace: None,
                 token: token.clone(),
                 ca_cert: ca.clone(),
+                insecure: o.insecure_flag,
             });
         }
     }

@@ -71,6 +71,7 @@ pub fn set_context(
                 namespace: ns,
                 token: None,
                 ca_cert: None,
+                insecure: false,
             });
             format!("Context \"{name}\" created.\n")
         }

@@ -64,6 +64,8 @@ pub struct Ctx {
     token: Option<String>,
     /// The CA calls verify the controllers with; None: plain TCP.
     trust: Option<crate::tls::Trust>,
+    /// The token may go over plain TCP (`--insecure`, or the context's).
+    insecure: bool,
     timeout: Duration,
     client: Option<Client>,
 }
@@ -74,6 +76,7 @@ impl Ctx {
             target,
             token: None,
             trust: None,
+            insecure: false,
             timeout,
             client: None,
         }
@@ -93,13 +96,21 @@ impl Ctx {
         self
     }
 
+    /// Whether the token may be sent over plain TCP.
+    pub fn with_insecure(mut self, insecure: bool) -> Ctx {
+        self.insecure = insecure;
+        self.client = None;
+        self
+    }
+
     pub fn client(&mut self) -> &mut Client {
         let (servers, timeout, token) = (&self.target.servers, self.timeout, &self.token);
-        let trust = &self.trust;
+        let (trust, insecure) = (&self.trust, self.insecure);
         self.client.get_or_insert_with(|| {
             Client::new(servers.clone(), timeout)
                 .with_token(token.as_deref())
                 .with_trust(trust.clone())
+                .with_insecure(insecure)
         })
     }
 
@@ -151,12 +162,14 @@ pub async fn run(cli: Cli) -> Result<u8> {
         ca_env: std::env::var_os("TB_CA_CERT")
             .filter(|s| !s.is_empty())
             .map(std::path::PathBuf::from),
+        insecure_flag: g.insecure,
     };
     if let Command::Login(a) = &cmd {
         return auth::login(a, &overrides).map(|()| 0);
     }
     let target = resolve(&overrides, &file)?;
     let token = resolve_token(&overrides, &file);
+    let insecure = crate::config::resolve_insecure(&overrides, &file);
     let trust = match resolve_ca(&overrides, &file) {
         Some(p) => Some(crate::tls::Trust::load(&p)?),
         None => None,
@@ -164,7 +177,8 @@ pub async fn run(cli: Cli) -> Result<u8> {
     tracing::debug!(servers = ?target.servers, namespace = %target.namespace, tls = trust.is_some(), "target");
     let mut ctx = Ctx::new(target, g.timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT))
         .with_token(token)
-        .with_trust(trust);
+        .with_trust(trust)
+        .with_insecure(insecure);
     match cmd {
         Command::Apply(a) => apply::run(&mut ctx, &a, g.timeout).await.map(|()| 0),
         Command::Diff(a) => diff::run(&mut ctx, &a).await,

@@ -3,8 +3,9 @@
 //! `DIR/<name>.log`), recorded in `DIR/pids` for `tbctl down` (see `local`).
 //!
 //! Steps: find `tb-controller` and `tb-nodelet` (next to tbctl, else on PATH); start the
-//! controller on 127.0.0.1:PORT and wait for it to elect itself leader; create a join token;
-//! start `node-1..N`, each listening on a free port with its own port range for ranks
+//! controller on 127.0.0.1:PORT and wait for it to elect itself leader; create a single-use
+//! join token per nodelet, bound to its name, and hand it over in the environment
+//! (`TB_JOIN_TOKEN`), never on a command line; start `node-1..N`, each listening on a free port with its own port range for ranks
 //! (32323+100*(i-1) ..= +99); point the context `local` at the controller and make it current;
 //! wait until every Node is Ready; print a table of the processes. If a cluster from the same
 //! data directory is already running it says so and exits 0. If anything fails, the processes
@@ -57,14 +58,9 @@ pub fn port_range(i: u32) -> Result<String> {
     Ok(format!("{start}-{end}"))
 }
 
-/// The nodelet's command line.
-pub fn nodelet_args(
-    i: u32,
-    dir: &Path,
-    controller: &str,
-    listen_port: u16,
-    token: &str,
-) -> Result<Vec<String>> {
+/// The nodelet's command line. Its join token is not on it (every local user can read a command
+/// line): it goes in the nodelet's environment, `TB_JOIN_TOKEN`.
+pub fn nodelet_args(i: u32, dir: &Path, controller: &str, listen_port: u16) -> Result<Vec<String>> {
     Ok(vec![
         "--controller".into(),
         controller.into(),
@@ -74,8 +70,6 @@ pub fn nodelet_args(
         dir.join(format!("nodelet-{i}")).display().to_string(),
         "--listen".into(),
         format!("127.0.0.1:{listen_port}"),
-        "--join-token".into(),
-        token.into(),
         "--port-range".into(),
         port_range(i)?,
     ])
@@ -130,6 +124,7 @@ pub fn point_context(
         namespace: None,
         token,
         ca_cert,
+        insecure: false,
     });
     file.current_context = Some(CONTEXT.into());
 }
@@ -170,7 +165,15 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn spawn(&mut self, name: &str, bin: &Path, args: &[String], address: String) -> Result<()> {
+    /// Start `bin` with `args` and, besides tbctl's own environment, `env`.
+    fn spawn(
+        &mut self,
+        name: &str,
+        bin: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+        address: String,
+    ) -> Result<()> {
         let log = self.dir.join(format!("{name}.log"));
         let out = OpenOptions::new()
             .create(true)
@@ -181,7 +184,11 @@ impl Cluster {
             .try_clone()
             .with_context(|| format!("opening {}", log.display()))?;
         let mut cmd = std::process::Command::new(bin);
-        cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
+        cmd.args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
         // SAFETY: setsid is async-signal-safe and touches no memory of the parent; it detaches
         // the child from tbctl's session and terminal, so it outlives tbctl and ^C.
         unsafe {
@@ -348,6 +355,7 @@ async fn start(
         "controller",
         controller_bin,
         &controller_args,
+        &[],
         server.into(),
     )?;
 
@@ -411,15 +419,6 @@ async fn start(
     let mut client = Client::new(parse_server_list(server)?, Duration::from_secs(10))
         .with_token(Some(&admin_token))
         .with_trust(Some(trust));
-    let token = client
-        .create_token(CreateTokenRequest {
-            ttl_seconds: 3600,
-            description: "tbctl up".into(),
-        })
-        .await
-        .context("creating a join token")?
-        .token;
-
     let names: Vec<String> = (1..=args.nodelets).map(node_name).collect();
     // The controller stamps heartbeats with this machine's clock.
     let started_at = Utc::now();
@@ -427,8 +426,20 @@ async fn start(
     std::fs::write(&lab, local_lab(args.nodelets))
         .with_context(|| format!("writing {}", lab.display()))?;
     for i in 1..=args.nodelets {
+        // One single-use token per nodelet, for its name: a restarted nodelet needs none (it
+        // keeps its credential), and one whose data dir was removed joins again in its place.
+        let token = client
+            .create_token(CreateTokenRequest {
+                ttl_seconds: 3600,
+                description: "tbctl up".into(),
+                uses: 1,
+                node: node_name(i),
+            })
+            .await
+            .context("creating a join token")?
+            .token;
         let port = free_port()?;
-        let mut nodelet_args = nodelet_args(i, &dir, server, port, &token)?;
+        let mut nodelet_args = nodelet_args(i, &dir, server, port)?;
         nodelet_args.extend(["--ca-cert".to_string(), ca_path.display().to_string()]);
         nodelet_args.extend([
             "--topology".to_string(),
@@ -442,6 +453,7 @@ async fn start(
             &node_name(i),
             nodelet_bin,
             &nodelet_args,
+            &[("TB_JOIN_TOKEN", token.as_str())],
             format!("127.0.0.1:{port}"),
         )?;
     }
@@ -517,8 +529,7 @@ mod tests {
 
     #[test]
     fn nodelet_command_line() {
-        let args =
-            nodelet_args(2, Path::new("/d"), "127.0.0.1:7400", 40001, "tbjoin-x").expect("args");
+        let args = nodelet_args(2, Path::new("/d"), "127.0.0.1:7400", 40001).expect("args");
         assert_eq!(
             args,
             [
@@ -530,8 +541,6 @@ mod tests {
                 "/d/nodelet-2",
                 "--listen",
                 "127.0.0.1:40001",
-                "--join-token",
-                "tbjoin-x",
                 "--port-range",
                 "32423-32522",
             ]
@@ -549,6 +558,7 @@ mod tests {
                     namespace: None,
                     token: None,
                     ca_cert: None,
+                    insecure: false,
                 },
                 Context {
                     name: "local".into(),
@@ -556,6 +566,7 @@ mod tests {
                     namespace: Some("old".into()),
                     token: None,
                     ca_cert: None,
+                    insecure: false,
                 },
             ],
         };

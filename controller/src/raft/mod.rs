@@ -107,6 +107,9 @@ struct ReadIndexReply {
 }
 
 /// A running Raft member with its store.
+/// The member's database in its data dir.
+pub const DB_FILE: &str = "tb.redb";
+
 pub struct RaftNode {
     pub id: NodeId,
     pub addr: String,
@@ -126,7 +129,7 @@ impl RaftNode {
         use anyhow::Context;
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("creating data dir {}", data_dir.display()))?;
-        let path = data_dir.join("tb.redb");
+        let path = data_dir.join(DB_FILE);
         // redb caches up to 1 GiB by default; the store keeps its own copy of every object in
         // memory, so a small page cache is enough for the log and snapshots.
         let db = redb::Builder::new()

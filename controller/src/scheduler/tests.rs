@@ -125,13 +125,16 @@ impl Sim {
             spec: json!({}),
             status: status.to_value(),
         };
+        // A token for this node: it may join, and join again.
         self.commit(Op::CreateToken {
-            token_hash: "t".into(),
+            token_hash: format!("t-{name}"),
             expires_at: "2099-01-01T00:00:00.000Z".into(),
             description: String::new(),
+            uses: Some(1),
+            node: name.into(),
         });
         let r = self.commit(Op::Join {
-            token_hash: "t".into(),
+            token_hash: format!("t-{name}"),
             node,
             credential_hash: format!("c-{name}"),
         });

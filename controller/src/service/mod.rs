@@ -100,5 +100,6 @@ pub(crate) fn store_error(e: StoreError) -> Status {
         StoreError::Invalid(_) => Status::invalid_argument(e.to_string()),
         StoreError::Unauthenticated(_) => Status::unauthenticated(e.to_string()),
         StoreError::AlreadyExists(_) => Status::already_exists(e.to_string()),
+        StoreError::PermissionDenied(_) => Status::permission_denied(e.to_string()),
     }
 }

@@ -23,10 +23,26 @@ use super::{caller, check};
 use crate::auth::authorize::JOIN_TOKEN;
 use crate::auth::{Access, Caller, NODE_CREDENTIAL_PREFIX, Verb, hash_secret, secret};
 use crate::raft::RaftNode;
+use crate::store::join_tokens::MAX_TOKEN_USES;
 use crate::store::{Op, Response};
 
 /// How long a join token lives when the request does not say.
 const DEFAULT_TOKEN_TTL: u64 = 24 * 3600;
+/// The longest note kept with a join token.
+const MAX_DESCRIPTION: usize = 1024;
+
+/// At most 1 KiB of a message quoted back to a caller.
+fn truncate_for_message(s: &str) -> String {
+    const MAX: usize = 1024;
+    if s.len() <= MAX {
+        return s.to_string();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &s[..end], s.len())
+}
 
 pub struct NodesService {
     node: Arc<RaftNode>,
@@ -72,6 +88,27 @@ impl Nodes for NodesService {
             .checked_add_signed(chrono::TimeDelta::seconds(ttl))
             .ok_or_else(|| Status::invalid_argument("ttlSeconds: too large"))?;
         let expires_at = crate::scheduler::stamp(expires);
+        // Single use unless asked otherwise; the store checks the bounds again.
+        let uses = req.uses.max(1);
+        if uses > MAX_TOKEN_USES {
+            return Err(Status::invalid_argument(format!(
+                "uses: expected 1 to {MAX_TOKEN_USES}, got {uses}"
+            )));
+        }
+        if !req.node.is_empty()
+            && let Err(e) = tb_api::name::validate_name(&req.node)
+        {
+            return Err(Status::invalid_argument(format!(
+                "node: {}",
+                truncate_for_message(&e.to_string())
+            )));
+        }
+        if req.description.len() > MAX_DESCRIPTION {
+            return Err(Status::invalid_argument(format!(
+                "description: at most {MAX_DESCRIPTION} bytes, got {}",
+                req.description.len()
+            )));
+        }
         let token = secret("tbjoin-");
         self.commit(
             &caller,
@@ -79,12 +116,16 @@ impl Nodes for NodesService {
                 token_hash: hash_secret(&token),
                 expires_at: expires_at.clone(),
                 description: req.description,
+                uses: Some(uses),
+                node: req.node.clone(),
             },
         )
         .await?;
         Ok(TonicResponse::new(CreateTokenResponse {
             token,
             expires_at,
+            uses,
+            node: req.node,
         }))
     }
 

@@ -73,6 +73,13 @@ pub enum Op {
         token_hash: String,
         expires_at: String,
         description: String,
+        /// How many joins it allows. None: an entry written before tokens had uses (applied as
+        /// it was then: any number of joins, replacing nodes).
+        #[serde(default)]
+        uses: Option<u32>,
+        /// The only node it joins as (and may replace); empty: any node not yet joined.
+        #[serde(default)]
+        node: String,
     },
     /// A nodelet joins with a token: its Node is registered and its credential kept (hashed).
     Join {
@@ -229,4 +236,6 @@ pub enum StoreError {
     Unauthenticated(String),
     #[error("{0}")]
     AlreadyExists(String),
+    #[error("{0}")]
+    PermissionDenied(String),
 }

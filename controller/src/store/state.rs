@@ -12,6 +12,7 @@ use serde_json::Value;
 use tb_api::{Kind, Object, ObjectKey};
 
 use super::command::{ApplyResult, Command, Op, Outcome, Plan, PlanWrite, Response, StoreError};
+use super::join_tokens::JoinToken;
 use super::usage::{ANNOTATION_CREATED_BY, Ledger};
 use super::users::{AuditRecord, TokenRecord, User, result_code};
 
@@ -78,9 +79,9 @@ pub struct State {
     pub dedup_order: VecDeque<String>,
     /// The log index of the last applied entry: the store's resourceVersion.
     pub revision: u64,
-    /// Join tokens by hash → expiry (RFC 3339, UTC). Never listed, never sent back.
-    #[serde(default)]
-    pub join_tokens: BTreeMap<String, String>,
+    /// Join tokens by hash (see `super::join_tokens`). Never listed, never sent back.
+    #[serde(default, deserialize_with = "super::join_tokens::deserialize_tokens")]
+    pub join_tokens: BTreeMap<String, JoinToken>,
     /// Node name → hash of the credential it was given at join.
     #[serde(default)]
     pub node_credentials: BTreeMap<String, String>,
@@ -129,15 +130,13 @@ impl State {
             Op::CreateToken {
                 token_hash,
                 expires_at,
+                uses,
+                node,
                 ..
-            } => {
-                // Timestamps share one format (UTC, "Z"), so string order is time order.
-                self.join_tokens
-                    .retain(|_, exp| exp.as_str() > cmd.now.as_str());
-                self.join_tokens
-                    .insert(token_hash.clone(), expires_at.clone());
-                (Response::TokenCreated, Vec::new())
-            }
+            } => match self.create_join_token(&cmd.now, token_hash, expires_at, *uses, node) {
+                Ok(()) => (Response::TokenCreated, Vec::new()),
+                Err(e) => (Response::Rejected(e), Vec::new()),
+            },
             Op::Join {
                 token_hash,
                 node,
@@ -198,8 +197,8 @@ impl State {
                     String::new(),
                 ),
             )],
-            Op::CreateToken { .. } => {
-                vec![("create", ("JoinToken".into(), String::new(), String::new()))]
+            Op::CreateToken { node, .. } => {
+                vec![("create", ("JoinToken".into(), String::new(), node.clone()))]
             }
             Op::CreateUser { name, .. } => {
                 vec![("create", ("User".into(), String::new(), name.clone()))]
@@ -667,15 +666,13 @@ impl State {
         node: &Object,
         credential_hash: &str,
     ) -> (Response, Vec<Change>) {
-        let valid = self
-            .join_tokens
-            .get(token_hash)
-            .is_some_and(|exp| exp.as_str() > now);
-        if !valid {
-            let err = StoreError::Unauthenticated("the join token is unknown or expired".into());
-            return (Response::Rejected(err), Vec::new());
-        }
         let key = node.key();
+        // The check and the spending of a use are one step of one command: two joins racing
+        // with a single-use token cannot both pass.
+        if let Err(e) = self.check_join(now, token_hash, &key.name) {
+            return (Response::Rejected(e), Vec::new());
+        }
+        self.spend_join_token(token_hash);
         let mut obj = node.clone();
         let mut changes = Vec::new();
         obj.metadata.resource_version = index;

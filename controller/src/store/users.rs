@@ -136,6 +136,7 @@ pub fn result_code(e: &StoreError) -> &'static str {
         StoreError::Invalid(_) => "InvalidArgument",
         StoreError::Unauthenticated(_) => "Unauthenticated",
         StoreError::AlreadyExists(_) => "AlreadyExists",
+        StoreError::PermissionDenied(_) => "PermissionDenied",
     }
 }
 

@@ -1,5 +1,9 @@
 //! The node's identity: joining with a token once, then the credential (and, with TLS, the node
 //! certificate, `super::tls`) kept in the data dir, so a restarted nodelet needs no token.
+//!
+//! The token comes from a file, stdin or the environment, never the command line, and is read
+//! only when the node has not joined yet. Nothing the admin gave is deleted; after the join the
+//! token is not read again.
 
 use std::path::{Path, PathBuf};
 
@@ -47,12 +51,62 @@ fn save(data_dir: &Path, c: &Credential) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The credential this node uses: the saved one, or a new one from joining with `token`.
+/// Where the join token is.
+#[derive(Debug, Clone)]
+pub enum JoinTokenSource {
+    /// `--join-token-file FILE`.
+    File(PathBuf),
+    /// `--join-token-file -`.
+    Stdin,
+    /// `$TB_JOIN_TOKEN`.
+    Env(String),
+}
+
+/// The longest join token file read (a token is about 70 bytes).
+const MAX_TOKEN_FILE: u64 = 4096;
+
+impl JoinTokenSource {
+    /// The token, trimmed; an error names where it was looked for.
+    pub fn read(&self) -> anyhow::Result<String> {
+        use std::io::Read;
+        let (text, from) = match self {
+            JoinTokenSource::File(p) => {
+                let f = std::fs::File::open(p)
+                    .with_context(|| format!("--join-token-file {}", p.display()))?;
+                let mut text = String::new();
+                f.take(MAX_TOKEN_FILE)
+                    .read_to_string(&mut text)
+                    .with_context(|| format!("--join-token-file {}", p.display()))?;
+                (text, format!("--join-token-file {}", p.display()))
+            }
+            JoinTokenSource::Stdin => {
+                let mut text = String::new();
+                std::io::stdin()
+                    .take(MAX_TOKEN_FILE)
+                    .read_to_string(&mut text)
+                    .context("--join-token-file -: reading stdin")?;
+                (text, "--join-token-file - (stdin)".to_string())
+            }
+            JoinTokenSource::Env(t) => (t.clone(), "TB_JOIN_TOKEN".to_string()),
+        };
+        let token = text.trim();
+        if !token.starts_with("tbjoin-") || token.contains(char::is_whitespace) {
+            anyhow::bail!(
+                "{from}: expected one join token (tbjoin-…, from `tbctl token create`), got {} \
+                 bytes",
+                token.len()
+            );
+        }
+        Ok(token.to_string())
+    }
+}
+
+/// The credential this node uses: the saved one, or a new one from joining with the token.
 pub async fn establish(
     controllers: &Controllers,
     data_dir: &Path,
     name: &str,
-    token: Option<&str>,
+    token: Option<&JoinTokenSource>,
     node: Object,
 ) -> anyhow::Result<Credential> {
     if let Some(c) = load(data_dir)? {
@@ -65,9 +119,12 @@ pub async fn establish(
         }
         return Ok(c);
     }
-    let token = token.context(
-        "this node has not joined yet: pass --join-token (create one with `tbctl token create`)",
-    )?;
+    let token = token
+        .context(
+            "this node has not joined yet: pass a join token with --join-token-file FILE (or \
+             TB_JOIN_TOKEN); create one with `tbctl token create`",
+        )?
+        .read()?;
     let mut last = None;
     for _ in 0..20 {
         let mut client = match controllers.nodes().await {
@@ -79,7 +136,7 @@ pub async fn establish(
             }
         };
         let req = JoinRequest {
-            token: token.to_string(),
+            token: token.clone(),
             node_json: node.to_json(),
         };
         match client.join(req).await {

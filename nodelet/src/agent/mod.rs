@@ -42,9 +42,13 @@ pub struct Config {
     pub listen: SocketAddr,
     /// The address controllers and peers use, when it differs from `listen`.
     pub advertise: Option<String>,
-    pub join_token: Option<String>,
-    /// The cluster CA to trust controllers with; None: the one kept at join, else plain TCP.
+    /// Where the join token is, read only when the node has not joined yet.
+    pub join_token: Option<identity::JoinTokenSource>,
+    /// The cluster CA to trust controllers with; None: the one kept at join, else plain TCP
+    /// (only with `insecure`).
     pub ca_cert: Option<PathBuf>,
+    /// Plain TCP to the controllers is allowed when no CA is configured (`--insecure`).
+    pub insecure: bool,
     pub labels: BTreeMap<String, String>,
     pub port_range: PortRange,
     pub heartbeat: Duration,
@@ -103,8 +107,14 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         .unwrap_or_else(|| cfg.listen.to_string());
     let trust = tls::trust(cfg.ca_cert.as_deref(), &cfg.data_dir)?;
     if trust.is_none() {
+        // Every call carries the join token or the node's credential: never in clear text
+        // unless the admin said so.
+        if !cfg.insecure {
+            anyhow::bail!("{}", tls::no_ca_message(&cfg.controllers));
+        }
         tracing::warn!(
-            "no --ca-cert: talking plain TCP to the controllers (they must run with --insecure)"
+            "--insecure and no CA: talking plain TCP to the controllers; the join token and \
+             this node's credential cross the network in clear text"
         );
     }
     let controllers = Arc::new(Controllers::new(cfg.controllers.clone(), trust.clone()));
@@ -135,7 +145,7 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         &controllers,
         &cfg.data_dir,
         &cfg.name,
-        cfg.join_token.as_deref(),
+        cfg.join_token.as_ref(),
         node,
     )
     .await?;
@@ -148,7 +158,7 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
             if config.is_none() {
                 anyhow::bail!(
                     "{} holds no node certificate (node.pem): this node joined a controller \
-                     without TLS; remove {} and join again with --join-token",
+                     without TLS; remove {} and join again with a join token (--join-token-file)",
                     cfg.data_dir.display(),
                     cfg.data_dir.join("credential.json").display()
                 );

@@ -39,6 +39,19 @@ fn read_ca(path: &Path) -> anyhow::Result<Trust> {
     })
 }
 
+/// Why a nodelet without a CA does not start: where to get one, and what `--insecure` means.
+pub fn no_ca_message(controllers: &[String]) -> String {
+    let first = controllers
+        .first()
+        .map(String::as_str)
+        .unwrap_or("HOST:PORT");
+    format!(
+        "no CA configured for https://{first}: pass --ca-cert FILE (a controller's \
+         DATA_DIR/ca.pem) or set TB_CA_CERT; --insecure sends the join token and the node's \
+         credential in clear text"
+    )
+}
+
 /// The CA to trust: `--ca-cert`, else the one kept in the data dir at join; None: plain TCP.
 pub fn trust(ca_cert: Option<&Path>, data_dir: &Path) -> anyhow::Result<Option<Trust>> {
     if let Some(p) = ca_cert {
