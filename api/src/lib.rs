@@ -6,6 +6,7 @@
 
 pub mod bounds;
 pub mod chips;
+pub mod controller_files;
 pub mod cron;
 pub mod duration;
 pub mod explain;

@@ -1,5 +1,5 @@
 //! tb-controller: the replicated control plane. The Raft store (`raft`, `store`) holds every
-//! object; `service` serves the gRPC API through one `interceptor`, which identifies callers
+//! object (its state machine, the scheduler and placement are pure, in `tb-core`); `service` serves the gRPC API through one `interceptor`, which identifies callers
 //! for `auth`; `tls` holds the cluster CA and the certificates it signs; `server` assembles
 //! them.
 
@@ -8,11 +8,12 @@ pub mod clock;
 pub mod datadir;
 pub mod interceptor;
 pub mod metrics;
-pub mod placement;
 pub mod raft;
 pub mod reconciler;
-pub mod scheduler;
 pub mod server;
 pub mod service;
 pub mod store;
 pub mod tls;
+
+// The pure parts live in tb-core; re-exported so the controller's paths read as before.
+pub use tb_core::{placement, scheduler};

@@ -64,8 +64,7 @@ pub struct TlsOptions {
     pub extra_names: Vec<String>,
 }
 
-/// The file a new cluster's admin token is written to, in the data dir.
-pub const ADMIN_TOKEN_FILE: &str = "admin.token";
+pub use tb_api::controller_files::ADMIN_TOKEN_FILE;
 /// How long the first admin's token lives: a year.
 const ADMIN_TOKEN_TTL: u64 = 365 * 24 * 3600;
 

@@ -19,8 +19,8 @@ use rcgen::{
 use time::OffsetDateTime;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
 
-/// The CA's files in a controller's data dir.
-pub const CA_CERT_FILE: &str = "ca.pem";
+pub use tb_api::controller_files::CA_CERT_FILE;
+/// The CA's private key in a controller's data dir.
 pub const CA_KEY_FILE: &str = "ca.key";
 /// How long the CA lives.
 const CA_DAYS: i64 = 10 * 365;

@@ -34,7 +34,7 @@ const CONVERGE_TIMEOUT: Duration = Duration::from_secs(30);
 const MINUTE_MS: i64 = 60_000;
 
 /// The label, annotations, event reasons and status field the scheduler uses
-/// (`api/src/specs/schedule.rs`, `controller/src/scheduler/schedules.rs`).
+/// (`api/src/specs/schedule.rs`, `core/src/scheduler/schedules.rs`).
 const LABEL_SCHEDULE: &str = "tb/schedule";
 const ANNOTATION_SCHEDULE_UID: &str = "tb/schedule-uid";
 const ANNOTATION_SCHEDULED_TIME: &str = "tb/scheduled-time";

@@ -4,7 +4,7 @@
 //!
 //! The scheduler orders pending work by priority, then by the queue's decayed memory usage ÷ its
 //! weight (lowest first), then services before batch, then age. The virtual-time test
-//! (`controller/src/scheduler/tests/fair_share.rs`) shows the split over hours; this one shows
+//! (`core/src/scheduler/tests/fair_share.rs`) shows the split over hours; this one shows
 //! it through the whole stack — Raft, the leader's usage ledger, nodelets starting and reaping
 //! processes — over about 40 s.
 //!

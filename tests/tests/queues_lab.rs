@@ -1,6 +1,6 @@
 //! Queues end to end, on real processes: a real controller and two real nodelets (`node-1`,
 //! `node-2`) run exec TrainingJobs, and the tests check what the scheduler's virtual-time tests
-//! (`controller/src/scheduler/tests.rs`: `a_queue_quota_holds_jobs_until_its_work_ends`,
+//! (`core/src/scheduler/tests.rs`: `a_queue_quota_holds_jobs_until_its_work_ends`,
 //! `borrowing_lets_a_queue_go_past_its_quota_up_to_the_limit`,
 //! `a_higher_priority_job_preempts_a_whole_lower_gang_which_is_requeued`, the reclaim tests)
 //! check on paper, through the whole stack — Raft, the leader's scheduler, nodelets starting

@@ -86,7 +86,7 @@ async fn warn_quotas_below_usage(ctx: &mut Ctx, results: &[tb_api::proto::ApplyR
     };
     let held = snap.queues();
     for name in queues {
-        if let Some(warning) = tb_controller::scheduler::queue_status::below_usage(&held, name) {
+        if let Some(warning) = tb_core::scheduler::queue_status::below_usage(&held, name) {
             eprintln!("Warning: {warning}");
         }
     }

@@ -20,8 +20,8 @@ use tb_api::lab::LabFile;
 use tb_api::proto::ListRequest;
 use tb_api::specs::{ModelSpec, parse_spec};
 use tb_api::{Kind, Object};
-use tb_controller::placement::{self, Options, Plan, Topology, live};
-use tb_controller::scheduler::view::ClusterView;
+use tb_core::placement::{self, Options, Plan, Topology, live};
+use tb_core::scheduler::view::ClusterView;
 
 use super::{Ctx, parse_object};
 use crate::args::{PlanArgs, PlanOutput};

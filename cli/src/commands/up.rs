@@ -35,8 +35,8 @@ use crate::local::{self, CONTEXT, Proc};
 use crate::output::{Table, emit};
 use crate::servers::parse_server_list;
 use crate::tls::Trust;
-use tb_controller::server::ADMIN_TOKEN_FILE;
-use tb_controller::tls::CA_CERT_FILE;
+use tb_api::controller_files::ADMIN_TOKEN_FILE;
+use tb_api::controller_files::CA_CERT_FILE;
 
 /// How long the controller gets to elect itself, and the nodelets to become Ready.
 const START_TIMEOUT: Duration = Duration::from_secs(30);

@@ -13,11 +13,11 @@ use tb_api::proto::{ListRequest, UsageRequest, UsageResponse, UsageRow};
 use tb_api::specs::{AllocationSpec, QueueSpec, parse_spec};
 use tb_api::status::{JobPhase, JobStatus};
 use tb_api::{Kind, Object};
-use tb_controller::scheduler::order;
-use tb_controller::scheduler::queues::Queues;
-use tb_controller::scheduler::usage::user_of;
-use tb_controller::scheduler::view::ClusterView;
-use tb_controller::store::State;
+use tb_core::scheduler::order;
+use tb_core::scheduler::queues::Queues;
+use tb_core::scheduler::usage::user_of;
+use tb_core::scheduler::view::ClusterView;
+use tb_core::store::State;
 
 use super::{Ctx, parse_object};
 use crate::args::{UsageArgs, UsageBy};

@@ -19,7 +19,7 @@ pub const MAX_AUDIT_BYTES: usize = 8 * 1024 * 1024;
 /// The name of the user created with a new cluster.
 pub const ADMIN_USER: &str = "admin";
 
-/// What a user may do (see `crate::auth::authorize`).
+/// What a user may do (the controller's `auth::authorize` decides).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
