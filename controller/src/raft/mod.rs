@@ -3,6 +3,7 @@
 //! propose a command, wait for a linearizable read, report and change membership.
 
 mod log_store;
+mod memory;
 mod network;
 mod service;
 mod state_machine;
@@ -19,16 +20,15 @@ use openraft::errors::{ClientWriteError, RaftError};
 use openraft::raft::linearizable_read::{Linearizer, ReadLogId};
 use openraft::{BasicNode, ChangeMembers, ReadPolicy, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
-use tb_api::proto::{
-    ClusterStatusResponse, MemberStatus, MemberStatusRequest, RaftPayload, ReadIndexRequest,
-};
+use tb_api::proto::{ClusterStatusResponse, MemberStatus};
 
+pub use memory::MemoryNetwork;
 pub use network::{MAX_MESSAGE, PeerAuth, PeerChannel};
 pub use service::RaftService;
 pub use state_machine::Shared;
 
 use crate::store::{Command, Response};
-use network::Peers;
+use network::{GrpcPeers, Method, Peers};
 use state_machine::StateMachine;
 
 openraft::declare_raft_types!(
@@ -119,7 +119,8 @@ pub struct RaftNode {
 }
 
 impl RaftNode {
-    /// Open (or create) the member's redb database in `data_dir` and start Raft.
+    /// Open (or create) the member's redb database in `data_dir` and start Raft; other
+    /// controllers are reached over gRPC.
     pub async fn start(
         id: NodeId,
         addr: String,
@@ -136,6 +137,39 @@ impl RaftNode {
             .set_cache_size(REDB_CACHE_BYTES)
             .create(&path)
             .with_context(|| format!("opening {}", path.display()))?;
+        Self::start_with(id, addr, db, opts, Peers::Grpc(GrpcPeers::default())).await
+    }
+
+    /// Start a member of an in-process cluster: its log and state in memory, its peers
+    /// reached through `net` (see `MemoryNetwork`).
+    pub async fn start_in_memory(
+        id: NodeId,
+        addr: String,
+        opts: &RaftOptions,
+        net: &MemoryNetwork,
+    ) -> anyhow::Result<Arc<RaftNode>> {
+        use anyhow::Context;
+        let db = redb::Builder::new()
+            .set_cache_size(REDB_CACHE_BYTES)
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .context("creating an in-memory database")?;
+        let peers = Peers::Memory(memory::MemoryPeer {
+            own: addr.clone(),
+            net: net.clone(),
+        });
+        let node = Self::start_with(id, addr, db, opts, peers).await?;
+        net.register(&node);
+        Ok(node)
+    }
+
+    async fn start_with(
+        id: NodeId,
+        addr: String,
+        db: redb::Database,
+        opts: &RaftOptions,
+        peers: Peers,
+    ) -> anyhow::Result<Arc<RaftNode>> {
+        use anyhow::Context;
         let db = Arc::new(db);
         let log = log_store::LogStore::new(db.clone()).context("opening the raft log")?;
         let sm = StateMachine::open(db).context("loading the latest snapshot")?;
@@ -152,7 +186,6 @@ impl RaftNode {
         }
         .validate()
         .context("raft configuration")?;
-        let peers = Peers::default();
         let raft = Raft::new(id, Arc::new(config), peers.clone(), log, sm)
             .await
             .context("starting raft")?;
@@ -257,14 +290,12 @@ impl RaftNode {
         let unreachable =
             |e: &dyn std::fmt::Display| Unavailable::LeaderUnreachable(format!("{addr}: {e}"));
         let data = serde_json::to_vec(cmd).map_err(|e| Unavailable::Other(e.to_string()))?;
-        let mut client = self.peers.client(addr).map_err(|e| unreachable(&e))?;
-        let mut req = tonic::Request::new(RaftPayload { data });
-        req.set_timeout(Duration::from_secs(5));
-        let reply = client
-            .propose(req)
+        let reply = self
+            .peers
+            .call(addr, Method::Propose, data, Duration::from_secs(5))
             .await
             .map_err(|e| unreachable(&e.message()))?;
-        serde_json::from_slice(&reply.into_inner().data).map_err(|e| unreachable(&e))
+        serde_json::from_slice(&reply).map_err(|e| unreachable(&e))
     }
 
     /// Wait until this member's store reflects every write committed before the call (ReadIndex).
@@ -278,19 +309,13 @@ impl RaftNode {
                 .await
                 .map_err(|e| Unavailable::Other(format!("read index: {e}")))?
         } else {
-            let mut client = self
+            let reply = self
                 .peers
-                .client(&addr)
-                .map_err(|e| Unavailable::LeaderUnreachable(e.to_string()))?;
-            let mut req = tonic::Request::new(ReadIndexRequest {});
-            req.set_timeout(Duration::from_secs(3));
-            let reply = client
-                .read_index(req)
+                .call(&addr, Method::ReadIndex, Vec::new(), Duration::from_secs(3))
                 .await
                 .map_err(|e| Unavailable::LeaderUnreachable(format!("{addr}: {}", e.message())))?;
             let r: Result<ReadIndexReply, String> =
-                serde_json::from_slice(&reply.into_inner().data)
-                    .map_err(|e| Unavailable::Other(e.to_string()))?;
+                serde_json::from_slice(&reply).map_err(|e| Unavailable::Other(e.to_string()))?;
             let r = r.map_err(Unavailable::Other)?;
             Linearizer::new(r.node_id, r.read_log_id, r.applied)
         };
@@ -356,18 +381,13 @@ impl RaftNode {
                     state: "unreachable".into(),
                     ..Default::default()
                 };
-                let answer = async {
-                    let mut client = peers.client(&addr).map_err(|e| e.to_string())?;
-                    let mut req = tonic::Request::new(MemberStatusRequest {});
-                    req.set_timeout(Duration::from_millis(800));
-                    client
-                        .member_status(req)
-                        .await
-                        .map_err(|e| e.message().to_string())
-                };
-                match answer.await {
+                let answer = peers
+                    .member_status(&addr, Duration::from_millis(800))
+                    .await
+                    .map_err(|e| e.message().to_string());
+                match answer {
                     Ok(r) => {
-                        status = r.into_inner();
+                        status = r;
                         status.role = role.into();
                     }
                     Err(e) => status.error = e,

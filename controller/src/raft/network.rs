@@ -1,5 +1,5 @@
 //! Raft messages between controllers, carried by the internal `Raft` gRPC service (over TLS
-//! with the cluster CA, `crate::tls::endpoint`).
+//! with the cluster CA, `crate::tls::endpoint`), or within one process by `super::memory`.
 //!
 //! Each message is the serde encoding of openraft's own request type; the answer is the serde
 //! encoding of `Result<Response, RaftError>`.
@@ -21,8 +21,8 @@ use openraft::raft::{
 use openraft::{BasicNode, OptionalSend};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tb_api::proto::RaftPayload;
 use tb_api::proto::raft_client::RaftClient;
+use tb_api::proto::{MemberStatus, MemberStatusRequest, RaftPayload, ReadIndexRequest};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
@@ -49,19 +49,69 @@ impl tonic::service::Interceptor for PeerAuth {
 /// A channel to another controller that presents the cluster secret.
 pub type PeerChannel = InterceptedService<Channel, PeerAuth>;
 
-/// Lazily connected channels to other controllers, shared by Raft replication and forwarding.
-#[derive(Clone, Default)]
-pub struct Peers {
-    channels: Arc<Mutex<HashMap<String, Channel>>>,
+/// The calls one controller makes to another, whatever carries them.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Method {
+    Append,
+    Vote,
+    Snapshot,
+    TransferLeader,
+    /// A follower's command for the leader.
+    Propose,
+    /// A follower asking the leader for a read index (the payload is ignored).
+    ReadIndex,
+}
+
+/// How this member reaches the others: gRPC over TLS between processes, or straight calls
+/// between members of one process (`super::memory`, for tests).
+#[derive(Clone)]
+pub(super) enum Peers {
+    Grpc(GrpcPeers),
+    Memory(super::memory::MemoryPeer),
 }
 
 impl Peers {
-    pub fn client(&self, addr: &str) -> Result<RaftClient<PeerChannel>, tonic::transport::Error> {
+    /// Send one serde-encoded message to the controller at `addr` and return its answer.
+    pub(super) async fn call(
+        &self,
+        addr: &str,
+        method: Method,
+        data: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, tonic::Status> {
+        match self {
+            Peers::Grpc(grpc) => grpc.call(addr, method, data, timeout).await,
+            Peers::Memory(memory) => memory.call(addr, method, data, timeout).await,
+        }
+    }
+
+    /// Another member's own view of itself.
+    pub(super) async fn member_status(
+        &self,
+        addr: &str,
+        timeout: Duration,
+    ) -> Result<MemberStatus, tonic::Status> {
+        match self {
+            Peers::Grpc(grpc) => grpc.member_status(addr, timeout).await,
+            Peers::Memory(memory) => memory.member_status(addr, timeout).await,
+        }
+    }
+}
+
+/// Lazily connected channels to other controllers, shared by Raft replication and forwarding.
+#[derive(Clone, Default)]
+pub(super) struct GrpcPeers {
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
+}
+
+impl GrpcPeers {
+    fn client(&self, addr: &str) -> Result<RaftClient<PeerChannel>, tonic::Status> {
         let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
         let channel = match channels.get(addr) {
             Some(c) => c.clone(),
             None => {
-                let c = crate::tls::endpoint(addr)?
+                let c = crate::tls::endpoint(addr)
+                    .map_err(|e| tonic::Status::unavailable(e.to_string()))?
                     .connect_timeout(Duration::from_millis(500))
                     .tcp_nodelay(true)
                     .http2_keep_alive_interval(Duration::from_secs(5))
@@ -73,6 +123,42 @@ impl Peers {
         Ok(RaftClient::with_interceptor(channel, PeerAuth)
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE))
+    }
+
+    async fn call(
+        &self,
+        addr: &str,
+        method: Method,
+        data: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, tonic::Status> {
+        let mut client = self.client(addr)?;
+        let mut req = tonic::Request::new(RaftPayload { data });
+        req.set_timeout(timeout);
+        let reply = match method {
+            Method::Append => client.append(req).await?,
+            Method::Vote => client.vote(req).await?,
+            Method::Snapshot => client.snapshot(req).await?,
+            Method::TransferLeader => client.transfer_leader(req).await?,
+            Method::Propose => client.propose(req).await?,
+            Method::ReadIndex => {
+                let mut req = tonic::Request::new(ReadIndexRequest {});
+                req.set_timeout(timeout);
+                client.read_index(req).await?
+            }
+        };
+        Ok(reply.into_inner().data)
+    }
+
+    async fn member_status(
+        &self,
+        addr: &str,
+        timeout: Duration,
+    ) -> Result<MemberStatus, tonic::Status> {
+        let mut client = self.client(addr)?;
+        let mut req = tonic::Request::new(MemberStatusRequest {});
+        req.set_timeout(timeout);
+        Ok(client.member_status(req).await?.into_inner())
     }
 }
 
@@ -102,13 +188,6 @@ struct PeerError {
     message: String,
 }
 
-type Call = fn(
-    RaftClient<PeerChannel>,
-    tonic::Request<RaftPayload>,
-) -> std::pin::Pin<
-    Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>,
->;
-
 impl PeerClient {
     fn error(&self, message: impl std::fmt::Display) -> PeerError {
         PeerError {
@@ -120,7 +199,7 @@ impl PeerClient {
 
     async fn call<Req, Resp>(
         &self,
-        call: Call,
+        method: Method,
         req: &Req,
         timeout: Duration,
     ) -> Result<Resp, RPCError<TypeConfig>>
@@ -130,59 +209,23 @@ impl PeerClient {
     {
         let data = serde_json::to_vec(req)
             .map_err(|e| RPCError::Network(NetworkError::new(&self.error(e))))?;
-        let client = self
+        let reply = self
             .peers
-            .client(&self.addr)
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&self.error(e))))?;
-        let mut request = tonic::Request::new(RaftPayload { data });
-        request.set_timeout(timeout);
-        let reply = call(client, request).await.map_err(|status| {
-            let err = self.error(format!("{}: {}", status.code(), status.message()));
-            match status.code() {
-                tonic::Code::Unavailable
-                | tonic::Code::DeadlineExceeded
-                | tonic::Code::Cancelled => RPCError::Unreachable(Unreachable::new(&err)),
-                _ => RPCError::Network(NetworkError::new(&err)),
-            }
-        })?;
-        let result: Result<Resp, RaftError<TypeConfig>> =
-            serde_json::from_slice(&reply.into_inner().data)
-                .map_err(|e| RPCError::Network(NetworkError::new(&self.error(e))))?;
+            .call(&self.addr, method, data, timeout)
+            .await
+            .map_err(|status| {
+                let err = self.error(format!("{}: {}", status.code(), status.message()));
+                match status.code() {
+                    tonic::Code::Unavailable
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Cancelled => RPCError::Unreachable(Unreachable::new(&err)),
+                    _ => RPCError::Network(NetworkError::new(&err)),
+                }
+            })?;
+        let result: Result<Resp, RaftError<TypeConfig>> = serde_json::from_slice(&reply)
+            .map_err(|e| RPCError::Network(NetworkError::new(&self.error(e))))?;
         result.map_err(|e| RPCError::Unreachable(Unreachable::new(&self.error(e))))
     }
-}
-
-fn append(
-    mut c: RaftClient<PeerChannel>,
-    r: tonic::Request<RaftPayload>,
-) -> std::pin::Pin<
-    Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>,
-> {
-    Box::pin(async move { c.append(r).await })
-}
-fn vote(
-    mut c: RaftClient<PeerChannel>,
-    r: tonic::Request<RaftPayload>,
-) -> std::pin::Pin<
-    Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>,
-> {
-    Box::pin(async move { c.vote(r).await })
-}
-fn snapshot(
-    mut c: RaftClient<PeerChannel>,
-    r: tonic::Request<RaftPayload>,
-) -> std::pin::Pin<
-    Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>,
-> {
-    Box::pin(async move { c.snapshot(r).await })
-}
-fn transfer_leader(
-    mut c: RaftClient<PeerChannel>,
-    r: tonic::Request<RaftPayload>,
-) -> std::pin::Pin<
-    Box<dyn Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>> + Send>,
-> {
-    Box::pin(async move { c.transfer_leader(r).await })
 }
 
 /// The least time an append with entries is given.
@@ -206,7 +249,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         } else {
             option.hard_ttl().max(APPEND_TIMEOUT_FLOOR)
         };
-        self.call(append, &rpc, timeout).await
+        self.call(Method::Append, &rpc, timeout).await
     }
 
     async fn vote(
@@ -214,7 +257,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call(vote, &rpc, option.hard_ttl()).await
+        self.call(Method::Vote, &rpc, option.hard_ttl()).await
     }
 
     async fn full_snapshot(
@@ -229,7 +272,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         tokio::select! {
             closed = &mut cancel => Err(StreamingError::Closed(closed)),
             // A snapshot can be large; allow it far longer than a heartbeat.
-            res = self.call(snapshot, &req, Duration::from_secs(120)) => Ok(res?),
+            res = self.call(Method::Snapshot, &req, Duration::from_secs(120)) => Ok(res?),
         }
     }
 
@@ -238,6 +281,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         req: TransferLeaderRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call(transfer_leader, &req, option.hard_ttl()).await
+        self.call(Method::TransferLeader, &req, option.hard_ttl())
+            .await
     }
 }
