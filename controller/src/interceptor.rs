@@ -17,7 +17,7 @@ use tower::{Layer, Service};
 
 pub use crate::auth::Caller;
 use crate::auth::{UNAUTHENTICATED, authenticate};
-use crate::raft::Shared;
+use crate::raft::RaftNode;
 
 /// Methods served without credentials: they carry their own (a join token, a node credential).
 const ANONYMOUS_METHODS: [&str; 2] = ["/tb.v1.Nodes/Join", "/tb.v1.Nodes/Heartbeat"];
@@ -26,13 +26,13 @@ const CONTROLLER_SERVICE: &str = "/tb.v1.Raft/";
 
 #[derive(Clone)]
 pub struct RpcLayer {
-    store: Arc<Shared>,
+    node: Arc<RaftNode>,
 }
 
 impl RpcLayer {
-    /// Credentials are looked up in `store`, this member's applied state.
-    pub fn new(store: Arc<Shared>) -> RpcLayer {
-        RpcLayer { store }
+    /// Tokens are looked up in the node's applied state; the cluster secret in its credentials.
+    pub fn new(node: Arc<RaftNode>) -> RpcLayer {
+        RpcLayer { node }
     }
 }
 
@@ -41,7 +41,7 @@ impl<S> Layer<S> for RpcLayer {
     fn layer(&self, inner: S) -> Self::Service {
         RpcService {
             inner,
-            store: self.store.clone(),
+            node: self.node.clone(),
         }
     }
 }
@@ -49,11 +49,11 @@ impl<S> Layer<S> for RpcLayer {
 #[derive(Clone)]
 pub struct RpcService<S> {
     inner: S,
-    store: Arc<Shared>,
+    node: Arc<RaftNode>,
 }
 
 /// Who `req` comes from, or the refusal to answer with.
-fn identify<B>(store: &Shared, method: &str, req: &Request<B>) -> Result<Caller, tonic::Status> {
+fn identify<B>(node: &RaftNode, method: &str, req: &Request<B>) -> Result<Caller, tonic::Status> {
     let header = match req.headers().get(http::header::AUTHORIZATION) {
         None => None,
         Some(v) => Some(
@@ -62,7 +62,7 @@ fn identify<B>(store: &Shared, method: &str, req: &Request<B>) -> Result<Caller,
         ),
     };
     let now = crate::service::now();
-    let caller = authenticate(&store.read(), header, &now)
+    let caller = authenticate(&node.store().read(), node.credentials(), header, &now)
         .map_err(|()| tonic::Status::unauthenticated(UNAUTHENTICATED))?;
     if method.starts_with(CONTROLLER_SERVICE) {
         return match caller {
@@ -124,13 +124,15 @@ where
         let method = req.uri().path().to_string();
         let short = method.trim_start_matches("/tb.v1.").to_string();
         let started = Instant::now();
-        match identify(&self.store, &method, &req) {
+        match identify(&self.node, &method, &req) {
             Ok(caller) => {
                 req.extensions_mut().insert(caller);
             }
             Err(status) => {
                 let code = format!("{:?}", status.code());
-                crate::metrics::observe_request(&short, &code, started.elapsed());
+                self.node
+                    .metrics()
+                    .observe_request(&short, &code, started.elapsed());
                 tracing::debug!(method = %method, code = %code, "request refused before its handler");
                 return Box::pin(async move { Ok(status.into_http()) });
             }
@@ -138,6 +140,7 @@ where
         // Take the service that was driven to readiness, leave a fresh clone in its place.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
+        let node = self.node.clone();
         Box::pin(async move {
             let mut result = inner.call(req).await;
             if let Ok(resp) = &mut result {
@@ -155,7 +158,8 @@ where
                     .unwrap_or_else(|| "Ok".into()),
                 Err(_) => "TransportError".into(),
             };
-            crate::metrics::observe_request(&short, &code, started.elapsed());
+            node.metrics()
+                .observe_request(&short, &code, started.elapsed());
             if code != "Ok" {
                 tracing::debug!(method = %method, code = %code, "request refused");
             }

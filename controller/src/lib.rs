@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod clock;
+pub mod credentials;
 pub mod datadir;
 pub mod interceptor;
 pub mod metrics;

@@ -1,7 +1,7 @@
 //! Prometheus metrics: request counts and latencies per gRPC method and code, apply latency,
 //! Raft progress and stored objects per kind, served as text on `--metrics-listen`.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
@@ -15,7 +15,8 @@ use crate::raft::RaftNode;
 
 type Labels = Vec<(String, String)>;
 
-struct Metrics {
+/// One controller's figures (each `RaftNode` has its own registry).
+pub struct Metrics {
     registry: Registry,
     requests: Family<Labels, Counter>,
     request_seconds: Family<Labels, Histogram>,
@@ -29,16 +30,21 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.00005, 2.0, 19))
 }
 
-fn metrics() -> &'static Metrics {
-    static METRICS: OnceLock<Metrics> = OnceLock::new();
-    METRICS.get_or_init(|| {
+impl Default for Metrics {
+    fn default() -> Self {
         let mut registry = Registry::with_prefix("tb");
         let requests = Family::<Labels, Counter>::default();
-        let request_seconds = Family::<Labels, Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
+        let request_seconds = Family::<Labels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
         let apply_seconds = latency_histogram();
         let raft = Family::<Labels, Gauge>::default();
         let objects = Family::<Labels, Gauge>::default();
-        registry.register("grpc_requests", "gRPC requests by method and code", requests.clone());
+        registry.register(
+            "grpc_requests",
+            "gRPC requests by method and code",
+            requests.clone(),
+        );
         registry.register(
             "grpc_request_duration_seconds",
             "gRPC request latency by method",
@@ -59,55 +65,57 @@ fn metrics() -> &'static Metrics {
             raft,
             objects,
         }
-    })
-}
-
-pub fn observe_request(method: &str, code: &str, elapsed: Duration) {
-    let m = metrics();
-    m.requests
-        .get_or_create(&vec![
-            ("method".into(), method.into()),
-            ("code".into(), code.into()),
-        ])
-        .inc();
-    m.request_seconds
-        .get_or_create(&vec![("method".into(), method.into())])
-        .observe(elapsed.as_secs_f64());
-}
-
-pub fn observe_apply(elapsed: Duration) {
-    metrics().apply_seconds.observe(elapsed.as_secs_f64());
-}
-
-/// The text exposition, with gauges read fresh from the node.
-pub fn render(node: &RaftNode) -> String {
-    let m = metrics();
-    let g = node.gauges();
-    for (name, value) in [
-        ("term", g.term),
-        ("commit_index", g.commit_index),
-        ("applied_index", g.applied_index),
-        ("last_log_index", g.last_log_index),
-        ("is_leader", g.is_leader as u64),
-    ] {
-        m.raft
-            .get_or_create(&vec![("figure".into(), name.into())])
-            .set(value as i64);
     }
-    {
-        let state = node.store().read();
-        for kind in tb_api::Kind::ALL {
-            let n = state.list(kind.as_str(), "").len();
-            m.objects
-                .get_or_create(&vec![("kind".into(), kind.as_str().into())])
-                .set(n as i64);
+}
+
+impl Metrics {
+    pub fn observe_request(&self, method: &str, code: &str, elapsed: Duration) {
+        let m = self;
+        m.requests
+            .get_or_create(&vec![
+                ("method".into(), method.into()),
+                ("code".into(), code.into()),
+            ])
+            .inc();
+        m.request_seconds
+            .get_or_create(&vec![("method".into(), method.into())])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn observe_apply(&self, elapsed: Duration) {
+        self.apply_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    /// The text exposition, with gauges read fresh from the node.
+    pub fn render(&self, node: &RaftNode) -> String {
+        let m = self;
+        let g = node.gauges();
+        for (name, value) in [
+            ("term", g.term),
+            ("commit_index", g.commit_index),
+            ("applied_index", g.applied_index),
+            ("last_log_index", g.last_log_index),
+            ("is_leader", g.is_leader as u64),
+        ] {
+            m.raft
+                .get_or_create(&vec![("figure".into(), name.into())])
+                .set(value as i64);
         }
+        {
+            let state = node.store().read();
+            for kind in tb_api::Kind::ALL {
+                let n = state.list(kind.as_str(), "").len();
+                m.objects
+                    .get_or_create(&vec![("kind".into(), kind.as_str().into())])
+                    .set(n as i64);
+            }
+        }
+        let mut out = String::new();
+        if encode(&mut out, &m.registry).is_err() {
+            out.clear();
+        }
+        out
     }
-    let mut out = String::new();
-    if encode(&mut out, &m.registry).is_err() {
-        out.clear();
-    }
-    out
 }
 
 /// Serve `/metrics` until the process ends.
@@ -120,7 +128,7 @@ pub async fn serve(listener: tokio::net::TcpListener, node: Arc<RaftNode>) -> st
             async move {
                 (
                     [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                    render(&node),
+                    node.metrics().render(&node),
                 )
             }
         }),

@@ -125,13 +125,20 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         Some(crate::tls::ControllerTls { ca, cert })
     };
     let server_tls = tls.as_ref().map(crate::tls::ControllerTls::server_config);
-    crate::tls::set(tls);
-    let node = RaftNode::start(opts.id, opts.advertise.clone(), &opts.data_dir, &opts.raft).await?;
     let secret_path = opts
         .cluster_secret_file
         .clone()
         .unwrap_or_else(|| opts.data_dir.join("cluster.secret"));
-    crate::auth::set_cluster_secret(crate::auth::load_or_create_secret(&secret_path)?);
+    let secret = crate::auth::load_or_create_secret(&secret_path)?;
+    let credentials = crate::credentials::Credentials::new(tls, secret);
+    let node = RaftNode::start(
+        opts.id,
+        opts.advertise.clone(),
+        &opts.data_dir,
+        &opts.raft,
+        credentials,
+    )
+    .await?;
     let admin_token = match &opts.admin_token_file {
         None => None,
         Some(p) => {
@@ -183,7 +190,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let serve = builder
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .layer(RpcLayer::new(node.store().clone()))
+        .layer(RpcLayer::new(node.clone()))
         .add_service(objects)
         .add_service(AuthServer::new(auth))
         .add_service(cluster)

@@ -8,8 +8,6 @@
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
-use std::time::Duration;
 
 use anyhow::Context;
 use rcgen::{
@@ -17,7 +15,7 @@ use rcgen::{
     Issuer, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, SanType, SerialNumber,
 };
 use time::OffsetDateTime;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
 pub use tb_api::controller_files::CA_CERT_FILE;
 /// The CA's private key in a controller's data dir.
@@ -292,42 +290,6 @@ impl ControllerTls {
         ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&self.ca.cert_pem))
             .identity(Identity::from_pem(&self.cert.cert_pem, &self.cert.key_pem))
-    }
-}
-
-static TLS: OnceLock<Option<ControllerTls>> = OnceLock::new();
-
-/// Set once at start: Some(TLS), or None for `--insecure`.
-pub fn set(tls: Option<ControllerTls>) {
-    let _ = TLS.set(tls);
-}
-
-/// This controller's TLS, None when serving plain TCP (or not yet set).
-pub fn get() -> Option<&'static ControllerTls> {
-    TLS.get().and_then(Option::as_ref)
-}
-
-/// An endpoint for `addr` (`HOST:PORT`): `https` with the cluster CA when TLS is on, else
-/// `http`. Every call a controller makes to another controller or to a nodelet starts here.
-pub fn endpoint(addr: &str) -> Result<Endpoint, tonic::transport::Error> {
-    match get() {
-        Some(tls) => Endpoint::from_shared(format!("https://{addr}"))?
-            .tls_config(tls.client_config().timeout(Duration::from_secs(5))),
-        None => Endpoint::from_shared(format!("http://{addr}")),
-    }
-}
-
-/// The node certificate to hand a joining nodelet at `address`; None when TLS is off.
-pub fn issue_node_cert(
-    node: &str,
-    address: &str,
-) -> anyhow::Result<Option<(CertifiedKey, String)>> {
-    match get() {
-        None => Ok(None),
-        Some(tls) => Ok(Some((
-            tls.ca.issue_node(node, address)?,
-            tls.ca.cert_pem.clone(),
-        ))),
     }
 }
 

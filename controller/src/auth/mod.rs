@@ -9,12 +9,12 @@
 pub mod authorize;
 
 use std::path::Path;
-use std::sync::OnceLock;
 
 use anyhow::Context;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
+use crate::credentials::Credentials;
 use crate::store::{Role, State};
 
 pub use authorize::{Access, Denied, Verb, authorize};
@@ -92,18 +92,6 @@ pub fn hash_secret(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))
 }
 
-static CLUSTER_SECRET: OnceLock<String> = OnceLock::new();
-
-/// Set the secret this controller and its peers share (once per process).
-pub fn set_cluster_secret(secret: String) {
-    let _ = CLUSTER_SECRET.set(secret);
-}
-
-/// The cluster secret, for calls to other controllers.
-pub fn cluster_secret() -> Option<&'static str> {
-    CLUSTER_SECRET.get().map(String::as_str)
-}
-
 /// Read the cluster secret from `path`, or create it there (mode 0600) when missing.
 pub fn load_or_create_secret(path: &Path) -> anyhow::Result<String> {
     match std::fs::read_to_string(path) {
@@ -146,15 +134,20 @@ pub fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
 }
 
 /// Equal in time independent of where the strings differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The caller an `authorization` header names, looked up in `state` at time `now` (RFC 3339,
-/// UTC). No header: anonymous. `Err(())`: a header that names nobody (unknown, expired or
+/// UTC), with `credentials` telling the cluster secret. No header: anonymous. `Err(())`: a header that names nobody (unknown, expired or
 /// revoked token, malformed) — callers answer with [`UNAUTHENTICATED`] and no detail.
 #[allow(clippy::result_unit_err)]
-pub fn authenticate(state: &State, header: Option<&str>, now: &str) -> Result<Caller, ()> {
+pub fn authenticate(
+    state: &State,
+    credentials: &Credentials,
+    header: Option<&str>,
+    now: &str,
+) -> Result<Caller, ()> {
     let Some(header) = header else {
         return Ok(Caller::Anonymous);
     };
@@ -177,10 +170,7 @@ pub fn authenticate(state: &State, header: Option<&str>, now: &str) -> Result<Ca
             name: node.to_string(),
         });
     }
-    if secret.starts_with(CLUSTER_SECRET_PREFIX)
-        && let Some(ours) = cluster_secret()
-        && constant_time_eq(secret.as_bytes(), ours.as_bytes())
-    {
+    if secret.starts_with(CLUSTER_SECRET_PREFIX) && credentials.is_cluster_secret(secret) {
         return Ok(Caller::Controller);
     }
     Err(())
@@ -227,7 +217,12 @@ mod tests {
     fn tokens_name_their_user_until_they_expire_or_are_revoked() {
         let (mut state, token) = state_with_alice("2026-01-02T00:00:00.000Z");
         let header = format!("Bearer {token}");
-        let caller = authenticate(&state, Some(&header), "2026-01-01T12:00:00.000Z");
+        let caller = authenticate(
+            &state,
+            &Credentials::none(),
+            Some(&header),
+            "2026-01-01T12:00:00.000Z",
+        );
         assert_eq!(
             caller,
             Ok(Caller::User {
@@ -237,23 +232,39 @@ mod tests {
             })
         );
         assert_eq!(
-            authenticate(&state, Some(&header), "2026-01-02T00:00:00.001Z"),
+            authenticate(
+                &state,
+                &Credentials::none(),
+                Some(&header),
+                "2026-01-02T00:00:00.001Z"
+            ),
             Err(())
         );
         assert_eq!(
             authenticate(
                 &state,
+                &Credentials::none(),
                 Some("Bearer tbuser-nope"),
                 "2026-01-01T12:00:00.000Z"
             ),
             Err(())
         );
         assert_eq!(
-            authenticate(&state, Some("Basic x"), "2026-01-01T12:00:00.000Z"),
+            authenticate(
+                &state,
+                &Credentials::none(),
+                Some("Basic x"),
+                "2026-01-01T12:00:00.000Z"
+            ),
             Err(())
         );
         assert_eq!(
-            authenticate(&state, None, "2026-01-01T12:00:00.000Z"),
+            authenticate(
+                &state,
+                &Credentials::none(),
+                None,
+                "2026-01-01T12:00:00.000Z"
+            ),
             Ok(Caller::Anonymous)
         );
         let cmd = Command {
@@ -264,7 +275,12 @@ mod tests {
         };
         state.apply(10, &cmd);
         assert_eq!(
-            authenticate(&state, Some(&header), "2026-01-01T12:00:00.000Z"),
+            authenticate(
+                &state,
+                &Credentials::none(),
+                Some(&header),
+                "2026-01-01T12:00:00.000Z"
+            ),
             Err(())
         );
         // The revocation is in the audit log, by the admin.
@@ -285,6 +301,7 @@ mod tests {
         assert_eq!(
             authenticate(
                 &state,
+                &Credentials::none(),
                 Some(&format!("Bearer {cred}")),
                 "2026-01-01T00:00:00Z"
             ),
@@ -293,7 +310,12 @@ mod tests {
             })
         );
         assert_eq!(
-            authenticate(&state, Some("Bearer tbnode-other"), "2026-01-01T00:00:00Z"),
+            authenticate(
+                &state,
+                &Credentials::none(),
+                Some("Bearer tbnode-other"),
+                "2026-01-01T00:00:00Z"
+            ),
             Err(())
         );
     }

@@ -27,6 +27,8 @@ pub use network::{MAX_MESSAGE, PeerAuth, PeerChannel};
 pub use service::RaftService;
 pub use state_machine::Shared;
 
+use crate::credentials::Credentials;
+use crate::metrics::Metrics;
 use crate::store::{Command, Response};
 use network::{GrpcPeers, Method, Peers};
 use state_machine::StateMachine;
@@ -116,6 +118,8 @@ pub struct RaftNode {
     raft: Raft,
     shared: Arc<Shared>,
     peers: Peers,
+    credentials: Arc<Credentials>,
+    metrics: Arc<Metrics>,
 }
 
 impl RaftNode {
@@ -126,6 +130,7 @@ impl RaftNode {
         addr: String,
         data_dir: &Path,
         opts: &RaftOptions,
+        credentials: Credentials,
     ) -> anyhow::Result<Arc<RaftNode>> {
         use anyhow::Context;
         std::fs::create_dir_all(data_dir)
@@ -137,7 +142,9 @@ impl RaftNode {
             .set_cache_size(REDB_CACHE_BYTES)
             .create(&path)
             .with_context(|| format!("opening {}", path.display()))?;
-        Self::start_with(id, addr, db, opts, Peers::Grpc(GrpcPeers::default())).await
+        let credentials = Arc::new(credentials);
+        let peers = Peers::Grpc(GrpcPeers::new(credentials.clone()));
+        Self::start_with(id, addr, db, opts, peers, credentials).await
     }
 
     /// Start a member of an in-process cluster: its log and state in memory, its peers
@@ -157,7 +164,8 @@ impl RaftNode {
             own: addr.clone(),
             net: net.clone(),
         });
-        let node = Self::start_with(id, addr, db, opts, peers).await?;
+        let credentials = Arc::new(Credentials::none());
+        let node = Self::start_with(id, addr, db, opts, peers, credentials).await?;
         net.register(&node);
         Ok(node)
     }
@@ -168,11 +176,13 @@ impl RaftNode {
         db: redb::Database,
         opts: &RaftOptions,
         peers: Peers,
+        credentials: Arc<Credentials>,
     ) -> anyhow::Result<Arc<RaftNode>> {
         use anyhow::Context;
         let db = Arc::new(db);
         let log = log_store::LogStore::new(db.clone()).context("opening the raft log")?;
-        let sm = StateMachine::open(db).context("loading the latest snapshot")?;
+        let metrics = Arc::new(Metrics::default());
+        let sm = StateMachine::open(db, metrics.clone()).context("loading the latest snapshot")?;
         let shared = sm.shared();
         let config = openraft::Config {
             cluster_name: "tb".into(),
@@ -195,6 +205,8 @@ impl RaftNode {
             raft,
             shared,
             peers,
+            credentials,
+            metrics,
         }))
     }
 
@@ -223,13 +235,23 @@ impl RaftNode {
         &self.shared
     }
 
-    fn metrics(&self) -> openraft::RaftMetrics<TypeConfig> {
+    /// What this member presents to and checks of others (TLS, the cluster secret).
+    pub fn credentials(&self) -> &Credentials {
+        &self.credentials
+    }
+
+    /// This member's Prometheus figures.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn raft_metrics(&self) -> openraft::RaftMetrics<TypeConfig> {
         self.raft.metrics().borrow_watched().clone()
     }
 
     /// The leader's id and address, as this member knows it.
     pub fn leader(&self) -> Option<(NodeId, String)> {
-        let m = self.metrics();
+        let m = self.raft_metrics();
         let id = m.current_leader?;
         let addr = m.membership_config.membership().get_node(&id)?.addr.clone();
         Some((id, addr))
@@ -330,7 +352,7 @@ impl RaftNode {
 
     /// This member's own view, as `tbctl cluster status` shows it.
     pub fn member_status(&self) -> MemberStatus {
-        let m = self.metrics();
+        let m = self.raft_metrics();
         let membership = m.membership_config.membership();
         let is_voter = membership.voter_ids().any(|v| v == self.id);
         MemberStatus {
@@ -357,7 +379,7 @@ impl RaftNode {
 
     /// Every member's own view, asked of each (a member that does not answer is shown so).
     pub async fn cluster_status(&self) -> ClusterStatusResponse {
-        let m = self.metrics();
+        let m = self.raft_metrics();
         let membership = m.membership_config.membership().clone();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let mut members = Vec::new();
@@ -421,7 +443,7 @@ impl RaftNode {
 
     /// Remove a controller from the cluster. Must run on the leader.
     pub async fn remove_member(&self, id: NodeId) -> anyhow::Result<()> {
-        let m = self.metrics();
+        let m = self.raft_metrics();
         let membership = m.membership_config.membership();
         if membership.get_node(&id).is_none() {
             anyhow::bail!("controller {id} is not a member");
@@ -440,12 +462,12 @@ impl RaftNode {
     }
 
     pub fn is_leader(&self) -> bool {
-        self.metrics().current_leader == Some(self.id)
+        self.raft_metrics().current_leader == Some(self.id)
     }
 
     /// Figures for `/metrics`.
     pub fn gauges(&self) -> RaftGauges {
-        let m = self.metrics();
+        let m = self.raft_metrics();
         RaftGauges {
             term: m.current_term,
             commit_index: m.local_committed.map(|l| l.index).unwrap_or(0),

@@ -1,5 +1,5 @@
 //! Raft messages between controllers, carried by the internal `Raft` gRPC service (over TLS
-//! with the cluster CA, `crate::tls::endpoint`), or within one process by `super::memory`.
+//! with the cluster CA, `Credentials::endpoint`), or within one process by `super::memory`.
 //!
 //! Each message is the serde encoding of openraft's own request type; the answer is the serde
 //! encoding of `Result<Response, RaftError>`.
@@ -27,20 +27,30 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use super::{NodeId, Snapshot, TypeConfig, Vote};
+use crate::credentials::Credentials;
 
 /// The largest message between controllers: a full snapshot travels in one.
 pub const MAX_MESSAGE: usize = 512 * 1024 * 1024;
 
-/// Every call to another controller carries the cluster secret (`crate::auth`).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct PeerAuth;
+/// Every call to another controller carries the cluster secret (`crate::credentials`).
+#[derive(Debug, Clone, Default)]
+pub struct PeerAuth {
+    header: Option<tonic::metadata::AsciiMetadataValue>,
+}
+
+impl PeerAuth {
+    pub fn new(cluster_secret: &str) -> Self {
+        let header = (!cluster_secret.is_empty())
+            .then(|| format!("Bearer {cluster_secret}").parse().ok())
+            .flatten();
+        PeerAuth { header }
+    }
+}
 
 impl tonic::service::Interceptor for PeerAuth {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(secret) = crate::auth::cluster_secret()
-            && let Ok(v) = format!("Bearer {secret}").parse()
-        {
-            req.metadata_mut().insert("authorization", v);
+        if let Some(v) = &self.header {
+            req.metadata_mut().insert("authorization", v.clone());
         }
         Ok(req)
     }
@@ -99,18 +109,28 @@ impl Peers {
 }
 
 /// Lazily connected channels to other controllers, shared by Raft replication and forwarding.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(super) struct GrpcPeers {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    credentials: Arc<Credentials>,
 }
 
 impl GrpcPeers {
+    pub(super) fn new(credentials: Arc<Credentials>) -> Self {
+        GrpcPeers {
+            channels: Arc::default(),
+            credentials,
+        }
+    }
+
     fn client(&self, addr: &str) -> Result<RaftClient<PeerChannel>, tonic::Status> {
         let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
         let channel = match channels.get(addr) {
             Some(c) => c.clone(),
             None => {
-                let c = crate::tls::endpoint(addr)
+                let c = self
+                    .credentials
+                    .endpoint(addr)
                     .map_err(|e| tonic::Status::unavailable(e.to_string()))?
                     .connect_timeout(Duration::from_millis(500))
                     .tcp_nodelay(true)
@@ -120,9 +140,11 @@ impl GrpcPeers {
                 c
             }
         };
-        Ok(RaftClient::with_interceptor(channel, PeerAuth)
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE))
+        Ok(
+            RaftClient::with_interceptor(channel, self.credentials.peer_auth())
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        )
     }
 
     async fn call(

@@ -15,6 +15,7 @@ use redb::{Database, ReadableDatabase, TableDefinition};
 
 use super::log_store::{blocking, io_err};
 use super::{LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig};
+use crate::metrics::Metrics;
 use crate::store::{Response, State, WatchHub};
 
 const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
@@ -45,11 +46,12 @@ pub struct StateMachine {
     shared: Arc<Shared>,
     applied: Option<LogId>,
     membership: StoredMembership,
+    metrics: Arc<Metrics>,
 }
 
 impl StateMachine {
     /// Open the state machine from the latest durable snapshot, if any.
-    pub fn open(db: Arc<Database>) -> io::Result<Self> {
+    pub fn open(db: Arc<Database>, metrics: Arc<Metrics>) -> io::Result<Self> {
         let tx = db.begin_write().map_err(io_err)?;
         tx.open_table(SNAPSHOT).map_err(io_err)?;
         tx.commit().map_err(io_err)?;
@@ -69,6 +71,7 @@ impl StateMachine {
             }),
             applied,
             membership,
+            metrics,
         })
     }
 
@@ -181,7 +184,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 }
             }
         }
-        crate::metrics::observe_apply(started.elapsed());
+        self.metrics.observe_apply(started.elapsed());
         for (r, response) in replies {
             r.send(response);
         }

@@ -26,7 +26,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Red
         let db = redb::Database::create(dir.path().join("tb.redb")).map_err(storage_error)?;
         let db = Arc::new(db);
         let log = LogStore::new(db.clone()).map_err(storage_error)?;
-        let sm = StateMachine::open(db).map_err(storage_error)?;
+        let sm = StateMachine::open(db, Default::default()).map_err(storage_error)?;
         Ok((dir, log, sm))
     }
 }

@@ -35,7 +35,9 @@ impl ClusterService {
         if leader == self.node.id {
             return Ok(None);
         }
-        let channel = crate::tls::endpoint(&addr)
+        let credentials = self.node.credentials();
+        let channel = credentials
+            .endpoint(&addr)
             .map_err(|e| Status::internal(e.to_string()))?
             .connect_timeout(Duration::from_secs(1))
             .connect()
@@ -43,7 +45,7 @@ impl ClusterService {
             .map_err(|e| Status::unavailable(format!("leader {leader} at {addr}: {e}")))?;
         Ok(Some(ClusterClient::with_interceptor(
             channel,
-            crate::raft::PeerAuth,
+            credentials.peer_auth(),
         )))
     }
 }

@@ -22,6 +22,7 @@ use tonic::{Request, Response as TonicResponse, Status};
 use super::{caller, check};
 use crate::auth::authorize::JOIN_TOKEN;
 use crate::auth::{Access, Caller, NODE_CREDENTIAL_PREFIX, Verb, hash_secret, secret};
+use crate::credentials::Credentials;
 use crate::raft::RaftNode;
 use crate::store::join_tokens::MAX_TOKEN_USES;
 use crate::store::{Op, Response};
@@ -152,7 +153,8 @@ impl Nodes for NodesService {
         match self.commit(&Caller::Anonymous, op).await? {
             Response::Status { object } => {
                 // Issued once the join committed: only a node that joined gets a certificate.
-                let (node_cert_pem, node_key_pem, ca_cert_pem) = node_certificate(&object)?;
+                let (node_cert_pem, node_key_pem, ca_cert_pem) =
+                    node_certificate(self.node.credentials(), &object)?;
                 Ok(TonicResponse::new(JoinResponse {
                     credential,
                     node_json: object.to_json(),
@@ -271,8 +273,9 @@ impl Nodes for NodesService {
             ask.namespace = namespace.clone();
             ask.allocation = allocation;
             ask.rank = rank as i32;
+            let node = self.node.clone();
             tokio::spawn(async move {
-                if let Err(status) = forward_logs(&address, ask, &tx).await {
+                if let Err(status) = forward_logs(node.credentials(), &address, ask, &tx).await {
                     let _ = tx
                         .send(Err(Status::unavailable(format!(
                             "rank {rank}: logs from nodelet at {address}: {}",
@@ -288,9 +291,12 @@ impl Nodes for NodesService {
 
 /// A joined node's certificate, key and the CA (PEM), for the host of the address it registered;
 /// all empty when TLS is off.
-fn node_certificate(node: &Object) -> Result<(String, String, String), Status> {
+fn node_certificate(
+    credentials: &Credentials,
+    node: &Object,
+) -> Result<(String, String, String), Status> {
     let address = NodeStatus::from_value(&node.status).address;
-    match crate::tls::issue_node_cert(&node.metadata.name, &address) {
+    match credentials.issue_node_cert(&node.metadata.name, &address) {
         Ok(Some((cert, ca))) => Ok((cert.cert_pem, cert.key_pem, ca)),
         Ok(None) => Ok(Default::default()),
         Err(e) => {
@@ -307,6 +313,7 @@ fn node_address(node: &Option<Object>) -> String {
 }
 
 async fn forward_logs(
+    credentials: &Credentials,
     address: &str,
     req: LogsRequest,
     tx: &tokio::sync::mpsc::Sender<Result<LogLine, Status>>,
@@ -314,7 +321,8 @@ async fn forward_logs(
     if address.is_empty() {
         return Err(Status::unavailable("the node has no address"));
     }
-    let channel = crate::tls::endpoint(address)
+    let channel = credentials
+        .endpoint(address)
         .map_err(|e| Status::internal(e.to_string()))?
         .connect_timeout(Duration::from_secs(2))
         .connect()

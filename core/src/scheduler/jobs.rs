@@ -121,6 +121,11 @@ const PERMANENT: &[&str] = &["ExecNotFound", "ExecPermissionDenied", "InvalidSpe
 
 /// Reconcile one job against the cluster; placements it makes are taken out of `view` so the
 /// next job in the same pass sees them.
+///
+/// The steps, in order: retire ranks of older epochs; end of life (a finished job stops its
+/// ranks and is deleted after its ttl); the deadline; the running gang (a spec change, a
+/// drained Mac, or the ranks' own progress); then, when nothing is meant to run and any
+/// backoff has passed, admission by the job's queue and placement.
 pub fn reconcile_job(
     job: &Object,
     view: &mut ClusterView,
@@ -141,78 +146,171 @@ pub fn reconcile_job(
     let before = &parsed.status;
     let mut plan = Plan::default();
     plan.guards.push((job.key(), job.metadata.resource_version));
-    let kind = shape.kind.as_str();
-    let ns = job.metadata.namespace.as_str();
-    let name = job.metadata.name.as_str();
 
+    let current = current_epoch(job, shape, &status, view, &mut plan);
+    if status.phase.is_terminal() {
+        end_of_life(job, shape, &status, &current, view, clock, &mut plan);
+        return finish(job, status, before, plan);
+    }
+    if past_deadline(job, shape, &current, &mut status, clock, &mut plan) {
+        return finish(job, status, before, plan);
+    }
+    let live = follow_gang(
+        job,
+        shape,
+        &current,
+        &mut status,
+        &mut plan,
+        view,
+        clock,
+        cfg,
+    );
+    if status.phase.is_terminal() {
+        return finish(job, status, before, plan);
+    }
+
+    // Place when nothing of the current epoch is meant to run and any backoff has passed.
+    let running_wanted = live && !plan_stops_all(&plan, &current);
+    let backoff_over = parse_time(&status.next_retry_time).is_none_or(|t| clock.now >= t);
+    if !running_wanted && backoff_over && status.phase == JobPhase::Pending {
+        match admit_and_place(job, shape, parsed.fields.queue.clone(), view) {
+            Ok((placed, queue)) => {
+                let admitted = Admitted { placed, queue };
+                scheduled(job, shape, admitted, &mut status, view, clock, &mut plan);
+            }
+            // A preempted job keeps saying so until it is placed again.
+            Err(why)
+                if why.reason == "Unschedulable"
+                    && matches!(status.reason.as_str(), "Preempted" | "Reclaimed") => {}
+            Err(why) => unschedulable(job, shape, why, &mut status, view, clock, &mut plan),
+        }
+    }
+    finish(job, status, before, plan)
+}
+
+/// The job's allocations of its current epoch; those of older epochs (or an older object of
+/// the same name) are retired in `plan`.
+fn current_epoch(
+    job: &Object,
+    shape: &JobShape,
+    status: &JobStatus,
+    view: &ClusterView,
+    plan: &mut Plan,
+) -> Vec<Alloc> {
+    let (ns, kind, name) = (
+        job.metadata.namespace.as_str(),
+        shape.kind.as_str(),
+        job.metadata.name.as_str(),
+    );
     let (current, stale): (Vec<Alloc>, Vec<Alloc>) =
         view.allocations_of(ns, kind, name).cloned().partition(|a| {
             a.spec.epoch == status.epoch && status.epoch > 0 && a.spec.job.uid == job.metadata.uid
         });
     for a in &stale {
-        retire(a, &mut plan);
+        retire(a, plan);
     }
+    current
+}
 
-    if status.phase.is_terminal() {
-        for a in &current {
-            stop(a, &mut plan);
-        }
-        if let (Some(ttl), Some(done)) = (
-            shape.ttl_seconds_after_finished,
-            parse_time(&status.completion_time),
-        ) && clock.now >= done + chrono::TimeDelta::seconds(ttl as i64)
-        {
-            for a in view.allocations_of(ns, kind, name) {
-                plan.guards
-                    .push((a.object.key(), a.object.metadata.resource_version));
-                plan.writes.push(PlanWrite::Delete {
-                    key: a.object.key(),
-                });
-            }
-            plan.writes.push(PlanWrite::Delete { key: job.key() });
-            plan.events.push(event(
-                job,
-                false,
-                "Deleted",
-                &format!("finished {ttl}s ago (ttlSecondsAfterFinished)"),
-            ));
-            return Some(plan);
-        }
-        return finish(job, status, before, plan);
+/// A finished job: its ranks are stopped, and once `ttlSecondsAfterFinished` has passed it is
+/// deleted with its allocations.
+fn end_of_life(
+    job: &Object,
+    shape: &JobShape,
+    status: &JobStatus,
+    current: &[Alloc],
+    view: &ClusterView,
+    clock: &Clock,
+    plan: &mut Plan,
+) {
+    for a in current {
+        stop(a, plan);
     }
+    let (Some(ttl), Some(done)) = (
+        shape.ttl_seconds_after_finished,
+        parse_time(&status.completion_time),
+    ) else {
+        return;
+    };
+    if clock.now < done + chrono::TimeDelta::seconds(ttl as i64) {
+        return;
+    }
+    let (ns, kind, name) = (
+        job.metadata.namespace.as_str(),
+        shape.kind.as_str(),
+        job.metadata.name.as_str(),
+    );
+    for a in view.allocations_of(ns, kind, name) {
+        plan.guards
+            .push((a.object.key(), a.object.metadata.resource_version));
+        plan.writes.push(PlanWrite::Delete {
+            key: a.object.key(),
+        });
+    }
+    plan.writes.push(PlanWrite::Delete { key: job.key() });
+    plan.events.push(event(
+        job,
+        false,
+        "Deleted",
+        &format!("finished {ttl}s ago (ttlSecondsAfterFinished)"),
+    ));
+}
 
-    if let (Some(deadline), Some(start)) = (
+/// Fail a job that ran longer than `activeDeadlineSeconds`, stopping its ranks.
+fn past_deadline(
+    job: &Object,
+    shape: &JobShape,
+    current: &[Alloc],
+    status: &mut JobStatus,
+    clock: &Clock,
+    plan: &mut Plan,
+) -> bool {
+    let (Some(deadline), Some(start)) = (
         shape.active_deadline_seconds,
         parse_time(&status.start_time),
-    ) && clock.now >= start + chrono::TimeDelta::seconds(deadline as i64)
-    {
-        for a in &current {
-            stop(a, &mut plan);
-        }
-        let message = format!("ran longer than activeDeadlineSeconds ({deadline}s)");
-        fail(&mut status, "DeadlineExceeded", &message, clock);
-        plan.events
-            .push(event(job, true, "DeadlineExceeded", &message));
-        return finish(job, status, before, plan);
+    ) else {
+        return false;
+    };
+    if clock.now < start + chrono::TimeDelta::seconds(deadline as i64) {
+        return false;
     }
+    for a in current {
+        stop(a, plan);
+    }
+    let message = format!("ran longer than activeDeadlineSeconds ({deadline}s)");
+    fail(status, "DeadlineExceeded", &message, clock);
+    plan.events
+        .push(event(job, true, "DeadlineExceeded", &message));
+    true
+}
 
+/// The running gang: replaced when the spec changed, moved off a draining Mac, else followed
+/// (`gang_progress`). Returns whether any rank of the current epoch is meant to run.
+#[allow(clippy::too_many_arguments)]
+fn follow_gang(
+    job: &Object,
+    shape: &JobShape,
+    current: &[Alloc],
+    status: &mut JobStatus,
+    plan: &mut Plan,
+    view: &ClusterView,
+    clock: &Clock,
+    cfg: &SchedulerConfig,
+) -> bool {
     let spec_changed = status.epoch > 0 && status.observed_generation != job.metadata.generation;
     let live: Vec<&Alloc> = current
         .iter()
         .filter(|a| a.spec.desired == Desired::Run && !a.status.phase.is_terminal())
         .collect();
     if spec_changed && !live.is_empty() {
-        for a in &current {
-            stop(a, &mut plan);
+        for a in current {
+            stop(a, plan);
         }
-        not_ready(&mut status, "SpecChanged", clock);
-        status.phase = JobPhase::Pending;
-        status.reason = "SpecChanged".into();
-        status.message = format!(
+        let message = format!(
             "generation {} replaces the running ranks",
             job.metadata.generation
         );
-        status.next_retry_time.clear();
+        back_to_pending(status, "SpecChanged", message, clock);
         plan.events
             .push(event(job, false, "SpecChanged", &status.message));
     } else if let Some(a) = live
@@ -220,124 +318,151 @@ pub fn reconcile_job(
         .find(|a| view.nodes.get(&a.spec.node).is_none_or(|n| n.draining()))
     {
         // Moved off a draining (or deleted) Mac: not the job's fault, no retry used.
-        for c in &current {
-            stop(c, &mut plan);
+        for c in current {
+            stop(c, plan);
         }
-        not_ready(&mut status, "Evicted", clock);
-        status.phase = JobPhase::Pending;
-        status.reason = "Evicted".into();
-        status.message = format!(
+        let message = format!(
             "node {} is being drained; placing the gang again",
             a.spec.node
         );
-        status.next_retry_time.clear();
+        back_to_pending(status, "Evicted", message, clock);
         plan.events
             .push(event(job, false, "Evicted", &status.message.clone()));
     } else if matches!(status.phase, JobPhase::Scheduled | JobPhase::Running) && !current.is_empty()
     {
         // Pending means the gang's end was already handled (backing off, or re-placing).
-        gang_progress(job, shape, &current, &mut status, &mut plan, clock, cfg);
-        if status.phase.is_terminal() {
-            return finish(job, status, before, plan);
-        }
+        gang_progress(job, shape, current, status, plan, clock, cfg);
     }
+    !live.is_empty()
+}
 
-    // Place when nothing of the current epoch is meant to run and any backoff has passed.
-    let running_wanted = !live.is_empty() && !plan_stops_all(&plan, &current);
-    let backoff_over = parse_time(&status.next_retry_time).is_none_or(|t| clock.now >= t);
-    if !running_wanted && backoff_over && status.phase == JobPhase::Pending {
-        let placed = view
-            .queues
-            .resolve(&job.metadata.namespace, parsed.fields.queue.clone())
-            .map_err(|h| refuse(h.reason, h.message))
-            .and_then(|queue| {
-                let placed = place_job(job, shape, view)?;
-                let Some(q) = &queue else {
-                    return Ok((placed, queue));
-                };
-                match admit(view, q, &placed) {
-                    Ok(()) => Ok((placed, queue)),
-                    // Placement spreads ranks over the emptiest Macs; a queue short of Macs
-                    // may still fit on the ones it holds (and the few more it may take).
-                    Err(held) => match place_within_mac_quota(job, shape, view, q) {
-                        Some(placed) if admit(view, q, &placed).is_ok() => Ok((placed, queue)),
-                        _ => Err(refuse(held.reason, held.message)),
-                    },
-                }
-            });
-        match placed {
-            Ok((placed, queue)) => {
-                let epoch = status.epoch + 1;
-                create_gang(job, shape, &placed, epoch, view, &mut plan);
-                if let Some(q) = &queue {
-                    view.queues.charge(
-                        q,
-                        placed.memory_bytes.iter().sum(),
-                        placed.slots.iter().map(|s| s.node.clone()),
-                    );
-                }
-                let slots = &placed.slots;
-                status.epoch = epoch;
-                status.phase = JobPhase::Scheduled;
-                status.reason = "Scheduled".into();
-                status.message = String::new();
-                status.next_retry_time.clear();
-                status.observed_generation = job.metadata.generation;
-                if status.start_time.is_empty() {
-                    status.start_time = clock.stamp.clone();
-                }
-                status.placement = slots
-                    .iter()
-                    .enumerate()
-                    .map(|(rank, s)| RankPlacement {
-                        rank: rank as u32,
-                        node: s.node.clone(),
-                        allocation: allocation::allocation_name(name, epoch, rank as u32),
-                    })
-                    .collect();
-                status.nodes = slots.iter().map(|s| s.node.clone()).collect();
-                status.set_condition("Scheduled", true, "Scheduled", "", &clock.stamp);
-                let mut message = format!(
-                    "epoch {epoch}: {} rank(s) on {}",
-                    slots.len(),
-                    status.nodes.join(",")
-                );
-                if let Some(p) = &placed.summary {
-                    message.push_str(&format!(
-                        " ({}, {:.1} tok/s predicted)",
-                        p.strategy, p.predicted_tokens_per_second
-                    ));
-                }
-                status.model_placement = placed.summary;
-                plan.events.push(event(job, false, "Scheduled", &message));
-            }
-            // A preempted job keeps saying so until it is placed again.
-            Err(why)
-                if why.reason == "Unschedulable"
-                    && matches!(status.reason.as_str(), "Preempted" | "Reclaimed") => {}
-            Err(why) => {
-                let why = if why.reason == "Unschedulable" {
-                    make_room(job, shape, why, view, clock, &mut plan)
-                } else {
-                    why
-                };
-                status.reason = why.reason.into();
-                if status.message != why.message {
-                    plan.events
-                        .push(event(job, true, "FailedScheduling", &why.message));
-                }
-                status.message = why.message;
-                status.set_condition(
-                    "Scheduled",
-                    false,
-                    why.reason,
-                    &status.message.clone(),
-                    &clock.stamp,
-                );
-            }
-        }
+/// Pending again, to be placed at once (no backoff), for a reason that is not the job's fault.
+fn back_to_pending(status: &mut JobStatus, reason: &str, message: String, clock: &Clock) {
+    not_ready(status, reason, clock);
+    status.phase = JobPhase::Pending;
+    status.reason = reason.into();
+    status.message = message;
+    status.next_retry_time.clear();
+}
+
+/// Admission and placement: the job's queue (if any) must exist and take it, the gang must fit
+/// on Macs, and the queue's quota must hold the placement. Returns the placement and the queue.
+fn admit_and_place(
+    job: &Object,
+    shape: &JobShape,
+    queue: Option<String>,
+    view: &ClusterView,
+) -> Result<(Placed, Option<String>), Refusal> {
+    let queue = view
+        .queues
+        .resolve(&job.metadata.namespace, queue)
+        .map_err(|h| refuse(h.reason, h.message))?;
+    let placed = place_job(job, shape, view)?;
+    let Some(q) = &queue else {
+        return Ok((placed, queue));
+    };
+    match admit(view, q, &placed) {
+        Ok(()) => Ok((placed, queue)),
+        // Placement spreads ranks over the emptiest Macs; a queue short of Macs may still fit
+        // on the ones it holds (and the few more it may take).
+        Err(held) => match place_within_mac_quota(job, shape, view, q) {
+            Some(placed) if admit(view, q, &placed).is_ok() => Ok((placed, queue)),
+            _ => Err(refuse(held.reason, held.message)),
+        },
     }
-    finish(job, status, before, plan)
+}
+
+/// A placement its queue took.
+struct Admitted {
+    placed: Placed,
+    queue: Option<String>,
+}
+
+/// A placed gang: its allocations under the next epoch, charged to its queue, and the job's
+/// status says where.
+fn scheduled(
+    job: &Object,
+    shape: &JobShape,
+    Admitted { placed, queue }: Admitted,
+    status: &mut JobStatus,
+    view: &mut ClusterView,
+    clock: &Clock,
+    plan: &mut Plan,
+) {
+    let epoch = status.epoch + 1;
+    create_gang(job, shape, &placed, epoch, view, plan);
+    if let Some(q) = &queue {
+        view.queues.charge(
+            q,
+            placed.memory_bytes.iter().sum(),
+            placed.slots.iter().map(|s| s.node.clone()),
+        );
+    }
+    let slots = &placed.slots;
+    status.epoch = epoch;
+    status.phase = JobPhase::Scheduled;
+    status.reason = "Scheduled".into();
+    status.message = String::new();
+    status.next_retry_time.clear();
+    status.observed_generation = job.metadata.generation;
+    if status.start_time.is_empty() {
+        status.start_time = clock.stamp.clone();
+    }
+    status.placement = slots
+        .iter()
+        .enumerate()
+        .map(|(rank, s)| RankPlacement {
+            rank: rank as u32,
+            node: s.node.clone(),
+            allocation: allocation::allocation_name(&job.metadata.name, epoch, rank as u32),
+        })
+        .collect();
+    status.nodes = slots.iter().map(|s| s.node.clone()).collect();
+    status.set_condition("Scheduled", true, "Scheduled", "", &clock.stamp);
+    let mut message = format!(
+        "epoch {epoch}: {} rank(s) on {}",
+        slots.len(),
+        status.nodes.join(",")
+    );
+    if let Some(p) = &placed.summary {
+        message.push_str(&format!(
+            " ({}, {:.1} tok/s predicted)",
+            p.strategy, p.predicted_tokens_per_second
+        ));
+    }
+    status.model_placement = placed.summary;
+    plan.events.push(event(job, false, "Scheduled", &message));
+}
+
+/// Not placed: try to make room by preemption when nothing fits, and say why it waits (an
+/// event only when the reason's text changes).
+fn unschedulable(
+    job: &Object,
+    shape: &JobShape,
+    why: Refusal,
+    status: &mut JobStatus,
+    view: &mut ClusterView,
+    clock: &Clock,
+    plan: &mut Plan,
+) {
+    let why = if why.reason == "Unschedulable" {
+        make_room(job, shape, why, view, clock, plan)
+    } else {
+        why
+    };
+    status.reason = why.reason.into();
+    if status.message != why.message {
+        plan.events
+            .push(event(job, true, "FailedScheduling", &why.message));
+    }
+    status.message = why.message;
+    status.set_condition(
+        "Scheduled",
+        false,
+        why.reason,
+        &status.message.clone(),
+        &clock.stamp,
+    );
 }
 
 /// Follow the current gang: all running, all done, or one failed.

@@ -1,0 +1,74 @@
+//! What a controller presents to, and checks of, others: its TLS (the cluster CA and its own
+//! certificate; none with `--insecure`) and the secret controllers share. Its `RaftNode` holds
+//! them and every part that calls out or identifies callers asks it — nothing is kept in
+//! process-wide state, so several controllers can run in one process (tests).
+
+use std::time::Duration;
+
+use tonic::transport::Endpoint;
+
+use crate::raft::PeerAuth;
+use crate::tls::{CertifiedKey, ControllerTls};
+
+#[derive(Default)]
+pub struct Credentials {
+    tls: Option<ControllerTls>,
+    cluster_secret: String,
+}
+
+impl Credentials {
+    pub fn new(tls: Option<ControllerTls>, cluster_secret: String) -> Self {
+        Credentials {
+            tls,
+            cluster_secret,
+        }
+    }
+
+    /// Neither TLS nor a secret: for members of an in-process cluster, which call each other
+    /// directly. No caller is ever identified as a controller by these.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    pub fn tls(&self) -> Option<&ControllerTls> {
+        self.tls.as_ref()
+    }
+
+    /// An endpoint for `addr` (`HOST:PORT`): `https` with the cluster CA when TLS is on, else
+    /// `http`. Every call a controller makes to another controller or to a nodelet starts here.
+    pub fn endpoint(&self, addr: &str) -> Result<Endpoint, tonic::transport::Error> {
+        match &self.tls {
+            Some(tls) => Endpoint::from_shared(format!("https://{addr}"))?
+                .tls_config(tls.client_config().timeout(Duration::from_secs(5))),
+            None => Endpoint::from_shared(format!("http://{addr}")),
+        }
+    }
+
+    /// The certificate to hand a joining nodelet at `address`, with the CA (PEM); None when
+    /// TLS is off.
+    pub fn issue_node_cert(
+        &self,
+        node: &str,
+        address: &str,
+    ) -> anyhow::Result<Option<(CertifiedKey, String)>> {
+        match &self.tls {
+            None => Ok(None),
+            Some(tls) => Ok(Some((
+                tls.ca.issue_node(node, address)?,
+                tls.ca.cert_pem().to_string(),
+            ))),
+        }
+    }
+
+    /// Whether `presented` is this cluster's secret (in constant time; with no secret, nothing
+    /// is).
+    pub fn is_cluster_secret(&self, presented: &str) -> bool {
+        !self.cluster_secret.is_empty()
+            && crate::auth::constant_time_eq(presented.as_bytes(), self.cluster_secret.as_bytes())
+    }
+
+    /// What calls to other controllers present.
+    pub fn peer_auth(&self) -> PeerAuth {
+        PeerAuth::new(&self.cluster_secret)
+    }
+}
