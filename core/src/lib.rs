@@ -6,11 +6,14 @@
 //! - `scheduler`: a pure function from a snapshot of that state to a plan of writes, which the
 //!   store commits (Nomad's shape);
 //! - `placement`: how a model's layers are split across Macs, from the measured topology and
-//!   each Mac's memory, and the tokens/s that split should give.
+//!   each Mac's memory, and the tokens/s that split should give;
+//! - `sim`: a simulated cluster (the real store and scheduler in virtual time) for tests and
+//!   benchmarks.
 //!
 //! No tokio runtime, no sockets, no files: everything here runs the same in a test, a bench and
 //! on every member of the cluster.
 
 pub mod placement;
 pub mod scheduler;
+pub mod sim;
 pub mod store;

@@ -1,165 +1,23 @@
 //! The scheduler driven against a real `State` under virtual time: plans are committed through
 //! the same store code Raft applies, nodelets are played by status writes.
 
-use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::{Value, json};
-use tb_api::specs::{AllocationPhase, AllocationSpec, AllocationStatus, Desired, parse_spec};
-use tb_api::status::{JobPhase, JobStatus, NodeCapacity, NodeStatus, PortRange, set_condition};
+use tb_api::specs::{AllocationPhase, Desired, parse_spec};
+use tb_api::status::{JobPhase, JobStatus, NodeStatus};
 use tb_api::{Kind, Object, ObjectKey, ObjectMeta};
 
-use super::{Clock, SchedulerConfig, reconcile, stamp};
-use crate::store::{Command, Op, Response, State};
+use super::{Clock, reconcile};
+use crate::store::{Op, Response};
 
 mod fair_share;
 mod priority_policy;
 
+pub(crate) use crate::sim::Sim;
+
 const GI: u64 = 1 << 30;
 
-struct Sim {
-    state: State,
-    index: u64,
-    now: DateTime<Utc>,
-    leader_since: DateTime<Utc>,
-    cfg: SchedulerConfig,
-}
-
+/// Jobs as a user applies them, and what the store says of them.
 impl Sim {
-    fn new() -> Sim {
-        let start = DateTime::parse_from_rfc3339("2026-06-01T00:00:00Z")
-            .map(|t| t.with_timezone(&Utc))
-            .unwrap();
-        Sim {
-            state: State::default(),
-            index: 0,
-            now: start,
-            leader_since: start - TimeDelta::seconds(60),
-            cfg: SchedulerConfig::default(),
-        }
-    }
-
-    fn commit(&mut self, op: Op) -> Response {
-        self.commit_as(op, "")
-    }
-
-    fn commit_as(&mut self, op: Op, user: &str) -> Response {
-        self.index += 1;
-        let cmd = Command {
-            request_id: String::new(),
-            now: stamp(self.now),
-            op,
-            user: user.into(),
-        };
-        self.state.apply(self.index, &cmd).0
-    }
-
-    fn advance(&mut self, secs: i64) {
-        self.now += TimeDelta::seconds(secs);
-    }
-
-    /// Let time pass while every node keeps heartbeating.
-    fn run_for(&mut self, secs: i64) {
-        let names: Vec<String> = self
-            .state
-            .list("Node", "")
-            .iter()
-            .map(|n| n.metadata.name.clone())
-            .collect();
-        let mut left = secs;
-        while left > 0 {
-            let step = left.min(2);
-            self.advance(step);
-            left -= step;
-            for n in &names {
-                self.heartbeat(n);
-            }
-        }
-    }
-
-    /// Run the scheduler until it has nothing more to do; returns how many plans it committed.
-    fn settle(&mut self) -> usize {
-        let mut committed = 0;
-        for _ in 0..10 {
-            let clock = Clock::new(self.now, self.leader_since);
-            let plans = reconcile(&self.state, &clock, &self.cfg);
-            if plans.is_empty() {
-                return committed;
-            }
-            for plan in plans {
-                if let Response::Planned { .. } = self.commit(Op::Plan(plan)) {
-                    committed += 1;
-                }
-            }
-        }
-        panic!("the scheduler did not settle in 10 passes");
-    }
-
-    fn add_node(&mut self, name: &str, allocatable_gi: u64) {
-        let mut status = NodeStatus {
-            address: format!("10.0.0.{}:7600", self.index + 1),
-            capacity: NodeCapacity {
-                memory_bytes: allocatable_gi * GI,
-                allocatable_bytes: allocatable_gi * GI,
-                ..Default::default()
-            },
-            port_range: PortRange {
-                start: 32323,
-                end: 32330,
-            },
-            ..Default::default()
-        };
-        set_condition(
-            &mut status.conditions,
-            "Ready",
-            true,
-            "NodeletReady",
-            "",
-            &stamp(self.now),
-        );
-        let node = Object {
-            api_version: "tb/v1".into(),
-            kind: "Node".into(),
-            metadata: ObjectMeta {
-                name: name.into(),
-                ..Default::default()
-            },
-            spec: json!({}),
-            status: status.to_value(),
-        };
-        // A token for this node: it may join, and join again.
-        self.commit(Op::CreateToken {
-            token_hash: format!("t-{name}"),
-            expires_at: "2099-01-01T00:00:00.000Z".into(),
-            description: String::new(),
-            uses: Some(1),
-            node: name.into(),
-        });
-        let r = self.commit(Op::Join {
-            token_hash: format!("t-{name}"),
-            node,
-            credential_hash: format!("c-{name}"),
-        });
-        assert!(matches!(r, Response::Status { .. }), "{r:?}");
-    }
-
-    fn heartbeat(&mut self, name: &str) {
-        let status = self.node(name).status.clone();
-        let r = self.commit(Op::Heartbeat {
-            node: name.into(),
-            credential_hash: format!("c-{name}"),
-            status,
-        });
-        assert!(matches!(r, Response::Status { .. }), "{r:?}");
-    }
-
-    fn node(&self, name: &str) -> Object {
-        let key = ObjectKey {
-            kind: "Node".into(),
-            namespace: String::new(),
-            name: name.into(),
-        };
-        (**self.state.get(&key).unwrap()).clone()
-    }
-
     fn apply_job(&mut self, kind: &str, name: &str, spec: Value) {
         self.apply_job_as(kind, name, spec, "");
     }
@@ -196,60 +54,6 @@ impl Sim {
             name: name.into(),
         };
         JobStatus::from_value(&self.state.get(&key).expect("job exists").status)
-    }
-
-    fn allocs(&self) -> Vec<(Object, AllocationSpec, AllocationStatus)> {
-        self.state
-            .list(Kind::Allocation.as_str(), "")
-            .into_iter()
-            .map(|o| {
-                let spec = parse_spec::<AllocationSpec>(&o.spec).unwrap();
-                let status = AllocationStatus::from_value(&o.status);
-                ((*o).clone(), spec, status)
-            })
-            .collect()
-    }
-
-    /// Play the nodelets: set the phase of every allocation matching `pick`.
-    fn set_phase(
-        &mut self,
-        pick: impl Fn(&AllocationSpec) -> bool,
-        phase: AllocationPhase,
-        exit: Option<i32>,
-        reason: &str,
-    ) {
-        for (obj, spec, mut status) in self.allocs() {
-            if !pick(&spec) {
-                continue;
-            }
-            status.phase = phase;
-            status.exit_code = exit;
-            status.reason = reason.into();
-            let r = self.commit(Op::UpdateStatus {
-                key: obj.key(),
-                status: status.to_value(),
-                resource_version: 0,
-            });
-            assert!(matches!(r, Response::Status { .. }));
-        }
-    }
-
-    /// Nodelets stop what they are told to stop.
-    fn obey_stops(&mut self) {
-        self.set_phase(
-            |s| s.desired == Desired::Stop,
-            AllocationPhase::Stopped,
-            None,
-            "Stopped",
-        );
-    }
-
-    fn events(&self) -> Vec<String> {
-        self.state
-            .events
-            .iter()
-            .map(|e| e.spec["reason"].as_str().unwrap_or("").to_string())
-            .collect()
     }
 }
 
