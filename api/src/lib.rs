@@ -17,6 +17,7 @@ pub mod meta;
 pub mod name;
 pub mod object;
 pub mod quantity;
+pub mod reason;
 pub mod selector;
 mod serde_util;
 pub mod specs;

@@ -135,7 +135,7 @@ impl JobStatus {
         &mut self,
         type_: &str,
         status: bool,
-        reason: &str,
+        reason: impl AsRef<str>,
         message: &str,
         now: &str,
     ) {
@@ -148,10 +148,11 @@ pub fn set_condition(
     conditions: &mut Vec<Condition>,
     type_: &str,
     status: bool,
-    reason: &str,
+    reason: impl AsRef<str>,
     message: &str,
     now: &str,
 ) {
+    let reason = reason.as_ref();
     let status = if status { "True" } else { "False" };
     match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(c) => {

@@ -7,6 +7,7 @@
 //! Mac is lost is placed again at once.
 
 use std::collections::BTreeMap;
+use tb_api::reason::Reason;
 
 use tb_api::specs::{
     AllocationPhase, AllocationSpec, Backend, BuiltinAssignment, Checkpoints, Desired, Executor,
@@ -117,7 +118,6 @@ pub(super) fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
 }
 
 /// Reasons a rank can end with that no retry will fix.
-const PERMANENT: &[&str] = &["ExecNotFound", "ExecPermissionDenied", "InvalidSpec"];
 
 /// Reconcile one job against the cluster; placements it makes are taken out of `view` so the
 /// next job in the same pass sees them.
@@ -180,8 +180,11 @@ pub fn reconcile_job(
             }
             // A preempted job keeps saying so until it is placed again.
             Err(why)
-                if why.reason == "Unschedulable"
-                    && matches!(status.reason.as_str(), "Preempted" | "Reclaimed") => {}
+                if why.reason == Reason::Unschedulable
+                    && matches!(
+                        Reason::of(&status.reason),
+                        Some(Reason::Preempted | Reason::Reclaimed)
+                    ) => {}
             Err(why) => unschedulable(job, shape, why, &mut status, view, clock, &mut plan),
         }
     }
@@ -251,7 +254,7 @@ fn end_of_life(
     plan.events.push(event(
         job,
         false,
-        "Deleted",
+        Reason::Deleted,
         &format!("finished {ttl}s ago (ttlSecondsAfterFinished)"),
     ));
 }
@@ -278,9 +281,9 @@ fn past_deadline(
         stop(a, plan);
     }
     let message = format!("ran longer than activeDeadlineSeconds ({deadline}s)");
-    fail(status, "DeadlineExceeded", &message, clock);
+    fail(status, Reason::DeadlineExceeded, &message, clock);
     plan.events
-        .push(event(job, true, "DeadlineExceeded", &message));
+        .push(event(job, true, Reason::DeadlineExceeded, &message));
     true
 }
 
@@ -310,9 +313,9 @@ fn follow_gang(
             "generation {} replaces the running ranks",
             job.metadata.generation
         );
-        back_to_pending(status, "SpecChanged", message, clock);
+        back_to_pending(status, Reason::SpecChanged, message, clock);
         plan.events
-            .push(event(job, false, "SpecChanged", &status.message));
+            .push(event(job, false, Reason::SpecChanged, &status.message));
     } else if let Some(a) = live
         .iter()
         .find(|a| view.nodes.get(&a.spec.node).is_none_or(|n| n.draining()))
@@ -325,9 +328,9 @@ fn follow_gang(
             "node {} is being drained; placing the gang again",
             a.spec.node
         );
-        back_to_pending(status, "Evicted", message, clock);
+        back_to_pending(status, Reason::Evicted, message, clock);
         plan.events
-            .push(event(job, false, "Evicted", &status.message.clone()));
+            .push(event(job, false, Reason::Evicted, &status.message.clone()));
     } else if matches!(status.phase, JobPhase::Scheduled | JobPhase::Running) && !current.is_empty()
     {
         // Pending means the gang's end was already handled (backing off, or re-placing).
@@ -337,7 +340,7 @@ fn follow_gang(
 }
 
 /// Pending again, to be placed at once (no backoff), for a reason that is not the job's fault.
-fn back_to_pending(status: &mut JobStatus, reason: &str, message: String, clock: &Clock) {
+fn back_to_pending(status: &mut JobStatus, reason: Reason, message: String, clock: &Clock) {
     not_ready(status, reason, clock);
     status.phase = JobPhase::Pending;
     status.reason = reason.into();
@@ -401,7 +404,7 @@ fn scheduled(
     let slots = &placed.slots;
     status.epoch = epoch;
     status.phase = JobPhase::Scheduled;
-    status.reason = "Scheduled".into();
+    status.reason = Reason::Scheduled.into();
     status.message = String::new();
     status.next_retry_time.clear();
     status.observed_generation = job.metadata.generation;
@@ -418,7 +421,7 @@ fn scheduled(
         })
         .collect();
     status.nodes = slots.iter().map(|s| s.node.clone()).collect();
-    status.set_condition("Scheduled", true, "Scheduled", "", &clock.stamp);
+    status.set_condition("Scheduled", true, Reason::Scheduled, "", &clock.stamp);
     let mut message = format!(
         "epoch {epoch}: {} rank(s) on {}",
         slots.len(),
@@ -431,7 +434,8 @@ fn scheduled(
         ));
     }
     status.model_placement = placed.summary;
-    plan.events.push(event(job, false, "Scheduled", &message));
+    plan.events
+        .push(event(job, false, Reason::Scheduled, &message));
 }
 
 /// Not placed: try to make room by preemption when nothing fits, and say why it waits (an
@@ -445,7 +449,7 @@ fn unschedulable(
     clock: &Clock,
     plan: &mut Plan,
 ) {
-    let why = if why.reason == "Unschedulable" {
+    let why = if why.reason == Reason::Unschedulable {
         make_room(job, shape, why, view, clock, plan)
     } else {
         why
@@ -453,7 +457,7 @@ fn unschedulable(
     status.reason = why.reason.into();
     if status.message != why.message {
         plan.events
-            .push(event(job, true, "FailedScheduling", &why.message));
+            .push(event(job, true, Reason::FailedScheduling, &why.message));
     }
     status.message = why.message;
     status.set_condition(
@@ -502,10 +506,10 @@ fn gang_progress(
         for c in current {
             stop(c, plan);
         }
-        not_ready(status, "RankEnded", clock);
+        not_ready(status, Reason::RankEnded, clock);
         let lost = a.status.phase == AllocationPhase::Lost;
         let what = describe_end(a);
-        if PERMANENT.contains(&a.status.reason.as_str()) {
+        if Reason::of(&a.status.reason).is_some_and(Reason::is_permanent) {
             let message = format!("rank {} on {}: {}", a.spec.rank, a.spec.node, what);
             fail(status, &a.status.reason, &message, clock);
             plan.events
@@ -515,14 +519,14 @@ fn gang_progress(
         if lost {
             // Losing a Mac is not the job's fault: place again now, without using a retry.
             status.phase = JobPhase::Pending;
-            status.reason = "NodeLost".into();
+            status.reason = Reason::NodeLost.into();
             status.message = format!(
                 "rank {} lost with node {}; placing the gang again",
                 a.spec.rank, a.spec.node
             );
             status.next_retry_time.clear();
             plan.events
-                .push(event(job, true, "NodeLost", &status.message.clone()));
+                .push(event(job, true, Reason::NodeLost, &status.message.clone()));
             return;
         }
         if let Some(limit) = shape.backoff_limit
@@ -532,15 +536,15 @@ fn gang_progress(
                 "rank {} on {}: {}; backoffLimit {limit} reached",
                 a.spec.rank, a.spec.node, what
             );
-            fail(status, "BackoffLimitExceeded", &message, clock);
+            fail(status, Reason::BackoffLimitExceeded, &message, clock);
             plan.events
-                .push(event(job, true, "BackoffLimitExceeded", &message));
+                .push(event(job, true, Reason::BackoffLimitExceeded, &message));
             return;
         }
         status.restarts += 1;
         let delay = backoff(status.restarts, cfg);
         status.phase = JobPhase::Pending;
-        status.reason = "BackOff".into();
+        status.reason = Reason::BackOff.into();
         status.message = format!(
             "rank {} on {}: {}; restarting the gang in {}s (restart {})",
             a.spec.rank,
@@ -551,7 +555,7 @@ fn gang_progress(
         );
         status.next_retry_time = super::stamp(clock.now + delay);
         plan.events
-            .push(event(job, true, "BackOff", &status.message.clone()));
+            .push(event(job, true, Reason::BackOff, &status.message.clone()));
         return;
     }
 
@@ -560,30 +564,34 @@ fn gang_progress(
         && current.len() == world
     {
         status.phase = JobPhase::Succeeded;
-        status.reason = "Succeeded".into();
+        status.reason = Reason::Succeeded.into();
         status.message = format!("all {world} rank(s) exited 0");
         status.completion_time = clock.stamp.clone();
         status.set_condition(
             "Complete",
             true,
-            "Succeeded",
+            Reason::Succeeded,
             &status.message.clone(),
             &clock.stamp,
         );
-        plan.events
-            .push(event(job, false, "Completed", &status.message.clone()));
+        plan.events.push(event(
+            job,
+            false,
+            Reason::Completed,
+            &status.message.clone(),
+        ));
         return;
     }
     let running = phase_count(AllocationPhase::Running) + phase_count(AllocationPhase::Succeeded);
     if running == world && status.phase != JobPhase::Running {
         status.phase = JobPhase::Running;
-        status.reason = "Running".into();
+        status.reason = Reason::Running.into();
         status.message = format!("all {world} rank(s) running");
         if shape.kind == Kind::InferenceService && shape.service.is_none() {
-            status.set_condition("Ready", true, "Running", "", &clock.stamp);
+            status.set_condition("Ready", true, Reason::Running, "", &clock.stamp);
         }
         plan.events
-            .push(event(job, false, "Started", &status.message.clone()));
+            .push(event(job, false, Reason::Started, &status.message.clone()));
     }
     // A built-in service is Ready once rank 0 has answered through every stage.
     if shape.service.is_some() {
@@ -595,10 +603,13 @@ fn gang_progress(
             .is_some_and(|c| c.status == "True");
         if ready != was || status.condition("Ready").is_none() {
             let (reason, message) = if ready {
-                ("EndpointReady", format!("{} answers", status.endpoint))
+                (
+                    Reason::EndpointReady,
+                    format!("{} answers", status.endpoint),
+                )
             } else {
                 (
-                    "EndpointNotReady",
+                    Reason::EndpointNotReady,
                     "waiting for rank 0 to answer through every stage".to_string(),
                 )
             };
@@ -611,13 +622,13 @@ fn gang_progress(
 }
 
 /// A service whose gang ended is not ready (and has no endpoint) until placed again.
-fn not_ready(status: &mut JobStatus, reason: &str, clock: &Clock) {
+fn not_ready(status: &mut JobStatus, reason: Reason, clock: &Clock) {
     status.endpoint.clear();
     if status
         .condition("Ready")
         .is_some_and(|c| c.status == "True")
     {
-        status.set_condition("Ready", false, reason, "", &clock.stamp);
+        status.set_condition("Ready", false, reason.as_str(), "", &clock.stamp);
     }
 }
 
@@ -631,14 +642,21 @@ fn describe_end(a: &Alloc) -> String {
     };
     // A process that said why it failed (tb-shard's ModelLoadFailed, say): keep its words.
     match s.message.split_once(": ") {
-        Some((_, why)) if !matches!(s.reason.as_str(), "" | "Error" | "Completed" | "Stopped") => {
+        Some((_, why))
+            if !s.reason.is_empty()
+                && !matches!(
+                    Reason::of(&s.reason),
+                    Some(Reason::Error | Reason::Completed | Reason::Stopped)
+                ) =>
+        {
             format!("{end}: {}: {why}", s.reason)
         }
         _ => end,
     }
 }
 
-fn fail(status: &mut JobStatus, reason: &str, message: &str, clock: &Clock) {
+fn fail(status: &mut JobStatus, reason: impl AsRef<str>, message: &str, clock: &Clock) {
+    let reason = reason.as_ref();
     status.phase = JobPhase::Failed;
     status.reason = reason.to_string();
     status.message = message.to_string();
@@ -707,14 +725,15 @@ fn make_room(
         .map(|q| q.preemption)
         .unwrap_or_default();
     let namespace = job.metadata.namespace.as_str();
-    let eligible = |their_namespace: &str, theirs: &JobFacts| -> Option<&'static str> {
+    let eligible = |their_namespace: &str, theirs: &JobFacts| -> Option<Reason> {
         let p = theirs.priority;
         if p < priority && policy.towards(namespace, their_namespace).allows() {
-            return Some("Preempted");
+            return Some(Reason::Preempted);
         }
         let ours = reclaim.as_deref()?;
         let theirs = theirs.queue.as_deref()?;
-        (theirs != ours && p <= priority && view.queues.borrowing(theirs)).then_some("Reclaimed")
+        (theirs != ours && p <= priority && view.queues.borrowing(theirs))
+            .then_some(Reason::Reclaimed)
     };
     // Room is made only if the job then also fits its queue's quota (stopping the queue's own
     // lower-priority work counts), else it would preempt on every pass and still not start.
@@ -754,7 +773,7 @@ fn make_room(
             }
         }
         preemption::Choice::Waiting => refuse(
-            "WaitingForPreemption",
+            Reason::WaitingForPreemption,
             "waiting for the ranks of preempted jobs to end",
         ),
         preemption::Choice::Preempt(victims) => {
@@ -765,13 +784,13 @@ fn make_room(
             for v in &victims {
                 preempt(v, job, priority, reclaim.as_deref(), clock, plan);
             }
-            let what = if victims.iter().all(|v| v.reason == "Reclaimed") {
+            let what = if victims.iter().all(|v| v.reason == Reason::Reclaimed) {
                 "borrowed capacity held by"
             } else {
                 "lower-priority"
             };
             refuse(
-                "WaitingForPreemption",
+                Reason::WaitingForPreemption,
                 format!("stopping {what} {} to make room", names.join(", ")),
             )
         }
@@ -794,7 +813,7 @@ fn preempt(
     let mut status = JobStatus::from_value(&v.job.status);
     status.phase = JobPhase::Pending;
     status.reason = v.reason.into();
-    status.message = if v.reason == "Reclaimed" {
+    status.message = if v.reason == Reason::Reclaimed {
         format!(
             "its queue borrowed beyond its quota; queue {} reclaimed the capacity for {}/{}; \
              waiting to be placed again",
@@ -863,11 +882,11 @@ struct Placed {
 
 /// Why a gang was not placed.
 struct Refusal {
-    reason: &'static str,
+    reason: Reason,
     message: String,
 }
 
-fn refuse(reason: &'static str, message: impl Into<String>) -> Refusal {
+fn refuse(reason: Reason, message: impl Into<String>) -> Refusal {
     Refusal {
         reason,
         message: message.into(),
@@ -877,8 +896,8 @@ fn refuse(reason: &'static str, message: impl Into<String>) -> Refusal {
 /// The workload of a job sized by a Model, or None for `ranks` × `memory` jobs.
 fn workload(job: &Object, view: &ClusterView) -> Result<Option<Workload>, Refusal> {
     live::workload_for(job, &view.models).map_err(|e| match e {
-        live::WorkloadError::ModelNotFound(m) => refuse("ModelNotFound", m),
-        live::WorkloadError::ModelIncomplete(m) => refuse("ModelIncomplete", m),
+        live::WorkloadError::ModelNotFound(m) => refuse(Reason::ModelNotFound, m),
+        live::WorkloadError::ModelIncomplete(m) => refuse(Reason::ModelIncomplete, m),
     })
 }
 
@@ -956,12 +975,12 @@ fn place_job(job: &Object, shape: &JobShape, view: &ClusterView) -> Result<Place
     if let Some(k) = &memo_key
         && let Some(message) = view.unplaceable.borrow().get(k)
     {
-        return Err(refuse("Unschedulable", message.clone()));
+        return Err(refuse(Reason::Unschedulable, message.clone()));
     }
     let topology = view.topology();
     let result = place_workload(shape, view, &topology, workload);
     if let (Some(k), Err(why)) = (memo_key, &result)
-        && why.reason == "Unschedulable"
+        && why.reason == Reason::Unschedulable
     {
         view.unplaceable.borrow_mut().insert(k, why.message.clone());
     }
@@ -979,7 +998,7 @@ fn place_workload(
         Some(w) => place_model(topology, &w, view)?,
         None if shape.service.is_some() => {
             return Err(refuse(
-                "ModelIncomplete",
+                Reason::ModelIncomplete,
                 "the built-in executor needs the Model's shape (layers, hiddenSize, heads, ...)",
             ));
         }
@@ -999,7 +1018,7 @@ fn place_workload(
                 })
                 .ok_or_else(|| {
                     refuse(
-                        "Unschedulable",
+                        Reason::Unschedulable,
                         format!("{} has no free port for the endpoint", rank0.node),
                     )
                 })?,
@@ -1015,7 +1034,7 @@ fn place_workload(
 
 fn place_model(topology: &Topology, w: &Workload, view: &ClusterView) -> Result<Placed, Refusal> {
     let plan = model_placement::plan(topology, w, &Options::default())
-        .map_err(|u| refuse("Unschedulable", u.message))?;
+        .map_err(|u| refuse(Reason::Unschedulable, u.message))?;
     let mut slots = Vec::with_capacity(plan.stages.len());
     for stage in &plan.stages {
         let port = view.nodes.get(&stage.node).and_then(|n| {
@@ -1024,7 +1043,7 @@ fn place_model(topology: &Topology, w: &Workload, view: &ClusterView) -> Result<
         });
         let Some(port) = port else {
             return Err(refuse(
-                "Unschedulable",
+                Reason::Unschedulable,
                 format!("{} has no free port in its port range", stage.node),
             ));
         };
@@ -1064,7 +1083,8 @@ fn place_ranks(
         node_selector: shape.node_selector.clone(),
         exclusive: shape.exclusive,
     };
-    let mut slots = place(&req, &view.nodes).map_err(|u| refuse("Unschedulable", u.message))?;
+    let mut slots =
+        place(&req, &view.nodes).map_err(|u| refuse(Reason::Unschedulable, u.message))?;
     // Rank order is ring order for MLX: follow the cables.
     let nodes: Vec<String> = slots.iter().map(|s| s.node.clone()).collect();
     let (order, _ring) = model_placement::search::cable_order(topology, &nodes);
@@ -1102,7 +1122,7 @@ fn jaccl_matrix(
         for j in 0..n {
             if i != j && nodes[i] != nodes[j] && needed(i, j) && matrix[i][j].is_none() {
                 return Err(refuse(
-                    "Unschedulable",
+                    Reason::Unschedulable,
                     format!(
                         "backend {backend} needs an RDMA cable between {} and {}; there is none \
                          (use backend: ring for TCP)",

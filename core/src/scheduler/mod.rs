@@ -20,6 +20,7 @@ mod tests;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::json;
+use tb_api::reason::Reason;
 use tb_api::specs::Desired;
 use tb_api::{Kind, Object, ObjectMeta};
 
@@ -191,7 +192,7 @@ pub fn invalid_spec(involved: &Object, error: &tb_api::ValidationError) -> Plan 
     plan.events.push(event(
         involved,
         true,
-        "InvalidSpec",
+        Reason::InvalidSpec,
         &format!(
             "the stored spec no longer passes the API's checks ({error}); tb does not act on \
              this {} until it is applied again with the fix",
@@ -202,7 +203,7 @@ pub fn invalid_spec(involved: &Object, error: &tb_api::ValidationError) -> Plan 
 }
 
 /// An Event about `involved`, recorded with a plan.
-pub fn event(involved: &Object, warning: bool, reason: &str, message: &str) -> Object {
+pub fn event(involved: &Object, warning: bool, reason: impl AsRef<str>, message: &str) -> Object {
     Object {
         api_version: tb_api::API_VERSION.into(),
         kind: Kind::Event.as_str().into(),
@@ -217,7 +218,7 @@ pub fn event(involved: &Object, warning: bool, reason: &str, message: &str) -> O
         },
         spec: json!({
             "type": if warning { "Warning" } else { "Normal" },
-            "reason": reason,
+            "reason": reason.as_ref(),
             "message": message,
             "involvedObject": {
                 "kind": involved.kind,

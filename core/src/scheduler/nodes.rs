@@ -2,6 +2,7 @@
 //! allocations it was running are marked Lost, so their jobs are placed again elsewhere.
 
 use chrono::{DateTime, Utc};
+use tb_api::reason::Reason;
 use tb_api::specs::AllocationPhase;
 use tb_api::status::{NodeStatus, set_condition};
 
@@ -32,7 +33,7 @@ pub fn reconcile_nodes(view: &ClusterView, clock: &Clock, cfg: &SchedulerConfig)
                 &mut status.conditions,
                 "Ready",
                 false,
-                "NodeStatusUnknown",
+                Reason::NodeStatusUnknown,
                 &message,
                 &clock.stamp,
             );
@@ -43,7 +44,7 @@ pub fn reconcile_nodes(view: &ClusterView, clock: &Clock, cfg: &SchedulerConfig)
                 status: status.to_value(),
             });
             plan.events
-                .push(event(&node.object, true, "NodeNotReady", &message));
+                .push(event(&node.object, true, Reason::NodeNotReady, &message));
         }
         if !ready {
             for a in view.allocations.iter().filter(|a| a.spec.node == node.name) {
@@ -52,7 +53,7 @@ pub fn reconcile_nodes(view: &ClusterView, clock: &Clock, cfg: &SchedulerConfig)
                 }
                 let mut status = a.status.clone();
                 status.phase = AllocationPhase::Lost;
-                status.reason = "NodeLost".into();
+                status.reason = Reason::NodeLost.into();
                 status.message = format!("node {} is not Ready", node.name);
                 status.finished_at = clock.stamp.clone();
                 plan.guards

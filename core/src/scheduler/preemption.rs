@@ -13,6 +13,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use tb_api::reason::Reason;
 
 use tb_api::Object;
 use tb_api::specs::Desired;
@@ -25,7 +26,7 @@ pub struct Victim {
     pub job: Arc<Object>,
     pub priority: i32,
     /// Preempted (lower priority) or Reclaimed (its queue borrowed beyond its quota).
-    pub reason: &'static str,
+    pub reason: Reason,
     pub allocations: Vec<Alloc>,
     pub memory_bytes: u64,
 }
@@ -92,7 +93,7 @@ fn without(view: &ClusterView, allocations: &[&Alloc]) -> ClusterView {
 
 /// Whether a job (by its namespace, priority and queue) may be stopped for the one being
 /// placed, and under which reason.
-pub type Eligible<'a> = dyn Fn(&str, &JobFacts) -> Option<&'static str> + 'a;
+pub type Eligible<'a> = dyn Fn(&str, &JobFacts) -> Option<Reason> + 'a;
 
 /// The gangs that run now and `eligible` allows stopping, in the order they would be stopped.
 fn candidates(job: &Object, view: &ClusterView, eligible: &Eligible) -> Vec<Victim> {

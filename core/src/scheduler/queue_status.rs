@@ -4,6 +4,7 @@
 //! new work of the queue waits until its usage is back under the quota.
 
 use std::sync::Arc;
+use tb_api::reason::Reason;
 
 use tb_api::Object;
 use tb_api::specs::QueueStatus;
@@ -15,7 +16,7 @@ use super::{Clock, event};
 use crate::store::{Plan, PlanWrite};
 
 /// The condition a queue carries while its quota is below its usage at the last spec change.
-pub const QUOTA_BELOW_USAGE: &str = "QuotaBelowUsage";
+pub const QUOTA_BELOW_USAGE: Reason = Reason::QuotaBelowUsage;
 
 /// Why queue `name`'s quota is below what its running work holds, if it is (the warning
 /// `tbctl apply` prints and the event says).
@@ -68,7 +69,7 @@ pub fn reconcile_queues(
             Some(message) => {
                 set_condition(
                     &mut status.conditions,
-                    QUOTA_BELOW_USAGE,
+                    QUOTA_BELOW_USAGE.as_str(),
                     true,
                     QUOTA_BELOW_USAGE,
                     message,
@@ -78,9 +79,9 @@ pub fn reconcile_queues(
             }
             None => set_condition(
                 &mut status.conditions,
-                QUOTA_BELOW_USAGE,
+                QUOTA_BELOW_USAGE.as_str(),
                 false,
-                "WithinQuota",
+                Reason::WithinQuota,
                 "",
                 &clock.stamp,
             ),

@@ -14,6 +14,7 @@
 //! lowered or whose queue changed since.
 
 use std::collections::{BTreeMap, BTreeSet};
+use tb_api::reason::Reason;
 
 use tb_api::specs::{
     InferenceServiceSpec, QueueSpec, TrainingJobSpec, UNQUEUED_MAX_PRIORITY, parse_spec,
@@ -39,7 +40,7 @@ pub struct Queues {
 /// Why a job may not start (yet) under its queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Held {
-    pub reason: &'static str,
+    pub reason: Reason,
     pub message: String,
 }
 
@@ -162,12 +163,12 @@ impl Queues {
         match named {
             Some(name) => match self.specs.get(&name) {
                 None => Err(Held {
-                    reason: "QueueNotFound",
+                    reason: Reason::QueueNotFound,
                     message: format!("queue {name} does not exist"),
                 }),
                 Some(q) if !q.namespaces.is_empty() && !q.namespaces.iter().any(|n| n == ns) => {
                     Err(Held {
-                        reason: "QueueForbidden",
+                        reason: Reason::QueueForbidden,
                         message: format!(
                             "queue {name} takes work from namespaces {}, not {ns}",
                             q.namespaces.join(", ")
@@ -253,7 +254,7 @@ impl Queues {
             let wanted = used.memory_bytes.saturating_add(memory_bytes);
             if wanted > limit {
                 return Err(Held {
-                    reason: "QuotaExceeded",
+                    reason: Reason::QuotaExceeded,
                     message: format!(
                         "queue {queue}: {} of {} memory in use{}; this job needs {} more ({} over)",
                         human(used.memory_bytes),
@@ -274,7 +275,7 @@ impl Queues {
             let all: BTreeSet<&String> = used.macs.iter().chain(macs).collect();
             if all.len() as u32 > limit {
                 return Err(Held {
-                    reason: "QuotaExceeded",
+                    reason: Reason::QuotaExceeded,
                     message: format!(
                         "queue {queue}: {} of {quota} Macs in use; this job would bring it to {}",
                         used.macs.len(),

@@ -15,6 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use tb_api::reason::Reason;
 
 use chrono::{DateTime, Datelike, TimeDelta, Timelike, Utc};
 use tb_api::specs::{
@@ -169,7 +170,7 @@ fn due_slot(
             plan.events.push(event(
                 schedule,
                 true,
-                "UnknownTimeZone",
+                Reason::UnknownTimeZone,
                 &format!(
                     "time zone {:?} is not in the controller's zone database; no runs start",
                     spec.time_zone.as_deref().unwrap_or("")
@@ -187,7 +188,7 @@ fn due_slot(
         plan.events.push(event(
             schedule,
             true,
-            "MissedSchedule",
+            Reason::MissedSchedule,
             &format!(
                 "{} run(s) missed between {} and {} (only the latest is considered)",
                 count - 1,
@@ -218,7 +219,7 @@ fn run_slot(
         plan.events.push(event(
             schedule,
             true,
-            "MissedSchedule",
+            Reason::MissedSchedule,
             &format!(
                 "the run due at {when} is past startingDeadlineSeconds ({deadline}s); skipped"
             ),
@@ -230,7 +231,7 @@ fn run_slot(
             plan.events.push(event(
                 schedule,
                 false,
-                "JobSkipped",
+                Reason::JobSkipped,
                 &format!(
                     "the run due at {when} is skipped: {} still running (concurrencyPolicy Forbid)",
                     active[0].object.metadata.name
@@ -248,7 +249,7 @@ fn run_slot(
                 plan.events.push(event(
                     schedule,
                     false,
-                    "JobReplaced",
+                    Reason::JobReplaced,
                     &format!(
                         "{} replaced by the run due at {when} (concurrencyPolicy Replace)",
                         run.object.metadata.name
@@ -266,7 +267,7 @@ fn run_slot(
     plan.events.push(event(
         schedule,
         false,
-        "SuccessfulCreate",
+        Reason::SuccessfulCreate,
         &format!("created TrainingJob {name} for {when}"),
     ));
     status.active.push(name);
