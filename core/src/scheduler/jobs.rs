@@ -117,7 +117,6 @@ pub(super) fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
     }
 }
 
-
 /// Reconcile one job against the cluster; placements it makes are taken out of `view` so the
 /// next job in the same pass sees them.
 ///
