@@ -8,7 +8,8 @@
 //! - [`capacity`]: what this machine has (memory, CPU, GPU, memory pressure), read from the OS.
 //! - [`exec`]: the exec executor: supervised process groups with rotating logs.
 //! - [`mlx`]: the MLX distributed contract: hostfiles, device matrices and per-rank environment.
-//! - [`transport`]: the data plane: bootstrap, TCP (and RDMA) transports, collectives.
+//!
+//! The data plane (bootstrap, TCP and RDMA transports, collectives) is the `tb-transport` crate.
 
 pub mod agent;
 pub mod builtin;
@@ -19,4 +20,3 @@ pub mod mlx;
 pub mod probe;
 pub mod staging;
 pub mod topology;
-pub mod transport;

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use tb_nodelet::builtin::{self, ShardOptions, command::TERMINATION_MESSAGE_ENV};
-use tb_nodelet::transport::Preference;
+use tb_transport::Preference;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -21,7 +21,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::messages::{Op, Step, recv_step, send_activation, send_step};
 use super::stage::with_timeout;
-use crate::transport::collectives::Communicator;
+use tb_transport::collectives::Communicator;
 
 /// One generation request.
 #[derive(Debug)]

@@ -5,9 +5,9 @@
 
 use tb_engine::sample::SamplingParams;
 
-use crate::transport::TransportError;
-use crate::transport::collectives::Communicator;
-use crate::transport::wire::DType;
+use tb_transport::TransportError;
+use tb_transport::collectives::Communicator;
+use tb_transport::wire::DType;
 
 /// Control messages are at most this long (header + an error message).
 pub const MAX_CONTROL: usize = 4096;

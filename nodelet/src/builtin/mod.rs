@@ -27,9 +27,9 @@ use tb_engine::gguf::GgufIndex;
 use tb_engine::shard::{LoadOptions, Shard, default_device};
 use tb_engine::tokenizer::Tokenizer;
 
-use crate::transport::collectives::{CollectiveOptions, Communicator};
-use crate::transport::tcp::TcpConfig;
-use crate::transport::{Endpoints, Preference, select};
+use tb_transport::collectives::{CollectiveOptions, Communicator};
+use tb_transport::tcp::TcpConfig;
+use tb_transport::{Endpoints, Preference, select};
 
 /// One rank of a built-in service.
 #[derive(Debug, Clone)]

@@ -11,8 +11,8 @@ use tb_engine::sample::Sampler;
 use tb_engine::shard::{Shard, StageInput, StageOutput};
 
 use super::messages::{Op, Step, recv_activation, recv_step, send_activation, send_step};
-use crate::transport::TransportError;
-use crate::transport::collectives::Communicator;
+use tb_transport::TransportError;
+use tb_transport::collectives::Communicator;
 
 /// How long a stage waits for the next request: services idle for long; a dead neighbour is
 /// noticed at once anyway (the connection closes).

@@ -15,8 +15,8 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use crate::transport::tcp::TcpConfig;
-use crate::transport::{
+use tb_transport::tcp::TcpConfig;
+use tb_transport::{
     BufId, Completion, Endpoints, Preference, Transport, TransportError, select::open_endpoints,
 };
 

@@ -14,8 +14,8 @@ use super::{
     CHUNK, Manifest, OP_FETCH, Request, StagingError, TensorDigest, read_frame, sha256, write_frame,
 };
 use crate::probe::session::pick_coordinator_port;
-use crate::transport::tcp::TcpConfig;
-use crate::transport::{BufId, Endpoints, Preference, TransportError, select};
+use tb_transport::tcp::TcpConfig;
+use tb_transport::{BufId, Endpoints, Preference, TransportError, select};
 
 /// What to stage.
 #[derive(Debug, Clone)]

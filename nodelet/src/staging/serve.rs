@@ -12,8 +12,8 @@ use std::time::{Duration, Instant, SystemTime};
 use tb_engine::gguf::GgufIndex;
 
 use super::{CHUNK, Manifest, Request, TensorDigest, read_frame, sha256, write_frame};
-use crate::transport::tcp::TcpConfig;
-use crate::transport::{BufId, Endpoints, Preference, Transport, TransportError, select};
+use tb_transport::tcp::TcpConfig;
+use tb_transport::{BufId, Endpoints, Preference, Transport, TransportError, select};
 
 /// Transfers in flight at once.
 const DEPTH: usize = 4;
@@ -195,7 +195,7 @@ fn send_ranges(
 
 fn wait(
     t: &mut dyn Transport,
-    comps: &mut Vec<crate::transport::Completion>,
+    comps: &mut Vec<tb_transport::Completion>,
     deadline: Instant,
     free: &mut Vec<BufId>,
     bufs: &[BufId],

@@ -6,7 +6,7 @@
 //! type u8.
 
 use super::verbs::{QpEndpoint, QpType};
-use crate::transport::TransportError;
+use crate::TransportError;
 
 const MAGIC: &[u8; 4] = b"TBQ1";
 const VERSION: u32 = 1;

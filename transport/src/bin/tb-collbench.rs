@@ -10,6 +10,10 @@
 //!
 //! `--check` runs every dtype once per size without timing and exits non-zero on any wrong
 //! element (the tests use it with real processes).
+//!
+//! `--smoke` runs the same measurement path in seconds: every op, 8 B to 64 KiB, a few
+//! iterations, and a small raw socket pair (plus MLX if `--compare-mlx` is given); it prints the
+//! tables and exits non-zero if any part could not run or any element is wrong.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -19,16 +23,19 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use half::{bf16, f16};
-use tb_nodelet::transport::collectives::{CollectiveOptions, Communicator};
-use tb_nodelet::transport::select::{Preference, open_endpoints};
-use tb_nodelet::transport::tcp::TcpConfig;
-use tb_nodelet::transport::wire::DType;
-use tb_nodelet::transport::{BufId, Endpoints};
+use tb_transport::collectives::{CollectiveOptions, Communicator};
+use tb_transport::select::{Preference, open_endpoints};
+use tb_transport::tcp::TcpConfig;
+use tb_transport::wire::DType;
+use tb_transport::{BufId, Endpoints};
 
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "tb-collbench",
-    about = "Benchmark tb's collectives (TCP) against MLX's ring backend"
+    about = "Benchmark tb's collectives (TCP) against MLX's ring backend",
+    // The launcher passes its own flags on to the rank processes and appends `--op` per sweep
+    // (--smoke sweeps every op): the last occurrence wins.
+    args_override_self = true
 )]
 struct Args {
     /// Number of ranks (processes on 127.0.0.1).
@@ -67,6 +74,11 @@ struct Args {
     /// Correctness only: every dtype, one iteration per size, exit 1 on any wrong element.
     #[arg(long)]
     check: bool,
+    /// Quick run of the whole measurement path (seconds): every op, 8 B..64 KiB, 3 iterations,
+    /// a 64 MiB raw socket pair; replaces --min/--max/--iters/--warmup/--budget/--op and exits
+    /// non-zero if any part could not run.
+    #[arg(long)]
+    smoke: bool,
     /// TCP sockets per peer.
     #[arg(long, default_value_t = 1)]
     rails: usize,
@@ -91,6 +103,46 @@ struct Args {
     /// (internal) rank 0's bootstrap address.
     #[arg(long, hide = true)]
     coordinator: Option<SocketAddr>,
+}
+
+impl Args {
+    /// `--smoke`: tiny sizes, few iterations, a short timeout. The rank processes get the same
+    /// flags, so they shrink the same way.
+    fn shrink_for_smoke(&mut self) {
+        self.min = 8;
+        self.max = 64 << 10;
+        self.iters = 3;
+        self.warmup = 1;
+        self.budget = 0.05;
+        self.timeout = self.timeout.min(20);
+    }
+
+    /// The ops the launcher sweeps, one run of rank processes each.
+    fn ops(&self) -> Result<Vec<Op>> {
+        if self.smoke {
+            Ok(vec![Op::AllReduce, Op::AllGather, Op::Broadcast])
+        } else {
+            Ok(vec![Op::parse(&self.op)?])
+        }
+    }
+
+    /// The dtypes each rank runs, in order (--check: all three).
+    fn dtypes(&self) -> Result<Vec<DType>> {
+        if self.check {
+            Ok(vec![DType::F32, DType::F16, DType::BF16])
+        } else {
+            Ok(vec![parse_dtype(&self.dtype)?])
+        }
+    }
+
+    /// Bytes the raw socket-pair ceiling moves per direction (one way, both ways at once).
+    fn raw_bytes(&self) -> (usize, usize) {
+        if self.smoke {
+            (64 << 20, 32 << 20)
+        } else {
+            (2 << 30, 1 << 30)
+        }
+    }
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -130,6 +182,13 @@ impl Op {
             "broadcast" => Op::Broadcast,
             _ => bail!("--op: expected allreduce, allgather or broadcast, found `{s}`"),
         })
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Op::AllReduce => "allreduce",
+            Op::AllGather => "allgather",
+            Op::Broadcast => "broadcast",
+        }
     }
     fn bus_factor(self, n: usize) -> f64 {
         let n = n as f64;
@@ -179,7 +238,10 @@ fn main() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.smoke {
+        args.shrink_for_smoke();
+    }
     if args.ranks == 0 || args.ranks > 64 {
         bail!("--ranks must be 1..=64, found {}", args.ranks);
     }
@@ -222,11 +284,7 @@ fn worker(args: &Args, rank: usize) -> Result<()> {
             bidirectional_min: args.bidir_min,
         },
     );
-    let dtypes = if args.check {
-        vec![DType::F32, DType::F16, DType::BF16]
-    } else {
-        vec![parse_dtype(&args.dtype)?]
-    };
+    let dtypes = args.dtypes()?;
     let buf = c.transport().register(args.max)?;
     let out = std::io::stdout();
     for dtype in dtypes {
@@ -350,14 +408,14 @@ struct Row {
 
 fn launcher(args: &Args) -> Result<()> {
     let n = args.ranks;
-    let op = Op::parse(&args.op)?;
+    let ops = args.ops()?;
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_else(|_| "n/a".into());
     let ncpu = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
     println!(
         "# tb-collbench: op {} ranks {n} on 127.0.0.1, {ncpu} CPUs, load before the run: {}",
-        args.op,
+        ops.iter().map(|o| o.name()).collect::<Vec<_>>().join(","),
         load.trim()
     );
     println!(
@@ -372,19 +430,85 @@ fn launcher(args: &Args) -> Result<()> {
         args.warmup,
         args.budget
     );
+    if !args.smoke {
+        let op = ops[0];
+        let mut raw = None;
+        return sweep(args, op, ncpu, &mut raw);
+    }
+    // --smoke: every part runs even when an earlier one failed; the exit status says whether all
+    // of them did.
+    let started = Instant::now();
+    let mut raw = None;
+    let mut failed = Vec::new();
+    for &op in &ops {
+        println!("# op {}", op.name());
+        if let Err(e) = sweep(args, op, ncpu, &mut raw) {
+            println!("# op {}: FAILED: {e:#}", op.name());
+            failed.push(format!("{}: {e:#}", op.name()));
+        }
+    }
+    if !failed.is_empty() {
+        bail!(
+            "smoke: {} of {} ops failed: {}",
+            failed.len(),
+            ops.len(),
+            failed.join("; ")
+        );
+    }
+    println!(
+        "# smoke: ok, {} ops x {} sizes in {:.1}s",
+        ops.len(),
+        sizes(args.min, args.max).len(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// One op: the ranks' sweep, the raw socket-pair ceiling (measured once per run, kept in `raw_cache`),
+/// MLX if asked, then the table. Fails on any wrong element, and under --smoke on any size
+/// without a result.
+fn sweep(args: &Args, op: Op, ncpu: usize, raw_cache: &mut Option<(f64, f64)>) -> Result<()> {
+    let n = args.ranks;
     let sizes = sizes(args.min, args.max);
-    let tb = run_tb(args)?;
+    let tb = run_tb(args, op)?;
+    if args.smoke {
+        for dtype in args.dtypes()? {
+            let rows = tb.iter().find(|(d, _)| d == dtype.name()).map(|(_, r)| r);
+            let missing: Vec<usize> = sizes
+                .iter()
+                .copied()
+                .filter(|s| !rows.is_some_and(|r| r.iter().any(|(x, _)| x == s)))
+                .collect();
+            if !missing.is_empty() {
+                bail!("no {} result for sizes {missing:?}", dtype.name());
+            }
+        }
+    }
     let raw = if args.no_raw || args.check {
         None
+    } else if let Some(r) = *raw_cache {
+        Some(r)
     } else {
-        Some((
-            raw_socket_pair(args.sockbuf, false)?,
-            raw_socket_pair(args.sockbuf, true)?,
-        ))
+        let (one_way, both_ways) = args.raw_bytes();
+        let r = (
+            raw_socket_pair(args.sockbuf, false, one_way)?,
+            raw_socket_pair(args.sockbuf, true, both_ways)?,
+        );
+        *raw_cache = Some(r);
+        Some(r)
     };
+    // Under --smoke a failed MLX run still leaves tb's table to print; it fails the op after.
+    let mut mlx_failure = None;
     let mlx = match (&args.compare_mlx, op) {
-        (Some(py), Op::AllReduce) if !args.check => Some(run_mlx(py, args, &sizes)?),
-        (Some(_), _) if !args.check => {
+        (Some(py), Op::AllReduce) if !args.check => match run_mlx(py, args, &sizes) {
+            Ok(rows) => Some(rows),
+            Err(e) if args.smoke => {
+                mlx_failure = Some(e);
+                None
+            }
+            Err(e) => return Err(e),
+        },
+        (Some(_), _) if !args.check && !args.smoke => {
             eprintln!("--compare-mlx: only allreduce is compared (MLX all_sum)");
             None
         }
@@ -463,13 +587,17 @@ fn launcher(args: &Args) -> Result<()> {
     if total_wrong > 0 {
         bail!("{total_wrong} wrong elements");
     }
-    Ok(())
+    match mlx_failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 type Table = Vec<(String, Vec<(usize, Row)>)>;
 
-/// Spawns the ranks, collects their RESULT lines; time is the slowest rank's, #wrong the sum.
-fn run_tb(args: &Args) -> Result<Table> {
+/// Spawns the ranks for `op`, collects their RESULT lines; time is the slowest rank's, #wrong
+/// the sum.
+fn run_tb(args: &Args, op: Op) -> Result<Table> {
     let n = args.ranks;
     let coord = {
         let l = TcpListener::bind("127.0.0.1:0")?;
@@ -484,6 +612,8 @@ fn run_tb(args: &Args) -> Result<Table> {
             .arg(r.to_string())
             .arg("--coordinator")
             .arg(coord.to_string())
+            .arg("--op")
+            .arg(op.name())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         children.push(cmd.spawn().with_context(|| format!("starting rank {r}"))?);
@@ -544,14 +674,13 @@ fn run_tb(args: &Args) -> Result<Table> {
     Ok(table)
 }
 
-/// Raw loopback TCP throughput in GB/s per direction over one connection: `duplex == false`:
-/// one thread writes 4 MiB chunks, one reads (the ceiling the brief asks for); `duplex == true`:
-/// both ends write and read at once (what a 2-rank ring does with its one socket), the slower
-/// direction counts.
-fn raw_socket_pair(sockbuf: usize, duplex: bool) -> Result<f64> {
+/// Raw loopback TCP throughput in GB/s per direction over one connection, `total` bytes each
+/// way: `duplex == false`: one thread writes 4 MiB chunks, one reads (the ceiling the brief asks
+/// for); `duplex == true`: both ends write and read at once (what a 2-rank ring does with its one
+/// socket), the slower direction counts.
+fn raw_socket_pair(sockbuf: usize, duplex: bool, total: usize) -> Result<f64> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let addr = l.local_addr()?;
-    let total: usize = if duplex { 1 << 30 } else { 2 << 30 };
     let chunk = 4 << 20;
     let tune = move |s: &TcpStream| -> Result<()> {
         s.set_nodelay(true)?;

@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::config::{MAX_MESSAGE, RdmaConfig, RdmaStats};
 use super::header::{FLAG_FIRST, FLAG_LAST, HEADER_LEN, Header, KIND_CREDIT, KIND_DATA};
 use super::verbs::{MemoryRegion, Region, Verbs, VerbsError, WcOpcode, WcStatus, WorkCompletion};
-use crate::transport::{Completion, CompletionKind, TransportError};
+use crate::{Completion, CompletionKind, TransportError};
 
 /// Credits data never spends: kept for credit-only messages.
 const RESERVE: u32 = 1;

@@ -1,5 +1,5 @@
-//! Build script of tb-nodelet. Its only job: with feature `rdma` on a macOS target, compile the
-//! small C shim (`src/transport/rdma/apple_shim.c`) that makes the verbs calls whose structs come
+//! Build script of tb-transport. Its only job: with feature `rdma` on a macOS target, compile the
+//! small C shim (`src/rdma/apple_shim.c`) that makes the verbs calls whose structs come
 //! from Apple's `<infiniband/verbs.h>` (ibv_post_send/post_recv/poll_cq are header inlines
 //! through `ctx->ops`), and set `cfg(tb_apple_shim)`. Without the SDK header (older SDK, or a
 //! cross `cargo check` from Linux) nothing is compiled and the Apple provider reports
@@ -11,7 +11,7 @@
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(tb_apple_shim)");
     println!("cargo::rerun-if-changed=build.rs");
-    println!("cargo::rerun-if-changed=src/transport/rdma/apple_shim.c");
+    println!("cargo::rerun-if-changed=src/rdma/apple_shim.c");
     println!("cargo::rerun-if-env-changed=TB_APPLE_VERBS_INCLUDE");
     println!("cargo::rerun-if-env-changed=SDKROOT");
     #[cfg(feature = "rdma")]
@@ -56,7 +56,7 @@ fn apple_shim() {
         return;
     };
     cc::Build::new()
-        .file("src/transport/rdma/apple_shim.c")
+        .file("src/rdma/apple_shim.c")
         .include(&include)
         .warnings(true)
         .compile("tb_apple_rdma_shim");

@@ -1,7 +1,7 @@
 //! The data plane with real processes: `tb-collbench --check` spawns rank processes that run
 //! every collective over loopback TCP and check every element; killing one rank process in the
 //! middle of a sweep must make every other rank exit with an error naming a peer, within the
-//! collective timeout.
+//! collective timeout. `--smoke` runs the whole measurement path in seconds.
 
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
@@ -31,6 +31,40 @@ fn check_mode_with_real_processes() {
             "{text}"
         );
     }
+}
+
+#[test]
+fn smoke_mode_prints_a_table_per_op_and_succeeds() {
+    let out = bench().arg("--smoke").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for op in ["allreduce", "allgather", "broadcast"] {
+        assert!(text.contains(&format!("# op {op}\n")), "{op}: {text}");
+    }
+    // 8 B .. 64 KiB, one float32 row per size and op.
+    let rows = text.lines().filter(|l| l.contains(" float32 ")).count();
+    assert_eq!(rows, 3 * 14, "{text}");
+    assert!(text.contains("raw loopback socket pair"), "{text}");
+    assert!(text.contains("# smoke: ok"), "{text}");
+}
+
+#[test]
+fn smoke_mode_fails_when_a_part_cannot_run() {
+    let out = bench()
+        .args(["--smoke", "--compare-mlx", "/nonexistent/python"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    // tb's own tables still print; the MLX part is what failed.
+    assert!(text.contains("# op allreduce: FAILED"), "{text}");
+    assert!(text.contains("# op broadcast\n"), "{text}");
+    assert!(!text.contains("# smoke: ok"), "{text}");
 }
 
 #[test]

@@ -129,7 +129,7 @@ pub fn open_endpoints(
 
 #[cfg(feature = "rdma")]
 fn rdma_ready(ep: &Endpoints) -> Result<(), TransportError> {
-    crate::transport::rdma::local_ready(ep)
+    crate::rdma::local_ready(ep)
 }
 
 #[cfg(not(feature = "rdma"))]
@@ -144,7 +144,7 @@ fn open_rdma(
     ep: &Endpoints,
     exchange: &mut Exchange<'_>,
 ) -> Result<Box<dyn Transport>, TransportError> {
-    crate::transport::rdma::open(ep, exchange)
+    crate::rdma::open(ep, exchange)
 }
 
 #[cfg(not(feature = "rdma"))]

@@ -35,9 +35,9 @@ use std::time::{Duration, Instant};
 pub use super::config::{MAX_CHUNK, MAX_MESSAGE, MIN_CHUNK, RdmaConfig, RdmaStats};
 use super::link::{Cx, Link, RecvOp, SendOp};
 use super::verbs::{Region, Verbs, WorkCompletion};
-use crate::transport::{BufId, Capabilities, Completion, Transport, TransportError};
+use crate::{BufId, Capabilities, Completion, Transport, TransportError};
 
-pub use crate::transport::bootstrap::Exchange;
+pub use crate::bootstrap::Exchange;
 
 /// The RDMA transport over verbs provider `V`.
 pub struct RdmaTransport<V: Verbs> {

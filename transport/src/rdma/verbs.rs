@@ -1,7 +1,7 @@
 //! The slice of the verbs API that tb's RDMA transport uses, as a trait ([`Verbs`]) with three
 //! providers: rdma-core's libibverbs on Linux (`ibverbs`, feature `rdma`), Apple's
 //! `librdma.dylib` on macOS (`apple`, feature `rdma`), and the in-process simulation
-//! [`crate::transport::verbs_sim`] that the tests run against.
+//! [`crate::verbs_sim`] that the tests run against.
 //!
 //! Only what JACCL uses on Thunderbolt is here: open a device by name, a protection domain, one
 //! completion queue and one queue pair per peer (UC, the only type Apple supports; RC where a

@@ -1,8 +1,8 @@
 //! An in-process verbs provider — a simulation, named as such. It implements
-//! [`Verbs`](crate::transport::rdma::verbs::Verbs) over memory, between queue pairs created in
+//! [`Verbs`](crate::rdma::verbs::Verbs) over memory, between queue pairs created in
 //! one process (typically one thread per simulated rank), so the RDMA transport's protocol —
 //! credits, chunking, ordering, error handling — runs and is tested on machines without an RDMA
-//! device. It is not a transport anyone should deploy: [`crate::transport::rdma::open`] never
+//! device. It is not a transport anyone should deploy: [`crate::rdma::open`] never
 //! picks it.
 //!
 //! What it models is listed in [`fabric`]; the parts that matter most for UC are that a SEND
@@ -16,7 +16,7 @@ pub mod fabric;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::transport::rdma::verbs::{
+use crate::rdma::verbs::{
     Gid, MemoryRegion, PathParams, PortInfo, QpCaps, QpEndpoint, QpType, Region, Verbs, VerbsError,
     WorkCompletion,
 };
@@ -313,7 +313,7 @@ impl Verbs for SimVerbs {
         remote: &QpEndpoint,
         path: &PathParams,
     ) -> Result<(), VerbsError> {
-        crate::transport::rdma::verbs::mtu_code(path.mtu)?;
+        crate::rdma::verbs::mtu_code(path.mtu)?;
         self.fabric.lock().modify_to_rtr(
             qp.qpn,
             remote.qpn,

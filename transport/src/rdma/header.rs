@@ -12,7 +12,7 @@
 //!
 //! `seq` makes a SEND that UC lost visible at the next arrival instead of corrupting a message.
 
-use crate::transport::TransportError;
+use crate::TransportError;
 
 /// Encoded size.
 pub const HEADER_LEN: usize = 24;

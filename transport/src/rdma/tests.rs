@@ -6,9 +6,9 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::transport::bootstrap;
-use crate::transport::verbs_sim::{Fabric, SimQpState, SimVerbs};
-use crate::transport::{BufId, Completion, CompletionKind, Transport, TransportError};
+use crate::bootstrap;
+use crate::verbs_sim::{Fabric, SimQpState, SimVerbs};
+use crate::{BufId, Completion, CompletionKind, Transport, TransportError};
 
 fn device(rank: usize) -> String {
     format!("r{rank}")
@@ -626,7 +626,7 @@ fn open_without_a_device_fails_with_a_clear_error() {
     .unwrap_err();
     assert!(matches!(err, TransportError::Unsupported(_)), "{err}");
     assert!(err.to_string().contains("rank 1"), "{err}");
-    let ep = crate::transport::Endpoints {
+    let ep = crate::Endpoints {
         rank: 0,
         world: 2,
         peers: vec![coordinator, coordinator],
@@ -647,8 +647,8 @@ fn open_without_a_device_fails_with_a_clear_error() {
 /// The collectives (written once over `dyn Transport`) run unchanged on the RDMA transport.
 #[test]
 fn collectives_run_over_the_rdma_transport() {
-    use crate::transport::collectives::{CollectiveOptions, Communicator};
-    use crate::transport::wire::DType;
+    use crate::collectives::{CollectiveOptions, Communicator};
+    use crate::wire::DType;
     let world = 4;
     let fabric = fabric(world);
     run(

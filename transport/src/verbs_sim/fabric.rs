@@ -22,9 +22,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::transport::rdma::verbs::{
-    Gid, QpCaps, QpType, VerbsError, WcOpcode, WcStatus, WorkCompletion,
-};
+use crate::rdma::verbs::{Gid, QpCaps, QpType, VerbsError, WcOpcode, WcStatus, WorkCompletion};
 
 /// Counters of what the fabric did; tests assert on them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use super::transport::{Exchange, RdmaTransport};
 use super::verbs::{
     Gid, PathParams, QpCaps, QpEndpoint, QpType, Region, Verbs, VerbsError, is_ipv4_mapped,
 };
-use crate::transport::TransportError;
+use crate::TransportError;
 
 /// A link between set-up steps.
 struct Pending<V: Verbs> {

@@ -8,7 +8,7 @@
 //! - `apple` (macOS, feature `rdma`): Apple's `librdma.dylib`, loaded at run time.
 //!
 //! The generic parts build without the feature and are tested against
-//! [`crate::transport::verbs_sim`]; only the real providers and [`open`] need `rdma`.
+//! [`crate::verbs_sim`]; only the real providers and [`open`] need `rdma`.
 
 pub mod config;
 mod connect;
@@ -122,7 +122,7 @@ pub fn open_devices(
     open_native(rank, world, Some(device_names), &mut exchange, cfg)
 }
 
-/// The hook of [`crate::transport::select`]: [`open_devices`] with the devices from
+/// The hook of [`crate::select`]: [`open_devices`] with the devices from
 /// [`DEVICES_ENV`], else the machine's only device for every peer; the queue-pair info goes
 /// through `exchange` (the select's bootstrap, shared with its earlier rounds).
 #[cfg(feature = "rdma")]

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::verbs::QpType;
-use crate::transport::TransportError;
+use crate::TransportError;
 
 /// Smallest bounce buffer (JACCL's frame size).
 pub const MIN_CHUNK: usize = 4096;

@@ -7,6 +7,10 @@
 //! The three layers follow MLX / NCCL / UCX: bootstrap (who is where) is separate from the data
 //! path (register, post_send, post_recv, poll), which is separate from the algorithms.
 //!
+//! The crate depends on nothing else in tb: the nodelet (builtin executor, staging, link probes,
+//! tb-shard) uses it, and its binary `tb-collbench` benchmarks the collectives on loopback. The
+//! `rdma` feature builds the real RDMA providers (`tb-nodelet --features rdma` turns it on).
+//!
 //! # The contract every transport keeps
 //!
 //! - Synchronous and single-threaded from the caller's side: a rank drives its transport from one

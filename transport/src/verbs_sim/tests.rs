@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::transport::rdma::verbs::{
+use crate::rdma::verbs::{
     MemoryRegion, PathParams, QpCaps, QpEndpoint, QpType, Region, Verbs, WcOpcode, WcStatus,
 };
 
@@ -60,7 +60,7 @@ fn pair(fabric: &Arc<Fabric>, qp_type: QpType, cq_depth: u32) -> (SimVerbs, End,
     (v, a, b)
 }
 
-fn poll(v: &SimVerbs, e: &mut End) -> Vec<crate::transport::rdma::verbs::WorkCompletion> {
+fn poll(v: &SimVerbs, e: &mut End) -> Vec<crate::rdma::verbs::WorkCompletion> {
     let mut out = Vec::new();
     v.poll_cq(&mut e.cq, &mut out, 64).expect("poll");
     out

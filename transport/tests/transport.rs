@@ -7,11 +7,11 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
-use tb_nodelet::transport::collectives::{CollectiveOptions, Communicator};
-use tb_nodelet::transport::select::{Preference, open_endpoints};
-use tb_nodelet::transport::tcp::TcpConfig;
-use tb_nodelet::transport::wire::{DType, FrameHeader, Hello};
-use tb_nodelet::transport::{
+use tb_transport::collectives::{CollectiveOptions, Communicator};
+use tb_transport::select::{Preference, open_endpoints};
+use tb_transport::tcp::TcpConfig;
+use tb_transport::wire::{DType, FrameHeader, Hello};
+use tb_transport::{
     BufId, Capabilities, Completion, Endpoints, Transport, TransportError, bootstrap,
 };
 
