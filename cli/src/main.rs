@@ -10,7 +10,6 @@
 //! own module under `commands/`.
 
 mod args;
-mod client;
 mod columns;
 mod commands;
 mod config;
@@ -18,10 +17,13 @@ mod linediff;
 mod local;
 mod manifests;
 mod output;
-mod servers;
-mod tls;
 
 use std::process::ExitCode;
+
+// The connection to the controllers (failover, retries, TLS, the token, server lists) is
+// tb-client's, shared with the nodelet and the tests.
+use tb_client::addr as servers;
+use tb_client::{client, tls};
 
 use clap::Parser;
 

@@ -8,6 +8,11 @@
 //!
 //! Every call carries a bearer token: the harness's admin token ([`crate::auth`]) unless the
 //! client was made with [`Client::with_token`], over TLS verified with the harness's CA.
+//!
+//! Dialling, the token interceptor and the retry rule (which failures, what backoff, how many
+//! attempts) are tb-client's, as in tbctl and the nodelet. The harness keeps its own loop over
+//! members because tests choose the member a write starts at and the budget it gets, and some
+//! calls go to one member on purpose (`*_on`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -19,30 +24,17 @@ use tb_api::proto::{
     ApplyRequest, ApplyResponse, ClusterStatusRequest, ClusterStatusResponse, DeleteRequest,
     DeleteResponse, GetRequest, ListRequest, ListResponse,
 };
-use tonic::metadata::{Ascii, MetadataValue};
+use tb_client::connect::Dial;
+use tb_client::retry::{Backoff, MAX_ATTEMPTS};
+use tb_client::{MAX_MESSAGE_BYTES as MAX_MESSAGE, Trust};
+use tonic::Status;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
-use tonic::{Code, Status};
+use tonic::transport::{Channel, Endpoint};
+
+pub use tb_client::{AuthChannel, Bearer, is_retryable};
 
 /// Per-call deadline: generous, a write may wait for an election on the server.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-/// Largest message a test client accepts from a server.
-const MAX_MESSAGE: usize = 64 * 1024 * 1024;
-
-/// Whether an error leaves the outcome of a write unknown (or says nothing about the data), so
-/// the same request may be sent again, to this member or another. Answers about the request
-/// itself (invalid, conflict, not found, too large) are final.
-pub fn is_retryable(status: &Status) -> bool {
-    match status.code() {
-        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => true,
-        // A connection torn down mid-call (the member was killed) surfaces as an h2 error.
-        Code::Internal => {
-            let m = status.message().to_ascii_lowercase();
-            m.contains("h2 protocol error") || m.contains("transport") || m.contains("connection")
-        }
-        _ => false,
-    }
-}
 
 /// An `https` endpoint for `addr` that verifies the server with the harness's CA.
 pub fn tls_endpoint(addr: &str) -> Endpoint {
@@ -51,38 +43,14 @@ pub fn tls_endpoint(addr: &str) -> Endpoint {
 
 /// An `https` endpoint for `addr` that verifies the server with the CA `ca_pem`.
 pub fn tls_endpoint_with_ca(addr: &str, ca_pem: &str) -> Endpoint {
-    let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem));
-    Endpoint::from_shared(format!("https://{addr}"))
-        .unwrap_or_else(|e| panic!("bad address {addr}: {e}"))
-        .tls_config(tls)
-        .unwrap_or_else(|e| panic!("TLS settings for {addr}: {e}"))
+    let trust = Trust {
+        pem: ca_pem.to_string(),
+        path: "the test CA".into(),
+    };
+    Dial::default()
+        .endpoint(addr, Some(&trust))
+        .unwrap_or_else(|e| panic!("bad address or TLS settings for {addr}: {e}"))
 }
-
-/// Adds `authorization: Bearer TOKEN` to every call (nothing when there is no token).
-#[derive(Clone)]
-pub struct Bearer(Option<MetadataValue<Ascii>>);
-
-impl Bearer {
-    pub fn new(token: Option<&str>) -> Bearer {
-        Bearer(token.map(|t| {
-            format!("Bearer {t}")
-                .parse()
-                .unwrap_or_else(|e| panic!("a token that is not a header value: {e}"))
-        }))
-    }
-}
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
-        }
-        Ok(req)
-    }
-}
-
-/// A channel whose calls carry the client's token.
-pub type AuthChannel = InterceptedService<Channel, Bearer>;
 
 /// Channels to a fixed set of members.
 pub struct Client {
@@ -122,12 +90,7 @@ impl Client {
         let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
         channels
             .entry(addr.to_string())
-            .or_insert_with(|| {
-                tls_endpoint(addr)
-                    .connect_timeout(Duration::from_secs(1))
-                    .tcp_nodelay(true)
-                    .connect_lazy()
-            })
+            .or_insert_with(|| tls_endpoint(addr).connect_lazy())
             .clone()
     }
 
@@ -299,8 +262,9 @@ impl Client {
     {
         let deadline = tokio::time::Instant::now() + budget;
         let n = self.addrs.len();
+        let mut backoff = Backoff::default();
         // Bounded by the deadline; the count is a second guard against a zero-time error loop.
-        for i in 0..10_000usize {
+        for i in 0..MAX_ATTEMPTS {
             let addr = &self.addrs[(first + i) % n];
             let result = match tokio::time::timeout_at(deadline, call(attempt(addr))).await {
                 Ok(r) => r,
@@ -313,9 +277,10 @@ impl Client {
                 Err(e) if is_retryable(&e) && tokio::time::Instant::now() < deadline => {
                     // Shown only if the test fails: the story of every failover.
                     crate::step!("retrying after {addr}: {}: {}", e.code(), e.message());
-                    // Back off a little once every member has been tried.
+                    // Back off once every member has been tried.
                     if (i + 1) % n == 0 {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                        tokio::time::sleep(backoff.next_pause().min(left)).await;
                     }
                 }
                 Err(e) => return Err(e),

@@ -20,8 +20,9 @@ use tonic::Status;
 
 use super::{Ctx, parse_job_ref, parse_object};
 use crate::args::{LogStream, LogsArgs};
-use crate::client::{RpcError, is_failover};
+use crate::client::RpcError;
 use crate::output::emit;
+use tb_client::is_retryable;
 
 /// Pause before reconnecting a followed stream.
 const RECONNECT_DELAY: Duration = Duration::from_millis(500);
@@ -102,7 +103,7 @@ fn logs_request(kind: &str, namespace: String, name: String, args: &LogsArgs) ->
 
 /// Whether a stream ended because the connection broke (not because a server said so).
 fn connection_lost(s: &Status) -> bool {
-    is_failover(s) && std::error::Error::source(s).is_some()
+    is_retryable(s) && std::error::Error::source(s).is_some()
 }
 
 pub async fn run(ctx: &mut Ctx, args: &LogsArgs) -> Result<()> {

@@ -367,7 +367,7 @@ async fn start(
         match Trust::load(&ca_path) {
             Ok(t) => break t,
             Err(e) if Instant::now() >= deadline => {
-                return Err(e.context(format!(
+                return Err(anyhow::Error::new(e).context(format!(
                     "the controller made no CA within {}s; see {}",
                     START_TIMEOUT.as_secs(),
                     dir.join("controller.log").display()

@@ -1,36 +1,20 @@
 //! `tbctl get -w`: list, print, then print every change as it happens.
 //!
-//! The watch starts from the list's resourceVersion and remembers how far it has read (see
-//! `observe::Position`: several objects may change at one version). When the connection drops
-//! it fails over and resumes there (replayed events are skipped, so nothing prints twice); when
-//! the server says the version is too old (OUT_OF_RANGE) it lists again and prints only the
-//! differences from what it had shown, so nothing is missed.
-
-use std::collections::BTreeMap;
-use std::time::Duration;
+//! A [`tb_client::Informer`] does the listing and watching: it starts the watch from the list's
+//! resourceVersion, resumes on the next controller when the connection drops (replayed events
+//! are skipped, so nothing prints twice), and when the server says the version is too old
+//! (OUT_OF_RANGE) lists again and reports only the differences from what it had, so nothing is
+//! missed and each difference prints once.
 
 use anyhow::Result;
 use serde::Serialize;
 use tb_api::Object;
-use tb_api::proto::{WatchEvent, WatchRequest};
-use tonic::Code;
+use tb_client::informer::{Change, Informer, InformerError, Scope};
 
-use super::get::{Query, list};
-use super::observe::Position;
-use super::{Ctx, parse_object};
-use crate::client::{RpcError, is_failover};
+use super::Ctx;
+use super::get::Query;
 use crate::columns::View;
 use crate::output::{self, OutputFormat, emit, render_row};
-
-/// Pause before reopening a watch the server ended, so a server that keeps ending it is not
-/// hammered.
-const REOPEN_DELAY: Duration = Duration::from_millis(200);
-
-type Key = (String, String);
-
-fn key(o: &Object) -> Key {
-    (o.metadata.namespace.clone(), o.metadata.name.clone())
-}
 
 /// Prints the initial list and then events in the chosen format.
 pub struct Printer {
@@ -113,13 +97,6 @@ impl Printer {
     }
 }
 
-/// What the watch has shown so far.
-struct Shown {
-    objects: BTreeMap<Key, Object>,
-    /// How far the watch has read: it resumes from there.
-    position: Position,
-}
-
 pub async fn run(
     ctx: &mut Ctx,
     query: &Query,
@@ -127,137 +104,43 @@ pub async fn run(
     format: Option<OutputFormat>,
 ) -> Result<()> {
     let mut printer = Printer::new(format, view);
-    let (objects, version) = list(ctx, query).await?;
-    emit(&printer.initial(&objects)?)?;
-    let mut shown = Shown {
-        objects: objects.into_iter().map(|o| (key(&o), o)).collect(),
-        position: Position::listed(version),
-    };
+    let mut informer = Informer::new(Scope {
+        kind: query.kind,
+        namespace: query.namespace.clone(),
+        selector: query.selector.clone(),
+    })
+    .with_stale_list(query.stale);
     loop {
-        let req = WatchRequest {
-            kind: query.kind.as_str().to_string(),
-            namespace: query.namespace.clone(),
-            label_selector: query.selector.clone(),
-            resource_version: shown.position.watch_from(),
-        };
-        let mut stream = match ctx.client().watch(req).await {
-            Ok(s) => s,
-            Err(RpcError {
-                code: Code::OutOfRange,
-                message,
-            }) => {
-                tracing::info!(%message, "watch too old; listing again");
-                relist(ctx, query, &mut shown, &mut printer).await?;
-                continue;
+        let batch = match informer.next(ctx.client()).await {
+            Ok(batch) => batch,
+            Err(InformerError::Rpc(e)) => return Err(e.into()),
+            Err(InformerError::Malformed(e)) => {
+                return Err(
+                    anyhow::Error::new(e).context("the server sent an object tbctl cannot read")
+                );
             }
-            Err(e) => return Err(e.into()),
         };
-        loop {
-            match stream.message().await {
-                Ok(Some(ev)) => emit(&handle(&ev, query, &mut shown, &mut printer)?)?,
-                Ok(None) => {
-                    let server = ctx
-                        .client()
-                        .current_server()
-                        .map(ToString::to_string)
-                        .unwrap_or_default();
-                    tracing::info!(%server, "the server ended the watch; resuming elsewhere");
-                    ctx.client().fail_over();
-                    tokio::time::sleep(REOPEN_DELAY).await;
-                    break;
-                }
-                Err(s) if s.code() == Code::OutOfRange => {
-                    tracing::info!(message = s.message(), "watch fell behind; listing again");
-                    relist(ctx, query, &mut shown, &mut printer).await?;
-                    break;
-                }
-                Err(s) if is_failover(&s) => {
-                    let server = ctx
-                        .client()
-                        .current_server()
-                        .map(ToString::to_string)
-                        .unwrap_or_default();
-                    tracing::info!(%server, code = ?s.code(), message = s.message(), "watch lost; resuming elsewhere");
-                    ctx.client().fail_over();
-                    tokio::time::sleep(REOPEN_DELAY).await;
-                    break;
-                }
-                Err(s) => {
-                    return Err(RpcError {
-                        code: s.code(),
-                        message: s.message().to_string(),
-                    }
-                    .into());
-                }
-            }
+        if batch.initial {
+            // The objects are in (namespace, name) order, as `get` prints them.
+            let objects: Vec<Object> = informer
+                .objects()
+                .values()
+                .filter(|o| query.wants(o))
+                .cloned()
+                .collect();
+            emit(&printer.initial(&objects)?)?;
+            continue;
         }
+        emit(&print_changes(&batch.changes, query, &mut printer)?)?;
     }
 }
 
-/// Record one event; the text to print for it (empty if it is not to be shown).
-fn handle(
-    ev: &WatchEvent,
-    query: &Query,
-    shown: &mut Shown,
-    printer: &mut Printer,
-) -> Result<String> {
-    let o = parse_object(&ev.object_json)?;
-    let version = if ev.resource_version != 0 {
-        ev.resource_version
-    } else {
-        o.metadata.resource_version
-    };
-    if !shown.position.admit(version, key(&o)) {
-        // Replayed after a failover: already printed.
-        return Ok(String::new());
-    }
-    if !query.wants(&o) {
-        return Ok(String::new());
-    }
-    if ev.r#type == "DELETED" {
-        shown.objects.remove(&key(&o));
-    } else {
-        shown.objects.insert(key(&o), o.clone());
-    }
-    printer.event(&ev.r#type, &o)
-}
-
-/// List again and print what changed since the last thing shown.
-async fn relist(
-    ctx: &mut Ctx,
-    query: &Query,
-    shown: &mut Shown,
-    printer: &mut Printer,
-) -> Result<()> {
-    let (objects, version) = list(ctx, query).await?;
-    emit(&catch_up(shown, objects, version, printer)?)
-}
-
-/// Replace what was shown with a fresh list; the events that turn one into the other.
-fn catch_up(
-    shown: &mut Shown,
-    objects: Vec<Object>,
-    version: u64,
-    printer: &mut Printer,
-) -> Result<String> {
-    let fresh: BTreeMap<Key, Object> = objects.into_iter().map(|o| (key(&o), o)).collect();
+/// The text for the changes `query` asks for.
+fn print_changes(changes: &[Change], query: &Query, printer: &mut Printer) -> Result<String> {
     let mut out = String::new();
-    for (k, o) in &fresh {
-        match shown.objects.get(k) {
-            None => out.push_str(&printer.event("ADDED", o)?),
-            Some(old) if old.metadata.resource_version != o.metadata.resource_version => {
-                out.push_str(&printer.event("MODIFIED", o)?)
-            }
-            Some(_) => {}
-        }
+    for c in changes.iter().filter(|c| query.wants(&c.object)) {
+        out.push_str(&printer.event(&c.type_, &c.object)?);
     }
-    for (k, old) in &shown.objects {
-        if !fresh.contains_key(k) {
-            out.push_str(&printer.event("DELETED", old)?);
-        }
-    }
-    shown.objects = fresh;
-    shown.position = Position::listed(version);
     Ok(out)
 }
 
@@ -292,14 +175,6 @@ mod tests {
         }
     }
 
-    fn event(type_: &str, o: &Object, rv: u64) -> WatchEvent {
-        WatchEvent {
-            r#type: type_.into(),
-            object_json: o.to_json(),
-            resource_version: rv,
-        }
-    }
-
     #[test]
     fn json_events_are_one_per_line() {
         let mut p = Printer::new(Some(OutputFormat::Json), view());
@@ -324,128 +199,21 @@ mod tests {
     }
 
     #[test]
-    fn replayed_events_are_skipped() {
-        let mut shown = Shown {
-            objects: BTreeMap::new(),
-            position: Position::listed(5),
-        };
-        let mut p = Printer::new(Some(OutputFormat::Name), view());
-        handle(
-            &event("ADDED", &obj("old", 4), 4),
-            &query(),
-            &mut shown,
-            &mut p,
-        )
-        .expect("handle");
-        assert!(shown.objects.is_empty());
-        handle(
-            &event("ADDED", &obj("new", 6), 6),
-            &query(),
-            &mut shown,
-            &mut p,
-        )
-        .expect("handle");
-        assert_eq!(shown.position.version(), 6);
-        assert!(
-            shown
-                .objects
-                .contains_key(&(String::new(), "new".to_string()))
-        );
-        handle(
-            &event("DELETED", &obj("new", 6), 7),
-            &query(),
-            &mut shown,
-            &mut p,
-        )
-        .expect("handle");
-        assert!(shown.objects.is_empty());
-        assert_eq!(shown.position.version(), 7);
-    }
-
-    #[test]
-    fn objects_changed_by_one_entry_all_print() {
-        let mut shown = Shown {
-            objects: BTreeMap::new(),
-            position: Position::listed(5),
-        };
-        let mut p = Printer::new(Some(OutputFormat::Name), view());
-        let a = handle(
-            &event("ADDED", &obj("a", 6), 6),
-            &query(),
-            &mut shown,
-            &mut p,
-        )
-        .expect("handle");
-        let b = handle(
-            &event("ADDED", &obj("b", 6), 6),
-            &query(),
-            &mut shown,
-            &mut p,
-        )
-        .expect("handle");
-        assert_eq!((a.as_str(), b.as_str()), ("queue/a\n", "queue/b\n"));
-        // Resumed from just before 6, the server sends both again: neither prints twice.
-        assert_eq!(shown.position.watch_from(), 5);
-        let again = handle(
-            &event("ADDED", &obj("a", 6), 6),
-            &query(),
-            &mut shown,
-            &mut p,
-        )
-        .expect("handle");
-        assert!(again.is_empty());
-    }
-
-    #[test]
-    fn relisting_prints_only_differences() {
-        let mut shown = Shown {
-            objects: [obj("same", 2), obj("changed", 3), obj("gone", 4)]
-                .into_iter()
-                .map(|o| (key(&o), o))
-                .collect(),
-            position: Position::listed(4),
-        };
-        let mut p = Printer::new(Some(OutputFormat::Json), view());
-        let fresh = vec![obj("same", 2), obj("changed", 8), obj("new", 9)];
-        let text = catch_up(&mut shown, fresh, 10, &mut p).expect("catch up");
-        let events: Vec<(String, String)> = text
-            .lines()
-            .map(|l| {
-                let v: serde_json::Value = serde_json::from_str(l).expect("json line");
-                (
-                    v["type"].as_str().unwrap_or_default().to_string(),
-                    v["object"]["metadata"]["name"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string(),
-                )
-            })
-            .collect();
-        let want = [
-            ("MODIFIED", "changed"),
-            ("ADDED", "new"),
-            ("DELETED", "gone"),
-        ];
-        assert_eq!(events.len(), want.len(), "{text}");
-        for (t, n) in want {
-            assert!(events.contains(&(t.to_string(), n.to_string())), "{text}");
-        }
-        assert_eq!(shown.position, Position::listed(10));
-        assert_eq!(shown.objects.len(), 3);
-    }
-
-    #[test]
-    fn names_filter_events() {
+    fn names_filter_changes() {
         let mut q = query();
         q.names = vec!["x".into()];
-        let mut shown = Shown {
-            objects: BTreeMap::new(),
-            position: Position::listed(0),
-        };
         let mut p = Printer::new(Some(OutputFormat::Name), view());
-        handle(&event("ADDED", &obj("y", 3), 3), &q, &mut shown, &mut p).expect("handle");
-        assert!(shown.objects.is_empty());
-        // The version still advances, so a resume does not replay it.
-        assert_eq!(shown.position.version(), 3);
+        let changes = [
+            Change {
+                type_: "ADDED".into(),
+                object: obj("y", 3),
+            },
+            Change {
+                type_: "MODIFIED".into(),
+                object: obj("x", 4),
+            },
+        ];
+        let text = print_changes(&changes, &q, &mut p).expect("print");
+        assert_eq!(text, "queue/x\n");
     }
 }

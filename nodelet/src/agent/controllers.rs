@@ -1,67 +1,53 @@
 //! Connections to the controllers, failing over among the addresses the nodelet was given, over
-//! TLS with the cluster CA when the nodelet has one (`super::tls`).
+//! TLS with the cluster CA when the nodelet has one (`super::tls`). Dialling, the token
+//! interceptor and the retry rule are tb-client's; [`Controllers::client`] hands out a
+//! [`tb_client::Client`] for the informers (allocations, links).
 //! Once the node has its credential, every call carries it (`authorization: Bearer tbnode-…`):
 //! the controllers let a node read objects and write only its own statuses.
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tb_api::proto::nodes_client::NodesClient;
 use tb_api::proto::objects_client::ObjectsClient;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tb_client::connect::Dial;
+use tb_client::{AuthChannel, Bearer, MAX_MESSAGE_BYTES};
+use tonic::transport::Channel;
+
+/// How long one call of a [`tb_client::Client`] from here may take, retries included.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The controllers, and which one answered last.
 pub struct Controllers {
     addresses: Vec<String>,
     preferred: Mutex<usize>,
-    credential: Arc<RwLock<Option<String>>>,
+    /// The node's credential once it has one; shared by every client made here.
+    bearer: Bearer,
     /// The CA to verify controllers with; None: plain TCP.
     trust: Option<super::tls::Trust>,
+    dial: Dial,
 }
-
-/// Adds the node's credential to every call, once it has one.
-#[derive(Clone)]
-pub struct NodeAuth {
-    credential: Arc<RwLock<Option<String>>>,
-}
-
-impl tonic::service::Interceptor for NodeAuth {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        let credential = self.credential.read().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = credential.as_deref()
-            && let Ok(v) = format!("Bearer {c}").parse()
-        {
-            req.metadata_mut().insert("authorization", v);
-        }
-        Ok(req)
-    }
-}
-
-/// A channel to a controller that presents the node's credential.
-pub type AuthChannel = InterceptedService<Channel, NodeAuth>;
-
-const MAX_MESSAGE: usize = 64 * 1024 * 1024;
 
 impl Controllers {
     pub fn new(addresses: Vec<String>, trust: Option<super::tls::Trust>) -> Controllers {
         Controllers {
             addresses,
             preferred: Mutex::new(0),
-            credential: Arc::new(RwLock::new(None)),
+            bearer: Bearer::default(),
             trust,
+            // A nodelet notices a vanished controller sooner than tbctl: its watches must move
+            // on for the node to keep running what it was assigned.
+            dial: Dial {
+                connect_timeout: Duration::from_millis(800),
+                keep_alive_interval: Duration::from_secs(5),
+                ..Dial::default()
+            },
         }
     }
 
     /// The credential later calls carry.
     pub fn set_credential(&self, credential: &str) {
-        *self.credential.write().unwrap_or_else(|e| e.into_inner()) = Some(credential.to_string());
-    }
-
-    fn auth(&self) -> NodeAuth {
-        NodeAuth {
-            credential: self.credential.clone(),
-        }
+        self.bearer.set(Some(credential));
     }
 
     /// A failed call or connection told in words (TLS failures say what to check).
@@ -73,6 +59,29 @@ impl Controllers {
         &self.addresses
     }
 
+    /// A client of the same controllers with the node's credential, starting with the one that
+    /// answered last. Whether a token may go in clear text was settled when the nodelet started
+    /// (`super::run`), so the client is not asked again.
+    pub fn client(&self) -> tb_client::Client {
+        let start = *self.preferred.lock().unwrap_or_else(|e| e.into_inner());
+        let n = self.addresses.len();
+        let servers = (0..n)
+            .map(|i| &self.addresses[(start + i) % n])
+            .filter_map(|a| match tb_client::parse_server(a) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(address = %a, "skipping a controller address: {e}");
+                    None
+                }
+            })
+            .collect();
+        tb_client::Client::new(servers, CALL_TIMEOUT)
+            .with_trust(self.trust.clone())
+            .with_bearer(self.bearer.clone())
+            .with_insecure(true)
+            .with_dial(self.dial.clone())
+    }
+
     /// A channel to the first controller that accepts a connection, starting with the one that
     /// answered last.
     pub async fn channel(&self) -> anyhow::Result<Channel> {
@@ -81,16 +90,7 @@ impl Controllers {
         for i in 0..self.addresses.len() {
             let idx = (start + i) % self.addresses.len();
             let addr = &self.addresses[idx];
-            let endpoint = match &self.trust {
-                Some(t) => Endpoint::from_shared(format!("https://{addr}"))?
-                    .tls_config(t.client_config().timeout(Duration::from_secs(5)))?,
-                None => Endpoint::from_shared(format!("http://{addr}"))?,
-            };
-            let endpoint = endpoint
-                .connect_timeout(Duration::from_millis(800))
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(Duration::from_secs(5))
-                .keep_alive_timeout(Duration::from_secs(5));
+            let endpoint = self.dial.endpoint(addr, self.trust.as_ref())?;
             match endpoint.connect().await {
                 Ok(ch) => {
                     *self.preferred.lock().unwrap_or_else(|e| e.into_inner()) = idx;
@@ -111,29 +111,20 @@ impl Controllers {
         *p = (*p + 1) % self.addresses.len().max(1);
     }
 
+    fn authed(&self, channel: Channel) -> AuthChannel {
+        tonic::service::interceptor::InterceptedService::new(channel, self.bearer.clone())
+    }
+
     pub async fn objects(&self) -> anyhow::Result<ObjectsClient<AuthChannel>> {
-        Ok(
-            ObjectsClient::with_interceptor(self.channel().await?, self.auth())
-                .max_decoding_message_size(MAX_MESSAGE)
-                .max_encoding_message_size(MAX_MESSAGE),
-        )
+        Ok(ObjectsClient::new(self.authed(self.channel().await?))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES))
     }
 
     pub async fn nodes(&self) -> anyhow::Result<NodesClient<AuthChannel>> {
-        Ok(NodesClient::with_interceptor(
-            self.channel().await?,
-            self.auth(),
-        ))
+        Ok(NodesClient::new(self.authed(self.channel().await?)))
     }
 }
 
-/// Whether a failed call is worth retrying on another controller.
-pub fn retryable(status: &tonic::Status) -> bool {
-    matches!(
-        status.code(),
-        tonic::Code::Unavailable
-            | tonic::Code::DeadlineExceeded
-            | tonic::Code::Unknown
-            | tonic::Code::Cancelled
-    )
-}
+/// Whether a failed call is worth retrying on another controller: tb-client's one rule.
+pub use tb_client::is_retryable as retryable;

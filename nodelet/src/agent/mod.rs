@@ -106,12 +106,12 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| cfg.listen.to_string());
     let trust = tls::trust(cfg.ca_cert.as_deref(), &cfg.data_dir)?;
+    // Every call carries the join token or the node's credential: never in clear text
+    // unless the admin said so (tb-client's rule, which tbctl follows too).
+    if tb_client::tls::token_refused_in_clear(true, trust.is_some(), cfg.insecure) {
+        anyhow::bail!("{}", tls::no_ca_message(&cfg.controllers));
+    }
     if trust.is_none() {
-        // Every call carries the join token or the node's credential: never in clear text
-        // unless the admin said so.
-        if !cfg.insecure {
-            anyhow::bail!("{}", tls::no_ca_message(&cfg.controllers));
-        }
         tracing::warn!(
             "--insecure and no CA: talking plain TCP to the controllers; the join token and \
              this node's credential cross the network in clear text"

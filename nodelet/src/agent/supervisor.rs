@@ -14,12 +14,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use tb_api::proto::{UpdateStatusRequest, WatchRequest};
+use tb_api::proto::UpdateStatusRequest;
 use tb_api::specs::{
     AllocationPhase, AllocationSpec, AllocationStatus, Backend, Desired, Executor, allocation,
     parse_spec,
 };
 use tb_api::{Kind, Object};
+use tb_client::informer::{Change, Informer};
 use tokio::sync::{Notify, oneshot};
 
 use super::accounts::{Account, Policy};
@@ -206,94 +207,45 @@ impl Supervisor {
             };
             self.report(&namespace, &name, &status).await;
         }
+        // tb-client's informer lists this node's allocations, watches from there, resumes on
+        // another controller when the stream breaks and lists again when it falls behind;
+        // `desired` follows its changes.
         let mut desired: BTreeMap<String, (Object, AllocationSpec)> = BTreeMap::new();
-        let mut from = 0u64;
-        loop {
-            match self.watch(&mut desired, &mut from).await {
-                Ok(()) => {}
-                Err(e) => tracing::warn!("watching allocations: {e:#}; reconnecting"),
-            }
-            self.controllers.rotate();
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    }
-
-    async fn watch(
-        self: &Arc<Self>,
-        desired: &mut BTreeMap<String, (Object, AllocationSpec)>,
-        from: &mut u64,
-    ) -> anyhow::Result<()> {
-        let mut client = self.controllers.objects().await?;
-        let req = WatchRequest {
-            kind: Kind::Allocation.as_str().into(),
+        let mut client = self.controllers.client();
+        let mut informer = Informer::new(tb_client::Scope {
+            kind: Kind::Allocation,
             namespace: String::new(),
-            label_selector: format!("{}={}", allocation::LABEL_NODE, self.node),
-            resource_version: *from,
-        };
-        let mut stream = match client.watch(req).await {
-            Ok(s) => s.into_inner(),
-            Err(s) if s.code() == tonic::Code::OutOfRange => {
-                *from = 0;
-                anyhow::bail!("{}", s.message());
-            }
-            Err(s) => anyhow::bail!("{}", s.message()),
-        };
-        if *from == 0 {
-            // A full listing follows: what it does not name is gone.
-            desired.clear();
-            // Reconcile once after the initial burst, not after each ADDED.
-            loop {
-                let next = tokio::time::timeout(Duration::from_millis(200), stream.message()).await;
-                match next {
-                    Ok(Ok(Some(ev))) => self.absorb(desired, from, ev),
-                    Ok(Ok(None)) => anyhow::bail!("the controller ended the watch"),
-                    Ok(Err(s)) => {
-                        if s.code() == tonic::Code::OutOfRange {
-                            *from = 0;
-                        }
-                        anyhow::bail!("{}", s.message())
-                    }
-                    Err(_) => break,
-                }
-            }
-            self.reconcile(desired);
-        }
+            selector: format!("{}={}", allocation::LABEL_NODE, self.node),
+        });
         loop {
-            match stream.message().await {
-                Ok(Some(ev)) => {
-                    self.absorb(desired, from, ev);
-                    self.reconcile(desired);
-                }
-                Ok(None) => anyhow::bail!("the controller ended the watch"),
-                Err(s) => {
-                    if s.code() == tonic::Code::OutOfRange {
-                        *from = 0;
+            match informer.next(&mut client).await {
+                // A list's changes come in one batch: reconcile once after it, not per ADDED.
+                Ok(batch) => {
+                    for change in &batch.changes {
+                        self.absorb(&mut desired, change);
                     }
-                    anyhow::bail!("{}", s.message())
+                    self.reconcile(&desired);
+                }
+                Err(e) => {
+                    tracing::warn!("watching allocations: {e}; reconnecting");
+                    self.controllers.rotate();
+                    client.fail_over();
+                    tokio::time::sleep(Duration::from_millis(300)).await;
                 }
             }
         }
     }
 
-    fn absorb(
-        &self,
-        desired: &mut BTreeMap<String, (Object, AllocationSpec)>,
-        from: &mut u64,
-        ev: tb_api::proto::WatchEvent,
-    ) {
-        *from = (*from).max(ev.resource_version);
-        let Ok(obj) = Object::from_json(&ev.object_json) else {
-            tracing::warn!("ignoring an allocation event that does not parse");
-            return;
-        };
-        let k = key(&obj);
-        if ev.r#type == "DELETED" {
+    fn absorb(&self, desired: &mut BTreeMap<String, (Object, AllocationSpec)>, change: &Change) {
+        let obj = &change.object;
+        let k = key(obj);
+        if change.type_ == "DELETED" {
             desired.remove(&k);
             return;
         }
         match parse_spec::<AllocationSpec>(&obj.spec) {
             Ok(spec) if spec.node == self.node => {
-                desired.insert(k, (obj, spec));
+                desired.insert(k, (obj.clone(), spec));
             }
             Ok(_) => {
                 desired.remove(&k);

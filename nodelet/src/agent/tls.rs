@@ -3,40 +3,24 @@
 //! `node.key` mode 0600, next to the credential), which its `Nodelet` service is served with.
 //! That service accepts only clients presenting a certificate from the same CA: controllers.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use tb_api::tls_failure::{TlsFailure, classify};
 
 use anyhow::Context;
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+
+/// The CA the nodelet trusts, and where it was read from (for messages): tb-client's, which
+/// dials the controllers with it.
+pub use tb_client::Trust;
 
 const CA_FILE: &str = "ca.pem";
 const CERT_FILE: &str = "node.pem";
 const KEY_FILE: &str = "node.key";
 
-/// The CA the nodelet trusts, and where it was read from (for messages).
-#[derive(Debug, Clone)]
-pub struct Trust {
-    pub ca_pem: String,
-    pub path: PathBuf,
-}
-
-impl Trust {
-    /// Calls to controllers verify them with this CA.
-    pub fn client_config(&self) -> ClientTlsConfig {
-        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca_pem))
-    }
-}
-
 fn read_ca(path: &Path) -> anyhow::Result<Trust> {
     let ca_pem = std::fs::read_to_string(path)
         .with_context(|| format!("reading the cluster CA {}", path.display()))?;
-    if !ca_pem.contains("-----BEGIN CERTIFICATE-----") {
-        anyhow::bail!("{}: not a PEM certificate", path.display());
-    }
-    Ok(Trust {
-        ca_pem,
-        path: path.to_path_buf(),
-    })
+    Ok(Trust::from_pem(ca_pem, path)?)
 }
 
 /// Why a nodelet without a CA does not start: where to get one, and what `--insecure` means.
@@ -112,7 +96,7 @@ pub fn server_config(data_dir: &Path, trust: &Trust) -> anyhow::Result<Option<Se
     Ok(Some(
         ServerTlsConfig::new()
             .identity(Identity::from_pem(cert, key))
-            .client_ca_root(Certificate::from_pem(&trust.ca_pem)),
+            .client_ca_root(Certificate::from_pem(&trust.pem)),
     ))
 }
 

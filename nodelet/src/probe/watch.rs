@@ -1,5 +1,6 @@
-//! The probe loop: watches the Link objects (a gRPC stream, listed first, resumed from the last
-//! resourceVersion, reconnected after a pause on any error) and probes, one at a time, each
+//! The probe loop: follows the Link objects with tb-client's informer (listed first, watched
+//! from the list's resourceVersion, resumed elsewhere or listed again after a pause on any
+//! error) and probes, one at a time, each
 //! Link whose end `a` is this node and whose two ends have addresses, when
 //! `!status.measured() || status.probeRequest < spec.probeRequest`.
 //!
@@ -14,10 +15,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tb_api::proto::{GetRequest, UpdateStatusRequest, WatchRequest};
+use tb_api::proto::{GetRequest, UpdateStatusRequest};
 use tb_api::specs::{LinkSpec, LinkStatus, parse_spec};
 use tb_api::status::NodeStatus;
 use tb_api::{Kind, Object};
+use tb_client::informer::{Change, Informer, Scope};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -31,8 +33,6 @@ pub const FIRST_RETRY: Duration = Duration::from_secs(5);
 pub const MAX_RETRY: Duration = Duration::from_secs(300);
 /// Attempts at writing one status before the probe counts as failed.
 const WRITE_ATTEMPTS: u32 = 5;
-/// The initial listing of a watch has ended when no event came for this long.
-const LISTING_QUIET: Duration = Duration::from_millis(200);
 
 /// Whether a link needs (another) measurement.
 pub fn due(spec: &LinkSpec, status: &LinkStatus) -> bool {
@@ -75,88 +75,43 @@ impl Prober {
     /// Watch and probe until the process ends.
     pub async fn run(self: Arc<Self>) {
         tokio::spawn(self.clone().work());
-        let mut from = 0u64;
-        loop {
-            if let Err(e) = self.watch(&mut from).await {
-                tracing::debug!("watching links: {e:#}; reconnecting");
-            }
-            self.controllers.rotate();
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
-
-    async fn watch(&self, from: &mut u64) -> anyhow::Result<()> {
-        let mut client = self.controllers.objects().await?;
-        let req = WatchRequest {
-            kind: Kind::Link.as_str().into(),
+        let mut client = self.controllers.client();
+        let mut informer = Informer::new(Scope {
+            kind: Kind::Link,
             namespace: String::new(),
-            label_selector: String::new(),
-            resource_version: *from,
-        };
-        let mut stream = match client.watch(req).await {
-            Ok(s) => s.into_inner(),
-            Err(s) => {
-                if s.code() == tonic::Code::OutOfRange {
-                    *from = 0;
-                }
-                anyhow::bail!("{}", s.message());
-            }
-        };
-        if *from == 0 {
-            // A full listing comes first (ADDED for every Link, then quiet): gather it apart
-            // and swap it in whole, so a watch cut short mid-listing leaves the old view.
-            let mut listed = BTreeMap::new();
-            let mut seen = 0u64;
-            loop {
-                let next = tokio::time::timeout(LISTING_QUIET, stream.message()).await;
-                match next {
-                    Ok(Ok(Some(ev))) => self.absorb(&mut listed, &mut seen, ev),
-                    Ok(Ok(None)) => anyhow::bail!("the controller ended the watch"),
-                    Ok(Err(s)) => anyhow::bail!("{}", s.message()),
-                    Err(_) => break,
-                }
-            }
-            *self.links.lock().unwrap_or_else(|e| e.into_inner()) = listed;
-            *from = seen;
-            self.changed.notify_one();
-        }
+            selector: String::new(),
+        });
         loop {
-            match stream.message().await {
-                Ok(Some(ev)) => {
+            match informer.next(&mut client).await {
+                Ok(batch) => {
                     {
+                        // A list (first or again) comes as one batch, so a listing cut short
+                        // leaves the old view whole.
                         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
-                        self.absorb(&mut links, from, ev);
+                        for change in &batch.changes {
+                            self.absorb(&mut links, change);
+                        }
                     }
                     self.changed.notify_one();
                 }
-                Ok(None) => anyhow::bail!("the controller ended the watch"),
-                Err(s) => {
-                    if s.code() == tonic::Code::OutOfRange {
-                        *from = 0;
-                    }
-                    anyhow::bail!("{}", s.message())
+                Err(e) => {
+                    tracing::debug!("watching links: {e}; reconnecting");
+                    self.controllers.rotate();
+                    client.fail_over();
+                    tokio::time::sleep(Duration::from_millis(500)).await;
                 }
             }
         }
     }
 
-    /// Applies one watch event to `links` (only Links whose end `a` is this node are kept).
-    fn absorb(
-        &self,
-        links: &mut BTreeMap<String, Object>,
-        from: &mut u64,
-        ev: tb_api::proto::WatchEvent,
-    ) {
-        *from = (*from).max(ev.resource_version);
-        let Ok(obj) = Object::from_json(&ev.object_json) else {
-            tracing::debug!("ignoring a link event that does not parse");
-            return;
-        };
+    /// Applies one change to `links` (only Links whose end `a` is this node are kept).
+    fn absorb(&self, links: &mut BTreeMap<String, Object>, change: &Change) {
+        let obj = &change.object;
         let name = obj.metadata.name.clone();
-        let mine = ev.r#type != "DELETED"
+        let mine = change.type_ != "DELETED"
             && parse_spec::<LinkSpec>(&obj.spec).is_ok_and(|s| s.a.node == self.node);
         if mine {
-            links.insert(name, obj);
+            links.insert(name, obj.clone());
         } else {
             links.remove(&name);
         }

@@ -1,14 +1,33 @@
-//! TLS towards the controllers: the cluster CA tbctl verifies them with (`--ca-cert`, else
-//! `$TB_CA_CERT`, else the context's `ca-cert`, which `tbctl login --ca-cert` and `tbctl up`
-//! set), and failures told in words: a handshake refused for a certificate from another CA names
-//! the CA file to check. Without a CA tbctl speaks plain TCP, which only a controller started
-//! with `--insecure` accepts.
+//! TLS towards the controllers: the cluster CA a client verifies them with, and failures told
+//! in words: a handshake refused for a certificate from another CA names the CA file to check.
+//! Without a CA a client speaks plain TCP, which only a controller started with `--insecure`
+//! accepts; a bearer token then goes nowhere unless the user said `--insecure` too
+//! ([`token_refused_in_clear`]).
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context as _, Result, bail};
 use tb_api::tls_failure::{TlsFailure, classify};
 use tonic::transport::{Certificate, ClientTlsConfig};
+
+/// A CA certificate that could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TrustError {
+    #[error("reading the CA certificate {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: not a PEM certificate", path.display())]
+    NotPem { path: PathBuf },
+}
+
+/// The one rule for secrets over plain TCP: a client holding a token (a user's, a join token,
+/// a node's credential) and no CA to verify the controllers with sends nothing unless it was
+/// told `--insecure`. tbctl checks it before every call; the nodelet before it starts.
+pub fn token_refused_in_clear(has_token: bool, has_ca: bool, insecure: bool) -> bool {
+    has_token && !has_ca && !insecure
+}
 
 /// The CA to verify controllers with, and the file it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,11 +38,20 @@ pub struct Trust {
 
 impl Trust {
     /// Read a CA certificate (PEM).
-    pub fn load(path: &Path) -> Result<Trust> {
-        let pem = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the CA certificate {}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Trust, TrustError> {
+        let pem = std::fs::read_to_string(path).map_err(|source| TrustError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Trust::from_pem(pem, path)
+    }
+
+    /// A CA certificate already read from `path` (named in messages).
+    pub fn from_pem(pem: String, path: &Path) -> Result<Trust, TrustError> {
         if !pem.contains("-----BEGIN CERTIFICATE-----") {
-            bail!("{}: not a PEM certificate", path.display());
+            return Err(TrustError::NotPem {
+                path: path.to_path_buf(),
+            });
         }
         Ok(Trust {
             pem,
@@ -75,6 +103,14 @@ pub fn explain(addr: &str, chain: &str, trust: Option<&Trust>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_goes_in_clear_only_when_insecure() {
+        assert!(token_refused_in_clear(true, false, false));
+        assert!(!token_refused_in_clear(true, false, true));
+        assert!(!token_refused_in_clear(true, true, false));
+        assert!(!token_refused_in_clear(false, false, false));
+    }
 
     #[test]
     fn a_foreign_ca_names_the_file() {

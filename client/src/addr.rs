@@ -5,7 +5,19 @@
 
 use std::fmt;
 
-use anyhow::{Result, bail};
+/// A server address or list that does not parse; the message says what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct AddrError(String);
+
+type Result<T> = std::result::Result<T, AddrError>;
+
+/// Return early with an [`AddrError`] made like `format!`.
+macro_rules! bail {
+    ($($arg:tt)*) => {
+        return Err(AddrError(format!($($arg)*)))
+    };
+}
 
 /// The port `tb-controller` listens on unless told otherwise.
 pub const DEFAULT_SERVER: &str = "127.0.0.1:7400";
@@ -15,7 +27,7 @@ pub const DEFAULT_SERVER: &str = "127.0.0.1:7400";
 pub struct ServerAddr(String);
 
 impl ServerAddr {
-    /// The URI tonic connects to: `https` when tbctl verifies the controllers with a CA.
+    /// The URI tonic connects to: `https` when the client verifies the controllers with a CA.
     pub fn uri(&self, tls: bool) -> String {
         let scheme = if tls { "https" } else { "http" };
         format!("{scheme}://{}", self.0)
@@ -51,7 +63,7 @@ pub fn parse_server_list(s: &str) -> Result<Vec<ServerAddr>> {
 }
 
 /// Parse one `HOST:PORT`, also accepting an `http://` or `https://` prefix (whether TLS is
-/// used follows from the CA, `crate::tls`).
+/// used follows from the CA, [`crate::tls`]).
 pub fn parse_server(s: &str) -> Result<ServerAddr> {
     let rest = if let Some(r) = s
         .strip_prefix("http://")

@@ -1,15 +1,17 @@
-//! The connection to tb's controllers: one client over a list of addresses that fails over on
-//! connect errors, UNAVAILABLE (no leader, node going down) and deadlines, retries with backoff
-//! until the command's timeout, and remembers the address that last answered. With a CA
-//! (`crate::tls`) it speaks TLS and verifies the controllers with it.
+//! The connection to tb's controllers: one client over a list of members that fails over on
+//! connect errors and the failures [`crate::retry::is_retryable`] names (no leader, a member
+//! going down, deadlines), retries with backoff until the call's timeout, and remembers the
+//! member that last answered (the leader, as a rule: followers that cannot serve a call answer
+//! UNAVAILABLE and the client moves on). With a CA ([`crate::tls`]) it speaks TLS and verifies
+//! the controllers with it; every call carries the bearer token ([`crate::auth`]).
 //!
-//! Retrying a write is safe because every mutating request carries a request id that the caller
-//! generates once per logical operation: the server applies a given id once, however many
-//! controllers the request reached. (CreateToken has no request id: a retry after a lost answer
-//! may mint a second token, which is never shown and expires unused.)
+//! Retrying a write is safe because every mutating request carries a request id, generated once
+//! per logical operation (by the caller, or here when the caller left it empty) and kept across
+//! attempts: the server applies a given id once, however many controllers the request reached.
+//! (CreateToken has no request id: a retry after a lost answer may mint a second token, which
+//! is never shown and expires unused.)
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
@@ -23,36 +25,40 @@ use tb_api::proto::{
     CreateTokenResponse, CreateUserRequest, DeleteRequest, DeleteResponse, DeleteUserRequest,
     DeleteUserResponse, GetRequest, GetResponse, IssueTokenRequest, IssueTokenResponse,
     ListRequest, ListResponse, ListUsersRequest, ListUsersResponse, LogLine, LogsRequest,
-    RemoveMemberRequest, RevokeTokenRequest, RevokeTokenResponse, WatchEvent, WatchRequest,
-    WhoAmIRequest, WhoAmIResponse,
+    RemoveMemberRequest, RevokeTokenRequest, RevokeTokenResponse, UpdateStatusRequest,
+    UpdateStatusResponse, WatchEvent, WatchRequest, WhoAmIRequest, WhoAmIResponse,
 };
 use tokio::time::Instant;
-use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 
-use crate::servers::ServerAddr;
+use crate::addr::ServerAddr;
+use crate::auth::{AuthChannel, Bearer};
+use crate::connect::{Dial, error_chain};
+use crate::retry::{Backoff, MAX_ATTEMPTS, is_retryable};
 use crate::tls::Trust;
 
-/// Largest gRPC message tbctl sends or accepts.
+/// Largest gRPC message a client sends or accepts.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// How long one address gets to accept a connection before the next is tried.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The least time one attempt gets when the budget is shared among several servers.
 const MIN_ATTEMPT: Duration = Duration::from_secs(2);
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
-/// A failed call: the server's status code and message, or why no server answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A failed call: the server's status code and message (shown as is), or why no server answered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+// The server's messages are written for users (INVALID_ARGUMENT names the field), so they are
+// shown as they are.
+#[error("{message}")]
 pub struct RpcError {
     pub code: Code,
     pub message: String,
 }
 
 impl RpcError {
-    fn from_status(s: &Status) -> RpcError {
+    /// The status as the user sees it: its message, else the code's description.
+    pub fn from_status(s: &Status) -> RpcError {
         let message = if s.message().is_empty() {
             s.code().description().to_string()
         } else {
@@ -65,16 +71,6 @@ impl RpcError {
     }
 }
 
-impl fmt::Display for RpcError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The server's messages are written for users (INVALID_ARGUMENT names the field), so
-        // they are shown as they are.
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for RpcError {}
-
 /// Why tbctl will not send a token to `addr` without a CA, and where to get one.
 pub fn no_ca_message(addr: &str) -> String {
     format!(
@@ -84,33 +80,8 @@ pub fn no_ca_message(addr: &str) -> String {
     )
 }
 
-/// Whether another controller (or the same one a moment later) might answer differently.
-pub fn is_failover(s: &Status) -> bool {
-    match s.code() {
-        Code::Unavailable | Code::DeadlineExceeded => true,
-        // Statuses made locally from a broken connection carry their cause; a server's own
-        // Unknown or Internal answer does not, and is final.
-        Code::Unknown | Code::Internal | Code::Cancelled => std::error::Error::source(s).is_some(),
-        _ => false,
-    }
-}
-
-/// Adds the bearer token (when there is one) to every call.
+/// One client of the controllers. Cloning it is cheap; clones share the token.
 #[derive(Clone)]
-pub struct Bearer(Option<MetadataValue<Ascii>>);
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
-        }
-        Ok(req)
-    }
-}
-
-/// A channel whose calls carry the token.
-pub type AuthChannel = InterceptedService<Channel, Bearer>;
-
 pub struct Client {
     servers: Vec<ServerAddr>,
     bearer: Bearer,
@@ -123,6 +94,7 @@ pub struct Client {
     /// The token may go over plain TCP (`--insecure`); else a token without a CA is refused
     /// before anything is sent.
     insecure: bool,
+    dial: Dial,
 }
 
 impl Client {
@@ -130,12 +102,13 @@ impl Client {
     pub fn new(servers: Vec<ServerAddr>, timeout: Duration) -> Client {
         Client {
             servers,
-            bearer: Bearer(None),
+            bearer: Bearer::default(),
             current: 0,
             channel: None,
             timeout,
             trust: None,
             insecure: false,
+            dial: Dial::default(),
         }
     }
 
@@ -147,7 +120,11 @@ impl Client {
 
     /// Why this client may not call at all: a token, no CA, and no `--insecure`.
     fn clear_text_refusal(&self) -> Option<RpcError> {
-        if self.bearer.0.is_none() || self.trust.is_some() || self.insecure {
+        if !crate::tls::token_refused_in_clear(
+            self.bearer.has_token(),
+            self.trust.is_some(),
+            self.insecure,
+        ) {
             return None;
         }
         let addr = self
@@ -170,8 +147,26 @@ impl Client {
 
     /// Authenticate every call with this bearer token.
     pub fn with_token(mut self, token: Option<&str>) -> Client {
-        self.bearer = Bearer(token.and_then(|t| format!("Bearer {}", t.trim()).parse().ok()));
+        self.bearer = Bearer::new(token);
         self
+    }
+
+    /// Authenticate every call with `bearer`'s token, as it is at the time of each call.
+    pub fn with_bearer(mut self, bearer: Bearer) -> Client {
+        self.bearer = bearer;
+        self
+    }
+
+    /// Dial members this way (connect and keep-alive timing).
+    pub fn with_dial(mut self, dial: Dial) -> Client {
+        self.dial = dial;
+        self.channel = None;
+        self
+    }
+
+    /// The bearer whose token every call carries.
+    pub fn bearer(&self) -> &Bearer {
+        &self.bearer
     }
 
     /// The server the next call goes to first.
@@ -194,21 +189,14 @@ impl Client {
             return Ok(ch.clone());
         }
         let addr = &self.servers[self.current];
-        let mut endpoint = Endpoint::from_shared(addr.uri(self.trust.is_some()))
-            .map_err(|e| format!("bad address: {e}"))?;
-        if let Some(t) = &self.trust {
-            endpoint = endpoint
-                .tls_config(t.client_config().timeout(limit))
-                .map_err(|e| format!("TLS: {}", error_chain(&e)))?;
-        }
-        let endpoint = endpoint
-            .connect_timeout(limit)
-            .tcp_nodelay(true)
-            // A controller that stops answering (a frozen machine, a pulled cable) must end a
-            // watch so that it can resume elsewhere.
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(5))
-            .keep_alive_while_idle(true);
+        let dial = Dial {
+            connect_timeout: limit,
+            handshake_timeout: limit,
+            ..self.dial.clone()
+        };
+        let endpoint = dial
+            .endpoint(addr.as_ref(), self.trust.as_ref())
+            .map_err(|e| format!("bad address: {}", error_chain(&e)))?;
         let ch = match tokio::time::timeout(limit, endpoint.connect()).await {
             Ok(Ok(ch)) => ch,
             Ok(Err(e)) => {
@@ -254,14 +242,16 @@ impl Client {
             return Err(refusal);
         }
         let deadline = Instant::now() + self.timeout;
-        let mut backoff = FIRST_BACKOFF;
+        let mut backoff = Backoff::default();
+        let mut attempts = 0usize;
         // The last failure per server, for the final message.
         let mut failures: BTreeMap<usize, String> = BTreeMap::new();
         let mut code = Code::Unavailable;
         loop {
             for _ in 0..self.servers.len() {
                 let now = Instant::now();
-                if now >= deadline {
+                attempts += 1;
+                if now >= deadline || attempts > MAX_ATTEMPTS {
                     return Err(self.exhausted(rpc, code, &failures));
                 }
                 let budget = self.attempt_budget(deadline - now);
@@ -285,7 +275,7 @@ impl Client {
                 let ch = InterceptedService::new(ch, self.bearer.clone());
                 match tokio::time::timeout(budget, call(ch, budget)).await {
                     Ok(Ok(resp)) => return Ok(resp.into_inner()),
-                    Ok(Err(s)) if is_failover(&s) => {
+                    Ok(Err(s)) if is_retryable(&s) => {
                         tracing::debug!(server = %self.servers[idx], rpc, code = ?s.code(), message = s.message(), "failing over");
                         code = s.code();
                         let why = if s.message().is_empty() {
@@ -312,8 +302,7 @@ impl Client {
             }
             // Every server failed once: a leader election or a restart may be under way.
             let left = deadline.saturating_duration_since(Instant::now());
-            tokio::time::sleep(backoff.min(left)).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            tokio::time::sleep(backoff.next_pause().min(left)).await;
         }
     }
 
@@ -332,7 +321,9 @@ impl Client {
         }
     }
 
-    pub async fn apply(&mut self, req: ApplyRequest) -> Result<ApplyResponse, RpcError> {
+    /// Apply objects; an empty request id is filled in once, so every attempt carries the same.
+    pub async fn apply(&mut self, mut req: ApplyRequest) -> Result<ApplyResponse, RpcError> {
+        fill_request_id(&mut req.request_id);
         self.call("Apply", |ch, t| {
             let req = timed(req.clone(), t);
             async move { objects(ch).apply(req).await }
@@ -356,10 +347,26 @@ impl Client {
         .await
     }
 
-    pub async fn delete(&mut self, req: DeleteRequest) -> Result<DeleteResponse, RpcError> {
+    /// Delete an object; an empty request id is filled in once, as for [`Client::apply`].
+    pub async fn delete(&mut self, mut req: DeleteRequest) -> Result<DeleteResponse, RpcError> {
+        fill_request_id(&mut req.request_id);
         self.call("Delete", |ch, t| {
             let req = timed(req.clone(), t);
             async move { objects(ch).delete(req).await }
+        })
+        .await
+    }
+
+    /// Write an object's status; an empty request id is filled in once, as for
+    /// [`Client::apply`].
+    pub async fn update_status(
+        &mut self,
+        mut req: UpdateStatusRequest,
+    ) -> Result<UpdateStatusResponse, RpcError> {
+        fill_request_id(&mut req.request_id);
+        self.call("UpdateStatus", |ch, t| {
+            let req = timed(req.clone(), t);
+            async move { objects(ch).update_status(req).await }
         })
         .await
     }
@@ -537,20 +544,18 @@ fn timed<T>(msg: T, t: Duration) -> tonic::Request<T> {
     r
 }
 
-/// An error and its causes on one line: tonic's transport errors say little at the top level.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut parts: Vec<String> = vec![e.to_string()];
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let s = c.to_string();
-        if !parts.iter().any(|p| p.contains(&s)) {
-            parts.push(s);
-        }
-        cur = c.source();
-    }
-    parts.join(": ")
+/// A fresh idempotency key for one logical write.
+pub fn request_id() -> String {
+    uuid::Uuid::new_v4().to_string()
 }
 
+fn fill_request_id(id: &mut String) {
+    if id.is_empty() {
+        *id = request_id();
+    }
+}
+
+/// A duration as tb's messages write it: `3s`, `400ms`.
 pub fn fmt_duration(d: Duration) -> String {
     if d.subsec_millis() == 0 {
         format!("{}s", d.as_secs())
@@ -562,7 +567,7 @@ pub fn fmt_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::servers::parse_server_list;
+    use crate::addr::parse_server_list;
 
     #[test]
     fn a_token_without_a_ca_needs_insecure() {
@@ -590,19 +595,13 @@ mod tests {
     }
 
     #[test]
-    fn server_statuses_are_final_except_unavailable_and_deadline() {
-        assert!(is_failover(&Status::unavailable("no leader")));
-        assert!(is_failover(&Status::deadline_exceeded("slow")));
-        for s in [
-            Status::invalid_argument("spec.nodes: expected"),
-            Status::not_found("x"),
-            Status::aborted("conflict"),
-            Status::out_of_range("too old"),
-            Status::internal("bug"),
-            Status::unknown("?"),
-        ] {
-            assert!(!is_failover(&s), "{s:?}");
-        }
+    fn a_write_keeps_its_request_id_and_gets_one_when_it_has_none() {
+        let mut given = "op-1".to_string();
+        fill_request_id(&mut given);
+        assert_eq!(given, "op-1");
+        let mut empty = String::new();
+        fill_request_id(&mut empty);
+        assert_eq!(empty.len(), 36, "{empty}");
     }
 
     #[test]
