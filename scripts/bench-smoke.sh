@@ -32,9 +32,10 @@ benches=(
   "tb-collbench|$bin/tb-collbench --smoke"
 )
 
+# wanted NAME [WORD...]: no words, or NAME contains one of them.
 wanted() {
-  [ "$#" -eq 0 ] && return 0
   local name="$1"; shift
+  [ "$#" -eq 0 ] && return 0
   for w in "$@"; do [[ "$name" == *"$w"* ]] && return 0; done
   return 1
 }
