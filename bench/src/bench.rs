@@ -17,7 +17,7 @@ use crate::member::Memory;
 
 /// Quiet time after a run before memory is read: background work a write burst starts (tb
 /// builds a Raft snapshot every 10,000 entries, etcd compacts) gets to finish.
-const SETTLE: Duration = Duration::from_secs(5);
+pub const SETTLE: Duration = Duration::from_secs(5);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -27,6 +27,8 @@ pub struct Plan {
     pub failovers: usize,
     /// Parent of every member's data dir and log.
     pub root: PathBuf,
+    /// Quiet time after a run before memory is read ([`SETTLE`] unless smoke-testing).
+    pub settle: Duration,
 }
 
 /// One load run and what was measured right after it.
@@ -148,7 +150,7 @@ async fn one_cluster<B: Backend>(
     // Let followers finish applying and background work finish, so memory is measured with
     // every object in every store, at rest.
     cluster.wait_healthy(Duration::from_secs(60), 5).await?;
-    tokio::time::sleep(SETTLE).await;
+    tokio::time::sleep(plan.settle).await;
     let leader = cluster.wait_healthy(Duration::from_secs(60), 5).await?;
     let memory = cluster.memory();
     let mut notes = Vec::new();

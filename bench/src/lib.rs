@@ -34,6 +34,7 @@ pub mod procstat;
 pub mod report;
 pub mod scheduler;
 pub mod scheduler_raft;
+pub mod secure;
 pub mod stats;
 pub mod tb;
 

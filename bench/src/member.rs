@@ -60,6 +60,12 @@ impl Member {
         self
     }
 
+    /// Append more arguments to the command line.
+    pub fn args<I: IntoIterator<Item = String>>(mut self, more: I) -> Self {
+        self.args.extend(more);
+        self
+    }
+
     /// Set an environment variable for the process (e.g. `RUST_LOG`).
     pub fn env(mut self, key: &str, value: &str) -> Self {
         self.envs.push((key.into(), value.into()));

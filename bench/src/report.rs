@@ -24,7 +24,6 @@ pub struct Context {
     pub binaries: Vec<String>,
 }
 
-/// `Some(system's report)` for etcd when it ran; `None` when it was not found.
 /// What was asked for: client counts, writes per run, leader kills.
 #[derive(Debug, Clone)]
 pub struct Shape<'a> {
@@ -33,13 +32,14 @@ pub struct Shape<'a> {
     pub failovers: usize,
 }
 
-/// The whole printout. `tb` is `None` when it was not run; `etcd` is `None` when it was not
-/// run or not found (`etcd_missing` says which).
+/// The whole printout. `tb` is `None` when it was not run; `peers` are the etcd runs (TLS
+/// first: the like-for-like comparison the targets are judged against, then plain TCP);
+/// `etcd_missing` says why there are none when it is empty.
 pub fn render(
     ctx: &Context,
     shape: &Shape,
     tb: Option<&SystemReport>,
-    etcd: Option<&SystemReport>,
+    peers: &[&SystemReport],
     etcd_missing: &str,
 ) -> String {
     let clients = shape.clients;
@@ -64,44 +64,54 @@ pub fn render(
     if tb.is_none() {
         let _ = writeln!(out, "- tb: not run (--systems)");
     }
-    if etcd.is_none() {
+    if peers.is_empty() {
         let _ = writeln!(out, "- etcd: {etcd_missing}; tb's figures are shown alone");
+    } else if let Some(first) = peers.first() {
+        let _ = writeln!(
+            out,
+            "- targets and \"met\" compare tb with {} (the first etcd column)",
+            first.name
+        );
     }
     let _ = writeln!(out);
-    let _ = writeln!(out, "| metric | tb | etcd | tb/etcd | target | met |");
-    let _ = writeln!(out, "|---|--:|--:|--:|---|---|");
+    let mut header = String::from("| metric | tb |");
+    let mut rule = String::from("|---|--:|");
+    for p in peers {
+        let _ = write!(header, " {} | tb/{} |", p.name, p.name);
+        rule.push_str("--:|--:|");
+    }
+    let _ = writeln!(out, "{header} target | met |");
+    let _ = writeln!(out, "{rule}---|---|");
+    let tput = |s: Option<&SystemReport>, c: usize| s?.run(c).map(|r| r.load.throughput());
+    let q = |s: Option<&SystemReport>, c: usize, p: f64| {
+        s?.run(c)?
+            .load
+            .latencies
+            .quantile(p)
+            .map(|d| d.as_secs_f64() * 1000.0)
+    };
     for &c in clients {
-        let t = tb.and_then(|t| t.run(c)).map(|r| &r.load);
-        let e = etcd.and_then(|e| e.run(c)).map(|r| &r.load);
-        let tput = |l: Option<&crate::load::LoadResult>| l.map(|l| l.throughput());
-        row_higher_better(
-            &mut out,
+        Row::measure(
             &format!("throughput, {c} clients (writes/s)"),
-            tput(t),
-            tput(e),
-            0,
-            "≥ etcd",
-        );
-        let q = |l: Option<&crate::load::LoadResult>, p: f64| {
-            l.and_then(|l| l.latencies.quantile(p))
-                .map(|d| d.as_secs_f64() * 1000.0)
-        };
-        row_plain(
-            &mut out,
-            &format!("p50 latency, {c} clients (ms)"),
-            q(t, 0.5),
-            q(e, 0.5),
-            1,
-        );
-        row_lower_better(
-            &mut out,
-            &format!("p99 latency, {c} clients (ms)"),
-            q(t, 0.99),
-            q(e, 0.99),
-            1,
-            "≤ etcd",
-            None,
-        );
+            tb,
+            peers,
+            &|s| tput(s, c),
+        )
+        .write(&mut out)
+        .decimals(0)
+        .higher_better("≥ etcd");
+        Row::measure(&format!("p50 latency, {c} clients (ms)"), tb, peers, &|s| {
+            q(s, c, 0.5)
+        })
+        .write(&mut out)
+        .decimals(1)
+        .plain();
+        Row::measure(&format!("p99 latency, {c} clients (ms)"), tb, peers, &|s| {
+            q(s, c, 0.99)
+        })
+        .write(&mut out)
+        .decimals(1)
+        .lower_better("≤ etcd", None);
     }
     // A round in which no write succeeded counts as infinitely long.
     let fo = |s: Option<&SystemReport>| {
@@ -119,40 +129,119 @@ pub fn render(
         })
     };
     if shape.failovers > 0 {
-        row_lower_better(
-            &mut out,
+        Row::measure(
             &format!(
                 "leader kill -9 → first write ok, median of {} (ms)",
                 shape.failovers
             ),
-            fo(tb),
-            fo(etcd),
-            0,
-            "≤ 2000 ms",
-            Some(FAILOVER_TARGET.as_secs_f64() * 1000.0),
-        );
+            tb,
+            peers,
+            &fo,
+        )
+        .write(&mut out)
+        .decimals(0)
+        .lower_better("≤ 2000 ms", Some(FAILOVER_TARGET.as_secs_f64() * 1000.0));
     }
     for &c in clients {
         let rss = |s: Option<&SystemReport>| s?.run(c)?.leader_rss.map(|b| b as f64 / 1e6);
-        row_lower_better(
-            &mut out,
+        Row::measure(
             &format!(
                 "leader RSS with {} objects, after {c} clients (MB)",
                 thousands(shape.writes)
             ),
-            rss(tb),
-            rss(etcd),
-            1,
-            "≤ 100 MB",
-            Some(RSS_TARGET_BYTES as f64 / 1e6),
-        );
+            tb,
+            peers,
+            &rss,
+        )
+        .write(&mut out)
+        .decimals(1)
+        .lower_better("≤ 100 MB", Some(RSS_TARGET_BYTES as f64 / 1e6));
     }
     let _ = writeln!(out);
     let _ = writeln!(out, "### Details\n");
-    for s in tb.into_iter().chain(etcd) {
+    for s in tb.into_iter().chain(peers.iter().copied()) {
         details(&mut out, s);
     }
     out
+}
+
+/// One metric: tb's figure and each peer's, written as a table row by one of the finishing
+/// methods (which say whether higher or lower is better and what the target is).
+struct Row {
+    metric: String,
+    tb: Option<f64>,
+    peers: Vec<Option<f64>>,
+}
+
+/// A [`Row`] with its number of decimals, waiting for how it is judged.
+struct Pending<'a> {
+    out: &'a mut String,
+    row: Row,
+    decimals: usize,
+}
+
+impl Row {
+    fn measure(
+        metric: &str,
+        tb: Option<&SystemReport>,
+        peers: &[&SystemReport],
+        f: &dyn Fn(Option<&SystemReport>) -> Option<f64>,
+    ) -> Row {
+        Row {
+            metric: metric.to_string(),
+            tb: f(tb),
+            peers: peers.iter().map(|p| f(Some(p))).collect(),
+        }
+    }
+
+    fn write(self, out: &mut String) -> Pending<'_> {
+        Pending {
+            out,
+            row: self,
+            decimals: 0,
+        }
+    }
+}
+
+impl Pending<'_> {
+    fn decimals(mut self, d: usize) -> Self {
+        self.decimals = d;
+        self
+    }
+
+    fn finish(self, target: &str, met: Option<bool>) {
+        let r = &self.row;
+        let d = self.decimals;
+        let mut line = format!("| {} | {} |", r.metric, fmt(r.tb, d));
+        for p in &r.peers {
+            let _ = write!(line, " {} | {} |", fmt(*p, d), fmt(ratio(r.tb, *p), 2));
+        }
+        let met = if target.is_empty() { "" } else { yes_no(met) };
+        let _ = writeln!(self.out, "{line} {target} | {met} |");
+    }
+
+    /// The ratio to the first peer, tb's figure over it.
+    fn first_ratio(&self) -> Option<f64> {
+        ratio(self.row.tb, self.row.peers.first().copied().flatten())
+    }
+
+    fn plain(self) {
+        self.finish("", None);
+    }
+
+    fn higher_better(self, target: &str) {
+        let met = self.first_ratio().map(|r| r >= 1.0);
+        self.finish(target, met);
+    }
+
+    /// `absolute`: a fixed bound for tb; otherwise tb is held to the first peer's figure.
+    fn lower_better(self, target: &str, absolute: Option<f64>) {
+        let met = match absolute {
+            Some(bound) => self.row.tb.map(|t| t <= bound),
+            None => self.first_ratio().map(|r| r <= 1.0),
+        };
+        self.finish(target, met);
+    }
 }
 
 /// A figure with `decimals` places; `—` when missing, `failed` when infinite.
@@ -179,62 +268,6 @@ pub fn yes_no(ok: Option<bool>) -> &'static str {
         Some(false) => "**no**",
         None => "—",
     }
-}
-
-fn row_plain(out: &mut String, metric: &str, t: Option<f64>, e: Option<f64>, d: usize) {
-    let r = ratio(t, e);
-    let _ = writeln!(
-        out,
-        "| {metric} | {} | {} | {} | | |",
-        fmt(t, d),
-        fmt(e, d),
-        fmt(r, 2)
-    );
-}
-
-fn row_higher_better(
-    out: &mut String,
-    metric: &str,
-    t: Option<f64>,
-    e: Option<f64>,
-    d: usize,
-    target: &str,
-) {
-    let r = ratio(t, e);
-    let met = r.map(|r| r >= 1.0);
-    let _ = writeln!(
-        out,
-        "| {metric} | {} | {} | {} | {target} | {} |",
-        fmt(t, d),
-        fmt(e, d),
-        fmt(r, 2),
-        yes_no(met)
-    );
-}
-
-/// `absolute`: a fixed bound for tb; otherwise tb is held to etcd's figure.
-fn row_lower_better(
-    out: &mut String,
-    metric: &str,
-    t: Option<f64>,
-    e: Option<f64>,
-    d: usize,
-    target: &str,
-    absolute: Option<f64>,
-) {
-    let r = ratio(t, e);
-    let met = match absolute {
-        Some(bound) => t.map(|t| t <= bound),
-        None => r.map(|r| r <= 1.0),
-    };
-    let _ = writeln!(
-        out,
-        "| {metric} | {} | {} | {} | {target} | {} |",
-        fmt(t, d),
-        fmt(e, d),
-        fmt(r, 2),
-        yes_no(met)
-    );
 }
 
 fn thousands(n: u64) -> String {
@@ -336,18 +369,32 @@ mod tests {
         assert_eq!(thousands(1234567), "1,234,567");
     }
 
+    fn row(tb: f64, peers: &[f64]) -> Row {
+        Row {
+            metric: "m".into(),
+            tb: Some(tb),
+            peers: peers.iter().map(|&p| Some(p)).collect(),
+        }
+    }
+
     #[test]
     fn lower_is_better_against_a_bound() {
         let mut out = String::new();
-        row_lower_better(
-            &mut out,
-            "m",
-            Some(500.0),
-            Some(1500.0),
-            0,
-            "≤ 2000 ms",
-            Some(2000.0),
-        );
+        row(500.0, &[1500.0])
+            .write(&mut out)
+            .lower_better("≤ 2000 ms", Some(2000.0));
         assert_eq!(out, "| m | 500 | 1500 | 0.33 | ≤ 2000 ms | yes |\n");
+    }
+
+    #[test]
+    fn judged_against_the_first_peer_with_every_ratio_shown() {
+        let mut out = String::new();
+        row(90.0, &[100.0, 75.0])
+            .write(&mut out)
+            .higher_better("≥ etcd");
+        assert_eq!(
+            out,
+            "| m | 90 | 100 | 0.90 | 75 | 1.20 | ≥ etcd | **no** |\n"
+        );
     }
 }

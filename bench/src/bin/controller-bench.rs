@@ -1,17 +1,22 @@
 //! `controller-bench`: tb's controller against etcd on this machine. For each client count
-//! (16, then 64) it starts a fresh 3-member tb cluster, then a fresh 3-member etcd cluster
-//! (never both at once), writes the same ~1 KiB objects to each, and on the last pair kills
-//! each one's leader a few times; then it prints a markdown table to stdout (progress goes to
-//! stderr).
+//! (16, then 64) it starts a fresh 3-member tb cluster (the controller's defaults: TLS from
+//! the cluster CA, every call with the admin's token), then a fresh 3-member etcd cluster with
+//! TLS on its client and peer links, then one in plain TCP (never two at once), writes the same
+//! ~1 KiB objects to each, and on the last ones kills each one's leader a few times; then it
+//! prints a markdown table to stdout (progress goes to stderr).
+//!
+//! `--smoke` runs the same code with a few hundred writes, 4 clients and one leader kill, in
+//! seconds, and exits non-zero when any system could not be run or any write failed.
 //!
 //! Run from the workspace: `cargo run --release -p tb-bench --bin controller-bench --
-//! [--writes 10000] [--clients 16,64]`.
+//! [--writes 10000] [--clients 16,64] [--smoke]`.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Parser;
 use tb_bench::bench::{Plan, SystemReport};
+use tb_bench::etcd::Transport;
 use tb_bench::machine::{Machine, load_average};
 use tb_bench::report;
 use tb_bench::tb::TbOptions;
@@ -44,6 +49,15 @@ struct Args {
     /// Benchmark only these systems.
     #[arg(long, value_delimiter = ',', default_value = "tb,etcd", value_parser = ["tb", "etcd"])]
     systems: Vec<String>,
+    /// etcd's links: with TLS (`tls`, compared with tb like for like), plain TCP (`plain`), or
+    /// both, each a cluster of its own.
+    #[arg(long, value_delimiter = ',', default_value = "tls,plain", value_parser = ["tls", "plain"])]
+    etcd_transports: Vec<String>,
+    /// A check that every part runs, not a measurement: 300 writes, 4 clients, one leader
+    /// kill, a 1 s settle (unless --writes/--clients/--failovers say otherwise); exits
+    /// non-zero when a system cannot be run or a write fails.
+    #[arg(long)]
+    smoke: bool,
     /// Directory under which the temporary data dirs and logs are made (one disk for all).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -65,9 +79,61 @@ fn build_tb_controller() -> anyhow::Result<PathBuf> {
     tb_bench::binaries::built(&dir, "tb-controller")
 }
 
+/// Smoke sizes, unless given on the command line.
+fn smoke_sizes(args: &mut Args, matches: &clap::ArgMatches) {
+    let given = |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+    if !given("writes") {
+        args.writes = 300;
+    }
+    if !given("clients") {
+        args.clients = vec![4];
+    }
+    if !given("failovers") {
+        args.failovers = 1;
+    }
+}
+
+/// Why a smoke run failed: a system that stopped early or did not run, or a failed write.
+fn smoke_failures(
+    tb: Option<&SystemReport>,
+    peers: &[&SystemReport],
+    etcd_missing: &str,
+    want_etcd: bool,
+) -> Vec<String> {
+    let mut why = Vec::new();
+    if want_etcd && peers.is_empty() {
+        why.push(format!("etcd: {etcd_missing}"));
+    }
+    for s in tb.into_iter().chain(peers.iter().copied()) {
+        if let Some(f) = &s.failure {
+            why.push(format!("{}: {f}", s.name));
+        }
+        if s.runs.is_empty() {
+            why.push(format!("{}: no run completed", s.name));
+        }
+        for r in &s.runs {
+            if r.load.failed > 0 {
+                why.push(format!(
+                    "{}: {} of {} writes failed",
+                    s.name, r.load.failed, r.load.writes
+                ));
+            }
+        }
+        if let Some(r) = s.failovers.iter().find(|r| r.outcome.is_err()) {
+            why.push(format!("{}: no write after killing {}", s.name, r.killed));
+        }
+    }
+    why
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Args::command().get_matches();
+    let mut args = Args::from_arg_matches(&matches)?;
+    if args.smoke {
+        smoke_sizes(&mut args, &matches);
+    }
     anyhow::ensure!(args.writes > 0, "--writes must be at least 1");
     anyhow::ensure!(
         !args.clients.is_empty() && args.clients.iter().all(|&c| c > 0),
@@ -103,6 +169,11 @@ async fn main() -> anyhow::Result<()> {
         clients: args.clients.clone(),
         failovers: args.failovers,
         root: tmp.path().to_path_buf(),
+        settle: if args.smoke {
+            std::time::Duration::from_secs(1)
+        } else {
+            tb_bench::bench::SETTLE
+        },
     };
     eprintln!("data dirs and logs under {}", plan.root.display());
 
@@ -123,9 +194,24 @@ async fn main() -> anyhow::Result<()> {
     let mut tb_report = tb_opts
         .as_ref()
         .map(|_| SystemReport::new("tb", "tb-controller".into()));
-    let mut etcd_report = etcd_binary
-        .as_ref()
-        .map(|bin| SystemReport::new("etcd", tb_bench::etcd::version(bin)));
+    // TLS first: the column the targets are judged against.
+    let transports: Vec<Transport> = [("tls", Transport::Tls), ("plain", Transport::Plain)]
+        .into_iter()
+        .filter(|(name, _)| args.etcd_transports.iter().any(|t| t == name))
+        .map(|(_, t)| t)
+        .collect();
+    let mut etcd_reports: Vec<(Transport, SystemReport)> = match &etcd_binary {
+        Some(bin) => transports
+            .iter()
+            .map(|&t| {
+                (
+                    t,
+                    SystemReport::new(t.system_name(), tb_bench::etcd::version(bin)),
+                )
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     for (k, &clients) in plan.clients.iter().enumerate() {
         let last = k + 1 == plan.clients.len();
         if let (Some(opts), Some(r)) = (&tb_opts, tb_report.as_mut()) {
@@ -134,11 +220,15 @@ async fn main() -> anyhow::Result<()> {
             })
             .await;
         }
-        if let (Some(bin), Some(r)) = (&etcd_binary, etcd_report.as_mut()) {
-            let start = |dir: &Path| tb_bench::etcd::start(bin, dir, args.payload_bytes);
-            tb_bench::bench::run(r, &plan, clients, last, start).await;
+        if let Some(bin) = &etcd_binary {
+            for (transport, r) in &mut etcd_reports {
+                let t = *transport;
+                let start = |dir: &Path| tb_bench::etcd::start(bin, dir, args.payload_bytes, t);
+                tb_bench::bench::run(r, &plan, clients, last, start).await;
+            }
         }
     }
+    let peers: Vec<&SystemReport> = etcd_reports.iter().map(|(_, r)| r).collect();
 
     let mut binaries = Vec::new();
     if let Some(b) = &tb_binary {
@@ -161,10 +251,18 @@ async fn main() -> anyhow::Result<()> {
         workload: format!(
             "{} writes of {}-byte objects per run, each creating a distinct object; a fresh 3-member cluster \
              per client count; one HTTP/2 connection per member; writes go to the leader; loopback; data dirs \
-             on one disk under {}; fsync on (etcd default, tb redb Durability::Immediate); defaults otherwise",
+             on one disk under {}; fsync on (etcd default, tb redb Durability::Immediate); tb with its \
+             defaults: TLS on client and controller links (cluster CA), every call authenticated with the \
+             admin's bearer token; etcd-tls: TLS on client and peer links, every client and peer \
+             presenting a certificate of the CA (etcd's `--trusted-ca-file`), etcd's own auth off; etcd-plain: plain TCP; defaults otherwise{}",
             args.writes,
             args.payload_bytes,
-            base.display()
+            base.display(),
+            if args.smoke {
+                " — **smoke run: sizes too small to measure anything**"
+            } else {
+                ""
+            }
         ),
         binaries,
     };
@@ -175,18 +273,23 @@ async fn main() -> anyhow::Result<()> {
     };
     println!(
         "{}",
-        report::render(
-            &ctx,
-            &shape,
-            tb_report.as_ref(),
-            etcd_report.as_ref(),
-            &etcd_missing
-        )
+        report::render(&ctx, &shape, tb_report.as_ref(), &peers, &etcd_missing)
     );
 
-    if args.keep {
+    let failures = if args.smoke {
+        smoke_failures(tb_report.as_ref(), &peers, &etcd_missing, want_etcd)
+    } else {
+        Vec::new()
+    };
+    if args.keep || !failures.is_empty() {
         let kept = tmp.keep();
         eprintln!("kept data dirs, logs and metrics in {}", kept.display());
+    }
+    if !failures.is_empty() {
+        for f in &failures {
+            eprintln!("controller-bench --smoke: FAILED: {f}");
+        }
+        std::process::exit(1);
     }
     Ok(())
 }

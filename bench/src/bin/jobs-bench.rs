@@ -3,8 +3,17 @@
 //! then Slurm (munged, slurmctld, slurmd), never both at once; then a markdown table on stdout
 //! (progress goes to stderr).
 //!
+//! tb runs with its defaults: the controller makes its cluster CA and admin token in its data
+//! dir, the bench calls it over TLS with that token, the nodelets trust that CA and join with a
+//! token from a 0600 file.
+//!
+//! `--smoke` runs the same code with 2 nodelets, 2-rank jobs, 3 runs and 2 s idle windows, and
+//! exits non-zero when a system could not be run (Slurm missing counts: CI installs it; only
+//! a bench that is not root, which cannot run Slurm's daemons, skips it, saying so) or a run
+//! failed.
+//!
 //! Run from the workspace: `cargo run --release -p tb-bench --bin jobs-bench -- [--runs 50]
-//! [--idle-seconds 60] [--systems tb,slurm]`.
+//! [--idle-seconds 60] [--systems tb,slurm] [--smoke]`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -77,11 +86,69 @@ struct Args {
     /// Keep the data dirs, logs and scraped metrics instead of deleting them.
     #[arg(long)]
     keep: bool,
+    /// A check that every part runs, not a measurement: 3 runs of a 2-rank job on 2 nodelets,
+    /// 2 s idle windows, 1 s settle (unless given on the command line); exits non-zero when a
+    /// system cannot be run or a run fails.
+    #[arg(long)]
+    smoke: bool,
+}
+
+/// Smoke sizes, unless given on the command line.
+fn smoke_sizes(args: &mut Args, matches: &clap::ArgMatches) {
+    let given = |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+    if !given("runs") {
+        args.runs = 3;
+    }
+    if !given("ranks") {
+        args.ranks = 2;
+    }
+    if !given("nodelets") {
+        args.nodelets = 2;
+    }
+    if !given("idle_seconds") {
+        args.idle_seconds = 2;
+    }
+    if !given("run_timeout_seconds") {
+        args.run_timeout_seconds = 20;
+    }
+}
+
+/// Why a smoke run failed: a system that stopped, did not run, or had a failed run.
+fn smoke_failures(tb: Option<&SystemResult>, slurm: Result<&SystemResult, &str>) -> Vec<String> {
+    let mut why = Vec::new();
+    let mut check = |s: &SystemResult| {
+        if let Some(f) = &s.failure {
+            why.push(format!("{}: {f}", s.name));
+        }
+        if s.runs.is_empty() {
+            why.push(format!("{}: no run completed", s.name));
+        }
+        for e in &s.errors {
+            why.push(format!("{}: {e}", s.name));
+        }
+    };
+    if let Some(t) = tb {
+        check(t);
+    }
+    match slurm {
+        Ok(s) => check(s),
+        Err(w) if w.starts_with("not run (--systems)") => {}
+        Err(w) if tb_bench::jobs::slurm::cannot_run().is_some() => {
+            eprintln!("jobs-bench --smoke: Slurm skipped: {w}");
+        }
+        Err(w) => why.push(format!("slurm: {w}")),
+    }
+    why
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Args::command().get_matches();
+    let mut args = Args::from_arg_matches(&matches)?;
+    if args.smoke {
+        smoke_sizes(&mut args, &matches);
+    }
     anyhow::ensure!(args.runs > 0, "--runs must be at least 1");
     anyhow::ensure!(args.ranks > 0, "--ranks must be at least 1");
     anyhow::ensure!(args.nodelets > 0, "--nodelets must be at least 1");
@@ -134,6 +201,11 @@ async fn main() -> anyhow::Result<()> {
         idle: Duration::from_secs(args.idle_seconds),
         run_timeout: Duration::from_secs(args.run_timeout_seconds),
         pause: Duration::from_millis(args.pause_ms),
+        settle: if args.smoke {
+            Duration::from_secs(1)
+        } else {
+            tb_bench::jobs::SETTLE
+        },
     };
     let machine = Machine::describe();
     let load_before = load_average();
@@ -196,11 +268,18 @@ async fn main() -> anyhow::Result<()> {
             }
         ),
         format!(
-            "tb: 1 controller (`--id 1`, a cluster of one, defaults otherwise) and {} nodelets on loopback; \
+            "tb: 1 controller (`--id 1`, a cluster of one, defaults otherwise: TLS with the CA it makes, \
+             every call with the admin token it writes) and {} nodelets on loopback (joined with a token \
+             file, trusting that CA{}); \
              submit = `Objects.Apply` of a TrainingJob; running = `Objects.Watch` (kind Allocation, label \
              `tb/job=<name>`, from the apply's resourceVersion) shows every rank's `status.phase: Running`; \
              removal = `Objects.Delete` of the job, gone = every Allocation DELETED",
-            args.nodelets
+            args.nodelets,
+            if tb_bench::jobs::slurm::cannot_run().is_none() {
+                "; as root, each runs jobs under uids of its own `--job-uid-range`"
+            } else {
+                ""
+            }
         ),
         format!(
             "Slurm: munged, slurmctld and slurmd (one node, `localhost`) as root in the foreground, \
@@ -237,18 +316,37 @@ async fn main() -> anyhow::Result<()> {
         poll_ms: args.poll_ms,
         leftovers,
     };
-    println!(
-        "{}",
-        report::render(
-            &ctx,
-            tb_result.as_ref(),
-            slurm_result.as_ref().map_err(String::as_str)
-        )
+    let mut table = report::render(
+        &ctx,
+        tb_result.as_ref(),
+        slurm_result.as_ref().map_err(String::as_str),
     );
+    if args.smoke {
+        table = table.replacen(
+            "\n- date:",
+            "\n- **smoke run: sizes too small to measure anything**\n- date:",
+            1,
+        );
+    }
+    println!("{table}");
 
-    if args.keep {
+    let failures = if args.smoke {
+        smoke_failures(
+            tb_result.as_ref(),
+            slurm_result.as_ref().map_err(String::as_str),
+        )
+    } else {
+        Vec::new()
+    };
+    if args.keep || !failures.is_empty() {
         let kept = tmp.keep();
         eprintln!("kept data dirs, logs and metrics in {}", kept.display());
+    }
+    if !failures.is_empty() {
+        for f in &failures {
+            eprintln!("jobs-bench --smoke: FAILED: {f}");
+        }
+        std::process::exit(1);
     }
     Ok(())
 }

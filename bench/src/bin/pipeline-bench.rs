@@ -7,8 +7,11 @@
 //!
 //! ```text
 //! cargo build --release -p tb-nodelet --bin tb-shard -p tb-bench --bin pipeline-bench
-//! target/release/pipeline-bench [--model FILE] [--tokens 64] [--runs 3] [--threads 1]
+//! target/release/pipeline-bench [--model FILE] [--tokens 64] [--runs 3] [--threads 1] [--smoke]
 //! ```
+//!
+//! `--smoke` runs the same three configurations with 8 tokens and one timed run each, and
+//! exits non-zero if any configuration does not start or generates nothing.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -38,6 +41,10 @@ struct Args {
     /// The tb-shard binary (default: beside this one).
     #[arg(long)]
     shard_bin: Option<PathBuf>,
+    /// A check that every part runs, not a measurement: 8 tokens, 1 timed run (unless
+    /// --tokens/--runs are given); exits non-zero when a configuration generates nothing.
+    #[arg(long)]
+    smoke: bool,
 }
 
 const PROMPT: &str = "Once upon a time, in a kingdom by the sea, there lived a dragon who";
@@ -166,7 +173,18 @@ fn run(http: &str, tokens: usize) -> Result<Run> {
 }
 
 fn main() -> Result<()> {
-    let args = Args::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Args::command().get_matches();
+    let mut args = Args::from_arg_matches(&matches)?;
+    let given = |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+    if args.smoke {
+        if !given("tokens") {
+            args.tokens = 8;
+        }
+        if !given("runs") {
+            args.runs = 1;
+        }
+    }
     let model = args.model.clone().unwrap_or_else(|| {
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -217,6 +235,9 @@ fn main() -> Result<()> {
             }
         }
         let b = best.context("no runs")?;
+        if args.smoke && b.tokens == 0 {
+            bail!("pipeline-bench --smoke: FAILED: {name} generated no tokens");
+        }
         let base = *single.get_or_insert(b.decode_tps);
         println!(
             "| {name} | {:.1} | {:.1} | {:.2} | {} |",

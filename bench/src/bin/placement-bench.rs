@@ -4,7 +4,11 @@
 //! the solve-time table; `--json FILE` writes everything as JSON. Targets are reported (MISSED),
 //! never asserted: the exit code is 0 whenever the bench ran.
 //!
-//! Run from the workspace: `cargo run --release -p tb-bench --bin placement-bench -- --markdown`.
+//! `--smoke` runs the same code on the suite's cases of at most 4 Macs and times `plan` once at
+//! 4 and 8 Macs, in seconds; it exits non-zero if a case's comparison or a timing is missing.
+//!
+//! Run from the workspace: `cargo run --release -p tb-bench --bin placement-bench -- --markdown
+//! [--smoke]`.
 
 use std::path::PathBuf;
 
@@ -36,10 +40,29 @@ struct Args {
     /// Also list every placement (Mac:layers in rank order) under the table.
     #[arg(long)]
     placements: bool,
+    /// A check that every part runs, not a measurement: only the cases of at most 4 Macs, and
+    /// one `plan` per size at 4 and 8 Macs (unless --runs/--sizes are given); exits non-zero
+    /// when a case or a size yields nothing.
+    #[arg(long)]
+    smoke: bool,
 }
 
+/// The most Macs a smoke run's cases have.
+const SMOKE_MAX_MACS: usize = 4;
+
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Args::command().get_matches();
+    let mut args = Args::from_arg_matches(&matches)?;
+    let given = |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+    if args.smoke {
+        if !given("runs") {
+            args.runs = 1;
+        }
+        if !given("sizes") {
+            args.sizes = vec![4, 8];
+        }
+    }
     let cases: Vec<_> = suite::cases()
         .into_iter()
         .filter(|c| {
@@ -47,6 +70,7 @@ fn main() -> anyhow::Result<()> {
                 .as_ref()
                 .is_none_or(|f| c.name.contains(f.as_str()))
         })
+        .filter(|c| !args.smoke || c.macs() <= SMOKE_MAX_MACS)
         .collect();
     let mut results = Vec::with_capacity(cases.len());
     for case in &cases {
@@ -110,6 +134,18 @@ fn main() -> anyhow::Result<()> {
         let text = serde_json::to_string_pretty(&value).context("serialising the results")?;
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("placement-bench: wrote {}", path.display());
+    }
+    if args.smoke {
+        anyhow::ensure!(
+            !results.is_empty(),
+            "placement-bench --smoke: FAILED: no case of at most {SMOKE_MAX_MACS} Macs"
+        );
+        anyhow::ensure!(
+            times.len() == args.sizes.len(),
+            "placement-bench --smoke: FAILED: solve times for {} of {} sizes",
+            times.len(),
+            args.sizes.len()
+        );
     }
     Ok(())
 }

@@ -4,7 +4,11 @@
 //! (Raft, TLS, auth) schedules them in real time onto Macs simulated in-process over gRPC (see
 //! `tb_bench::scheduler_raft`). Prints a markdown table; targets are reported, never asserted.
 //!
-//! Run from the workspace: `cargo run --release -p tb-bench --bin scheduler-bench [-- --raft]`.
+//! `--smoke` runs the same code with 4 Macs and 60 jobs (with `--raft`: jobs of 0.2–1 s, at most
+//! 90 s) and exits non-zero unless every job was admitted (and, with `--raft`, completed).
+//!
+//! Run from the workspace: `cargo run --release -p tb-bench --bin scheduler-bench [-- --raft]
+//! [--smoke]`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -60,10 +64,52 @@ struct Args {
     /// (i mod 3) + 1.
     #[arg(long)]
     macs_on_leader: bool,
+    /// A check that every part runs, not a measurement: 4 Macs, 60 jobs, with --raft jobs of
+    /// 0.2–1 s and a 90 s limit (unless given on the command line); exits non-zero unless
+    /// every job was admitted (--raft: and completed).
+    #[arg(long)]
+    smoke: bool,
+}
+
+/// Smoke sizes, unless given on the command line.
+fn smoke_sizes(args: &mut Args, matches: &clap::ArgMatches) {
+    let given = |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+    if !given("macs") {
+        args.macs = 4;
+    }
+    if !given("jobs") {
+        args.jobs = 60;
+    }
+    if !given("run_min_seconds") {
+        args.run_min_seconds = 0.2;
+    }
+    if !given("run_max_seconds") {
+        args.run_max_seconds = 1.0;
+    }
+    if !given("apply_batch") {
+        args.apply_batch = 20;
+    }
+    if !given("time_limit_seconds") {
+        args.time_limit_seconds = 90;
+    }
+}
+
+/// Fail a smoke run whose `what` is short of `want`.
+fn smoke_check(smoke: bool, what: &str, got: usize, want: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !smoke || got >= want,
+        "scheduler-bench --smoke: FAILED: {got} of {want} jobs {what}"
+    );
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Args::command().get_matches();
+    let mut args = Args::from_arg_matches(&matches)?;
+    if args.smoke {
+        smoke_sizes(&mut args, &matches);
+    }
     if args.raft {
         return run_raft(args);
     }
@@ -75,7 +121,7 @@ fn main() -> anyhow::Result<()> {
     };
     let results = run(setup);
     print!("{}", report(&results));
-    Ok(())
+    smoke_check(args.smoke, "admitted", results.admitted, args.jobs)
 }
 
 fn run_raft(args: Args) -> anyhow::Result<()> {
@@ -108,5 +154,10 @@ fn run_raft(args: Args) -> anyhow::Result<()> {
         .context("starting the tokio runtime")?;
     let results = runtime.block_on(scheduler_raft::run(setup))?;
     print!("{}", scheduler_raft::report(&results));
-    Ok(())
+    if args.smoke
+        && let Some(why) = &results.aborted
+    {
+        anyhow::bail!("scheduler-bench --smoke: FAILED: the run stopped early: {why}");
+    }
+    smoke_check(args.smoke, "completed", results.completed, args.jobs)
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::slurm::{SlurmCluster, SlurmOptions, SlurmPrograms};
 use super::tb::{TbCluster, TbOptions};
-use super::{IdleWindow, JobShape, MAX_FAILURES, RunTimes, SETTLE, SystemResult};
+use super::{IdleWindow, JobShape, MAX_FAILURES, RunTimes, SystemResult};
 use crate::procstat::Watched;
 
 /// What to run on each system.
@@ -20,6 +20,9 @@ pub struct Plan {
     pub run_timeout: Duration,
     /// Quiet time between the end of one run and the next submit (0: back to back).
     pub pause: Duration,
+    /// Quiet time after the cluster comes up and after the runs, before an idle window
+    /// ([`super::SETTLE`] unless smoke-testing).
+    pub settle: Duration,
 }
 
 async fn idle_window(
@@ -104,7 +107,7 @@ async fn measure<S: System>(
     result: &mut SystemResult,
 ) -> anyhow::Result<()> {
     let who = result.name.clone();
-    tokio::time::sleep(SETTLE).await;
+    tokio::time::sleep(plan.settle).await;
     sys.check_alive()?;
     let procs = sys.watched()?;
     result
@@ -142,7 +145,7 @@ async fn measure<S: System>(
             }
         }
     }
-    tokio::time::sleep(SETTLE).await;
+    tokio::time::sleep(plan.settle).await;
     sys.check_alive()?;
     let procs = sys.watched()?;
     let label = format!("after {} jobs", result.runs.len());
@@ -162,7 +165,7 @@ pub async fn tb(opts: &TbOptions, plan: &Plan, dir: &Path) -> SystemResult {
     );
     let outcome = async {
         std::fs::create_dir_all(dir)?;
-        let mut cluster = TbCluster::start(opts, dir)?;
+        let mut cluster = TbCluster::start(opts, dir).await?;
         let r = async {
             cluster.ready().await?;
             eprintln!("[tb] {} nodes Ready", opts.nodelets);

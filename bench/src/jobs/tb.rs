@@ -1,5 +1,7 @@
-//! tb for `jobs-bench`: one `tb-controller` and N `tb-nodelet`s on loopback, joined with a
-//! token, and one run of a job: `Objects.Apply` a TrainingJob, watch its Allocations (from the
+//! tb for `jobs-bench`: one `tb-controller` with its defaults (it makes the cluster CA in its
+//! data dir and writes the admin token there; every call goes over TLS with that token) and N
+//! `tb-nodelet`s on loopback trusting that CA, joined with a token from a 0600 file, and one
+//! run of a job: `Objects.Apply` a TrainingJob, watch its Allocations (from the
 //! apply's resourceVersion, label `tb/job=<name>`) until every rank reports `Running`, delete
 //! the job, and watch on until its Allocations are gone.
 
@@ -7,6 +9,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::{JobShape, RunTimes};
+use crate::member::Member;
+use crate::procstat::Watched;
+use crate::secure::{AdminChannel, AdminToken};
 use anyhow::Context;
 use tb_api::proto::cluster_client::ClusterClient;
 use tb_api::proto::nodes_client::NodesClient;
@@ -18,11 +24,6 @@ use tb_api::proto::{
 use tb_api::specs::{AllocationPhase, AllocationStatus};
 use tb_api::status::NodeStatus;
 use tb_api::{Kind, Object};
-use tonic::transport::Channel;
-
-use super::{JobShape, RunTimes};
-use crate::member::Member;
-use crate::procstat::Watched;
 
 /// How to start tb.
 #[derive(Debug, Clone)]
@@ -41,14 +42,22 @@ const RPC_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the cluster may take to come up.
 const STARTUP: Duration = Duration::from_secs(60);
 const NAMESPACE: &str = "default";
+/// The uids of each nodelet's `--job-uid-range` (nodelets sharing a host must not share uids:
+/// each owns its range and kills what runs under it).
+const JOB_UIDS: u32 = 16;
+/// The first uid handed to the first nodelet's jobs.
+const JOB_UID_BASE: u32 = 300_000;
 
 /// A running controller and its nodelets.
 pub struct TbCluster {
     pub controller: Member,
     pub nodelets: Vec<Member>,
     pub metrics_addr: String,
-    objects: ObjectsClient<Channel>,
-    channel: Channel,
+    objects: ObjectsClient<AdminChannel>,
+    channel: AdminChannel,
+    token: AdminToken,
+    /// The cluster CA the controller made in its data dir, which the nodelets trust.
+    ca_cert: PathBuf,
     controller_addr: String,
     node_names: Vec<String>,
     dir: PathBuf,
@@ -56,9 +65,9 @@ pub struct TbCluster {
 }
 
 impl TbCluster {
-    /// Start the controller (one-member cluster) with its data and log under `dir`; the
-    /// nodelets join in [`TbCluster::ready`].
-    pub fn start(opts: &TbOptions, dir: &Path) -> anyhow::Result<Self> {
+    /// Start the controller (one-member cluster) with its data and log under `dir`, and wait
+    /// for the CA it makes; the nodelets join in [`TbCluster::ready`].
+    pub async fn start(opts: &TbOptions, dir: &Path) -> anyhow::Result<Self> {
         let ports = crate::ports::free_ports(2)?;
         let controller_addr = format!("127.0.0.1:{}", ports[0]);
         let metrics_addr = format!("127.0.0.1:{}", ports[1]);
@@ -78,18 +87,32 @@ impl TbCluster {
             ],
             dir.join("controller.log"),
         )
-        .data_dir(data);
+        .data_dir(data.clone());
         if let Some(filter) = &opts.rust_log {
             controller = controller.env("RUST_LOG", filter);
         }
         controller.spawn()?;
-        let channel = crate::backend::channel(&controller_addr)?;
+        let ca_pem = match crate::secure::wait_for_ca(&data, STARTUP).await {
+            Ok(pem) => pem,
+            Err(e) => {
+                let tail = controller.log_tail(20);
+                let _ = controller.kill().await;
+                return Err(e.context(format!("--- last log lines ---\n{tail}")));
+            }
+        };
+        let token = AdminToken::from_data_dirs(std::slice::from_ref(&data));
+        let channel = crate::secure::as_admin(
+            crate::secure::tls_channel(&controller_addr, &ca_pem)?,
+            &token,
+        );
         Ok(TbCluster {
             controller,
             nodelets: Vec::new(),
             metrics_addr,
             objects: ObjectsClient::new(channel.clone()),
             channel,
+            token,
+            ca_cert: data.join(crate::secure::CA_CERT_FILE),
             controller_addr,
             node_names: Vec::new(),
             dir: dir.to_path_buf(),
@@ -97,12 +120,16 @@ impl TbCluster {
         })
     }
 
-    /// Wait for the controller to lead, create a join token, start the nodelets and wait until
-    /// every one's Node is Ready.
+    /// Wait for the controller to lead and write the admin token, create a join token (in a
+    /// 0600 file), start the nodelets and wait until every one's Node is Ready.
     pub async fn ready(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + STARTUP;
+        self.token.wait(STARTUP).await?;
         self.wait_leader(deadline).await?;
         let token = self.join_token(deadline).await?;
+        // Never on the command line, where every local user could read it.
+        let token_file = self.dir.join("join.token");
+        crate::secure::write_private(&token_file, &format!("{token}\n"))?;
         let ports = crate::ports::free_ports(self.opts.nodelets)?;
         for (i, port) in ports.iter().enumerate() {
             let name = format!("node-{}", i + 1);
@@ -129,12 +156,25 @@ impl TbCluster {
                     format!("127.0.0.1:{port}"),
                     "--port-range".into(),
                     format!("{range_start}-{range_end}"),
+                    "--ca-cert".into(),
+                    self.ca_cert.display().to_string(),
+                    "--join-token-file".into(),
+                    token_file.display().to_string(),
+                    // Several nodelets share this host: each lets the OS pick its probe port.
+                    "--probe-port".into(),
+                    "0".into(),
                 ],
                 self.dir.join(format!("{name}.log")),
             )
-            .data_dir(data)
-            // Never on the command line, where every local user could read it.
-            .env("TB_JOIN_TOKEN", &token);
+            .data_dir(data);
+            if is_root() {
+                // As root a nodelet runs each namespace's jobs under a uid of its own range.
+                let first = JOB_UID_BASE + JOB_UIDS * i as u32;
+                m = m.args([
+                    "--job-uid-range".to_string(),
+                    format!("{first}-{}", first + JOB_UIDS - 1),
+                ]);
+            }
             if let Some(filter) = &self.opts.rust_log {
                 m = m.env("RUST_LOG", filter);
             }
@@ -466,6 +506,18 @@ impl TbCluster {
         }
         let _ = self.controller.kill().await;
     }
+}
+
+/// Whether this process runs as root (then the nodelets do, and isolate jobs by uid).
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|v| v.split_whitespace().nth(1).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
 }
 
 fn ms2(d: Option<Duration>) -> String {

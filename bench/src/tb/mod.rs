@@ -1,5 +1,7 @@
-//! tb as a system under test: starting a 3-member `tb-controller` cluster, and the `Backend`
-//! that writes objects with `Objects.Apply` and finds the leader with `Cluster.Status`.
+//! tb as a system under test: starting a 3-member `tb-controller` cluster with the controller's
+//! defaults (TLS from the cluster CA, auth; see [`crate::secure`]), and the `Backend` that
+//! writes objects with `Objects.Apply` and finds the leader with `Cluster.Status`, over TLS as
+//! the admin.
 
 pub mod metrics;
 
@@ -7,16 +9,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backend::{Backend, Probe, RpcError, Write, with_timeout};
+use crate::cluster::Cluster;
+use crate::member::Member;
+use crate::payload::model_json;
+use crate::secure::{AdminChannel, AdminToken};
 use anyhow::Context;
 use tb_api::proto::cluster_client::ClusterClient;
 use tb_api::proto::objects_client::ObjectsClient;
 use tb_api::proto::{ApplyRequest, ClusterStatusRequest};
-use tonic::transport::Channel;
-
-use crate::backend::{Backend, Probe, RpcError, Write, channel, with_timeout};
-use crate::cluster::Cluster;
-use crate::member::Member;
-use crate::payload::model_json;
 
 /// How to start tb's members.
 #[derive(Debug, Clone)]
@@ -29,15 +30,25 @@ pub struct TbOptions {
     pub extra_args: Vec<String>,
 }
 
+/// Member `id`'s data dir under `dir` (what [`start_members`] gives it).
+pub fn data_dir(dir: &Path, id: usize) -> std::path::PathBuf {
+    dir.join(format!("tb-{id}"))
+}
+
 /// Start controllers 1..=3 on fresh loopback ports with data dirs under `dir`, each also
-/// serving `/metrics`.
+/// serving `/metrics`: the controller's defaults, their data dirs seeded with one cluster CA
+/// and cluster secret; the client trusts that CA and takes the admin token from whichever data
+/// dir it is written to.
 pub fn start(opts: &TbOptions, dir: &Path) -> anyhow::Result<Cluster<TbBackend>> {
+    let data_dirs: Vec<_> = (1..=3).map(|id| data_dir(dir, id)).collect();
+    let ca_pem = crate::secure::seed_data_dirs(&data_dirs)?;
+    let token = AdminToken::from_data_dirs(&data_dirs);
     let (cluster, _) = start_members(
         &opts.binary,
         opts.rust_log.as_deref(),
         &opts.extra_args,
         dir,
-        |addrs| TbBackend::new(addrs, opts.payload_bytes),
+        |addrs| TbBackend::new(addrs, &ca_pem, &token, opts.payload_bytes),
     )?;
     Ok(cluster)
 }
@@ -67,7 +78,7 @@ pub fn start_members<B: Backend>(
     for (i, addr) in addrs.iter().enumerate() {
         let id = i + 1;
         let metrics_addr = format!("127.0.0.1:{}", metrics[i]);
-        let data = dir.join(format!("tb-{id}"));
+        let data = data_dir(dir, id);
         let mut args = vec![
             "--id".into(),
             id.to_string(),
@@ -101,18 +112,27 @@ pub fn start_members<B: Backend>(
     Ok((cluster, addrs))
 }
 
-/// A tb client holding one channel per controller.
+/// A tb client holding one TLS channel per controller, calling as the admin.
 pub struct TbBackend {
-    objects: Vec<ObjectsClient<Channel>>,
-    cluster: Vec<ClusterClient<Channel>>,
+    objects: Vec<ObjectsClient<AdminChannel>>,
+    cluster: Vec<ClusterClient<AdminChannel>>,
     payload_bytes: usize,
 }
 
 impl TbBackend {
-    pub fn new(addrs: &[String], payload_bytes: usize) -> anyhow::Result<Self> {
+    pub fn new(
+        addrs: &[String],
+        ca_pem: &str,
+        token: &AdminToken,
+        payload_bytes: usize,
+    ) -> anyhow::Result<Self> {
         let channels = addrs
             .iter()
-            .map(|a| channel(a).with_context(|| format!("tb endpoint {a}")))
+            .map(|a| {
+                crate::secure::tls_channel(a, ca_pem)
+                    .map(|c| crate::secure::as_admin(c, token))
+                    .with_context(|| format!("tb endpoint {a}"))
+            })
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(TbBackend {
             objects: channels.iter().cloned().map(ObjectsClient::new).collect(),
