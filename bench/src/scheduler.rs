@@ -14,16 +14,15 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::TimeDelta;
 use serde_json::{Value, json};
 use tb_api::specs::{AllocationPhase, AllocationSpec, AllocationStatus, Desired, parse_spec};
-use tb_api::status::{JobPhase, JobStatus, NodeCapacity, NodeStatus, PortRange, set_condition};
+use tb_api::status::{JobPhase, JobStatus, PortRange};
 use tb_api::{Kind, Object, ObjectMeta};
-use tb_controller::scheduler::memo::Memo;
-use tb_controller::scheduler::{Clock, SchedulerConfig, reconcile_with, stamp};
-use tb_controller::store::{Command, Op, Response, State};
+use tb_core::scheduler::memo::Memo;
+use tb_core::scheduler::{Clock, SchedulerConfig, reconcile_with};
+use tb_core::store::{Op, Response, State};
 
-const GI: u64 = 1 << 30;
 /// Virtual seconds between nodelet reports (and scheduler runs).
 const STEP: i64 = 5;
 
@@ -130,37 +129,38 @@ pub fn fairness_error(shares: &[(String, u32, f64)]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// The shared simulated cluster (`tb_core::sim`), plus what the bench keeps: the leader's parse
+/// cache between passes and the real time spent in the scheduler and the state machine.
 struct Sim {
-    state: State,
-    index: u64,
-    now: DateTime<Utc>,
-    leader_since: DateTime<Utc>,
-    cfg: SchedulerConfig,
+    sim: tb_core::sim::Sim,
     /// What the leader keeps parsed between passes.
     memo: Memo,
     /// Real time spent in reconcile + apply of plans.
     busy: Duration,
 }
 
-impl Sim {
-    fn commit(&mut self, op: Op) -> Response {
-        self.index += 1;
-        let cmd = Command {
-            request_id: String::new(),
-            now: stamp(self.now),
-            op,
-            user: String::new(),
-        };
-        self.state.apply(self.index, &cmd).0
+impl std::ops::Deref for Sim {
+    type Target = tb_core::sim::Sim;
+    fn deref(&self) -> &Self::Target {
+        &self.sim
     }
+}
 
-    /// Reconcile and commit until nothing is left to do; returns jobs admitted.
+impl std::ops::DerefMut for Sim {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.sim
+    }
+}
+
+impl Sim {
+    /// Reconcile and commit until nothing is left to do (at most 20 passes); returns jobs
+    /// admitted. Timed, with the leader's memo, unlike the tests' `settle`.
     fn settle(&mut self) -> usize {
         let mut admitted = 0;
         for _ in 0..20 {
             let started = Instant::now();
-            let clock = Clock::new(self.now, self.leader_since);
-            let plans = reconcile_with(&self.state, &clock, &self.cfg, &mut self.memo);
+            let clock = Clock::new(self.sim.now, self.sim.leader_since);
+            let plans = reconcile_with(&self.sim.state, &clock, &self.sim.cfg, &mut self.memo);
             if plans.is_empty() {
                 self.busy += started.elapsed();
                 return admitted;
@@ -171,81 +171,13 @@ impl Sim {
                     .iter()
                     .filter(|e| e.spec["reason"] == "Scheduled")
                     .count();
-                if let Response::Planned { .. } = self.commit(Op::Plan(plan)) {
+                if let Response::Planned { .. } = self.sim.commit(Op::Plan(plan)) {
                     admitted += creates;
                 }
             }
             self.busy += started.elapsed();
         }
         admitted
-    }
-
-    fn add_node(&mut self, name: &str, gi: u64) {
-        let mut status = NodeStatus {
-            address: format!("10.0.{}.{}:7600", self.index / 250, self.index % 250 + 1),
-            capacity: NodeCapacity {
-                memory_bytes: gi * GI,
-                allocatable_bytes: gi * GI,
-                ..Default::default()
-            },
-            port_range: PortRange {
-                start: 32323,
-                end: 32623,
-            },
-            ..Default::default()
-        };
-        set_condition(
-            &mut status.conditions,
-            "Ready",
-            true,
-            "NodeletReady",
-            "",
-            &stamp(self.now),
-        );
-        let node = Object {
-            api_version: "tb/v1".into(),
-            kind: "Node".into(),
-            metadata: ObjectMeta {
-                name: name.into(),
-                ..Default::default()
-            },
-            spec: json!({}),
-            status: status.to_value(),
-        };
-        // Join tokens are single use: one per node, bound to it.
-        self.commit(Op::CreateToken {
-            token_hash: format!("t-{name}"),
-            expires_at: "2099-01-01T00:00:00.000Z".into(),
-            description: String::new(),
-            uses: Some(1),
-            node: name.into(),
-        });
-        self.commit(Op::Join {
-            token_hash: format!("t-{name}"),
-            node,
-            credential_hash: format!("c-{name}"),
-        });
-    }
-
-    fn heartbeat_all(&mut self) {
-        let nodes: Vec<(String, Value)> = self
-            .state
-            .list(Kind::Node.as_str(), "")
-            .iter()
-            .map(|n| (n.metadata.name.clone(), n.status.clone()))
-            .collect();
-        for (name, status) in nodes {
-            self.commit(Op::Heartbeat {
-                node: name.clone(),
-                credential_hash: format!("c-{name}"),
-                status,
-            });
-        }
-    }
-
-    fn apply(&mut self, obj: Object) {
-        let obj = tb_api::validate_object(&obj).expect("valid object");
-        self.commit(Op::Apply { objects: vec![obj] });
     }
 }
 
@@ -287,20 +219,18 @@ fn run_time(n: u64, (lo, hi): (i64, i64)) -> i64 {
 }
 
 pub fn run(setup: Setup) -> Results {
-    let start = DateTime::parse_from_rfc3339("2026-06-01T00:00:00Z")
-        .map(|t| t.with_timezone(&Utc))
-        .unwrap_or_default();
     let mut sim = Sim {
-        state: State::default(),
-        index: 0,
-        now: start,
-        leader_since: start - TimeDelta::seconds(60),
-        cfg: SchedulerConfig {
-            fair_share_half_life: setup.half_life,
-            ..Default::default()
-        },
+        sim: tb_core::sim::Sim::new(),
         memo: Memo::default(),
         busy: Duration::ZERO,
+    };
+    sim.cfg = SchedulerConfig {
+        fair_share_half_life: setup.half_life,
+        ..Default::default()
+    };
+    sim.node_ports = PortRange {
+        start: 32323,
+        end: 32623,
     };
     for i in 0..setup.macs {
         sim.add_node(&format!("mac{i:02}"), setup.mac_memory_gi);
@@ -351,8 +281,8 @@ pub fn run(setup: Setup) -> Results {
             }
             let queue = spec.job.name.split('-').next().unwrap_or("").to_string();
             *held.entry(queue).or_default() += spec.memory_bytes as f64;
-            let born = tb_controller::scheduler::parse_time(&o.metadata.creation_timestamp)
-                .unwrap_or(sim.now);
+            let born =
+                tb_core::scheduler::parse_time(&o.metadata.creation_timestamp).unwrap_or(sim.now);
             let due = runs.get(&spec.job.name).copied().unwrap_or(60);
             let mut next = status.clone();
             if (sim.now - born).num_seconds() >= due {

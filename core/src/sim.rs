@@ -165,6 +165,25 @@ impl Sim {
         assert!(matches!(r, Response::Status { .. }), "{r:?}");
     }
 
+    /// Every node heartbeats once (its status as stored).
+    pub fn heartbeat_all(&mut self) {
+        let names: Vec<String> = self
+            .state
+            .list(Kind::Node.as_str(), "")
+            .iter()
+            .map(|n| n.metadata.name.clone())
+            .collect();
+        for name in names {
+            self.heartbeat(&name);
+        }
+    }
+
+    /// Validate `obj` as the API would and apply it.
+    pub fn apply(&mut self, obj: Object) -> Response {
+        let obj = tb_api::validate_object(&obj).expect("a valid object");
+        self.commit(Op::Apply { objects: vec![obj] })
+    }
+
     pub fn node(&self, name: &str) -> Object {
         let key = ObjectKey {
             kind: "Node".into(),

@@ -4,7 +4,7 @@
 //! (stage, layers used so far).
 //!
 //! The stage costs are this module's own implementation of the cost model documented in
-//! `tb_controller::placement::cost` (memory per stage, memory-bound compute, hop = L/2 +
+//! `tb_core::placement::cost` (memory per stage, memory-bound compute, hop = L/2 +
 //! activations × 8 / B, return hop last → first by direct link or the lowest-latency route);
 //! the engine's `evaluate` is then run once on the winner, and the two figures are compared.
 //!
@@ -12,8 +12,8 @@
 //! the next Mac known, `next[u + l] = ⊕(row[u], compute_j(l) + hop_j)`, where ⊕ is `+` for the
 //! latency objective and `max` for throughput. A row with no feasible cell prunes the subtree.
 
-use tb_controller::placement::cost::Assignment;
-use tb_controller::placement::{Objective, Strategy, Topology, Workload};
+use tb_core::placement::cost::Assignment;
+use tb_core::placement::{Objective, Strategy, Topology, Workload};
 
 /// Above this many eligible Macs the enumeration is not attempted.
 pub const LIMIT: usize = 8;

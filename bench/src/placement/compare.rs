@@ -2,8 +2,8 @@
 //! each propose an assignment, and the engine's `evaluate` (which counts the KV cache) prices
 //! every one of them.
 
-use tb_controller::placement::cost::{Assignment, evaluate};
-use tb_controller::placement::{Options, Topology, Workload, plan};
+use tb_core::placement::cost::{Assignment, evaluate};
+use tb_core::placement::{Options, Topology, Workload, plan};
 
 use super::brute::{self, Optimum};
 use super::exo::{self, ExoPlan};
@@ -67,7 +67,7 @@ pub struct CaseResult {
     pub opt_ms: f64,
 }
 
-fn order_of(stages: &[tb_controller::placement::Stage]) -> Vec<(String, u32)> {
+fn order_of(stages: &[tb_core::placement::Stage]) -> Vec<(String, u32)> {
     stages.iter().map(|s| (s.node.clone(), s.layers)).collect()
 }
 

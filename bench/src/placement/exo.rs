@@ -18,8 +18,8 @@
 //! subsets by size and takes the first Hamiltonian cycle of each subset in name order, which
 //! gives the same sets and sizes. Download progress (exo's first key) is taken as equal.
 
-use tb_controller::placement::cost::Assignment;
-use tb_controller::placement::{Strategy, Topology, Workload};
+use tb_core::placement::cost::Assignment;
+use tb_core::placement::{Strategy, Topology, Workload};
 
 /// What exo decides.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,6 +1,6 @@
-//! `placement-bench`: tb's placement (`tb_controller::placement::plan`) beside exo's algorithm
+//! `placement-bench`: tb's placement (`tb_core::placement::plan`) beside exo's algorithm
 //! and a brute-force optimum, on a constant suite of Mac clusters, all priced by the one cost
-//! function, `tb_controller::placement::evaluate` (which counts the KV cache, the hops and the
+//! function, `tb_core::placement::evaluate` (which counts the KV cache, the hops and the
 //! return hop); and how long `plan` takes at 4 to 64 Macs.
 //!
 //! - [`suite`]: the clusters and workloads (chips, cables, models).

@@ -8,9 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use tb_controller::placement::{
-    LinkInfo, Mac, ModelShape, Objective, Strategy, Topology, Workload,
-};
+use tb_core::placement::{LinkInfo, Mac, ModelShape, Objective, Strategy, Topology, Workload};
 
 const GIB: u64 = 1 << 30;
 const GB: u64 = 1_000_000_000;

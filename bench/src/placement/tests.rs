@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use tb_controller::placement::cost::{Assignment, evaluate};
-use tb_controller::placement::{ModelShape, Objective, Strategy, Topology, Workload};
+use tb_core::placement::cost::{Assignment, evaluate};
+use tb_core::placement::{ModelShape, Objective, Strategy, Topology, Workload};
 
 use super::brute::{self, Optimum};
 use super::compare::{self, OptOutcome};
@@ -27,7 +27,7 @@ fn tiny_model(layers: u32, batch: u32) -> ModelShape {
     }
 }
 
-fn with_free(name: &str, chip: Chip, free_gib: u64) -> tb_controller::placement::Mac {
+fn with_free(name: &str, chip: Chip, free_gib: u64) -> tb_core::placement::Mac {
     let mut m = mac(name, chip);
     m.free_bytes = free_gib * GIB;
     m

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use tb_controller::placement::{LinkInfo, Objective, Options, Topology, Workload, plan};
+use tb_core::placement::{LinkInfo, Objective, Options, Topology, Workload, plan};
 
 use super::suite::{Cable, Chip, Model, link, mac, workload};
 
