@@ -65,8 +65,13 @@ impl Dial {
 }
 
 /// An error and its causes on one line: tonic's transport errors say little at the top level.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut parts: Vec<String> = vec![e.to_string()];
+/// A `Status` at the top is shown by its message alone.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let first = match e.downcast_ref::<tonic::Status>() {
+        Some(s) => s.message().to_string(),
+        None => e.to_string(),
+    };
+    let mut parts: Vec<String> = vec![first];
     let mut cur = e.source();
     while let Some(c) = cur {
         let s = c.to_string();

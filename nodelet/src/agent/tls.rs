@@ -102,20 +102,7 @@ pub fn server_config(data_dir: &Path, trust: &Trust) -> anyhow::Result<Option<Se
 
 /// A readable reason for a failed connection to a controller: TLS failures say what to check.
 pub fn explain(error: &(dyn std::error::Error + 'static), trust: Option<&Trust>) -> String {
-    let first = match error.downcast_ref::<tonic::Status>() {
-        Some(s) => s.message().to_string(),
-        None => error.to_string(),
-    };
-    let mut parts = vec![first];
-    let mut source = error.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        source = s.source();
-    }
-    let chain = parts.join(": ");
+    let chain = tb_client::connect::error_chain(error);
     match (classify(&chain, trust.is_some()), trust) {
         (Some(TlsFailure::UnknownIssuer), Some(t)) => format!(
             "TLS handshake failed: certificate not signed by the CA in {} — is --ca-cert this cluster's CA? ({chain})",
