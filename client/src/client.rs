@@ -23,10 +23,11 @@ use tb_api::proto::{
     AddMemberRequest, ApplyRequest, ApplyResponse, AuditRequest, AuditResponse, CanIRequest,
     CanIResponse, ClusterStatusRequest, ClusterStatusResponse, CreateTokenRequest,
     CreateTokenResponse, CreateUserRequest, DeleteRequest, DeleteResponse, DeleteUserRequest,
-    DeleteUserResponse, GetRequest, GetResponse, IssueTokenRequest, IssueTokenResponse,
-    ListRequest, ListResponse, ListUsersRequest, ListUsersResponse, LogLine, LogsRequest,
-    RemoveMemberRequest, RevokeTokenRequest, RevokeTokenResponse, UpdateStatusRequest,
-    UpdateStatusResponse, WatchEvent, WatchRequest, WhoAmIRequest, WhoAmIResponse,
+    DeleteUserResponse, GetRequest, GetResponse, HeartbeatRequest, HeartbeatResponse,
+    IssueTokenRequest, IssueTokenResponse, JoinRequest, JoinResponse, ListRequest, ListResponse,
+    ListUsersRequest, ListUsersResponse, LogLine, LogsRequest, RemoveMemberRequest,
+    RevokeTokenRequest, RevokeTokenResponse, UpdateStatusRequest, UpdateStatusResponse, WatchEvent,
+    WatchRequest, WhoAmIRequest, WhoAmIResponse,
 };
 use tokio::time::Instant;
 use tonic::service::interceptor::InterceptedService;
@@ -68,6 +69,15 @@ impl RpcError {
             code: s.code(),
             message,
         }
+    }
+
+    /// Whether no controller gave an answer about the request itself (none reachable, no
+    /// leader, out of time): trying again later may succeed.
+    pub fn is_unanswered(&self) -> bool {
+        matches!(
+            self.code,
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled
+        )
     }
 }
 
@@ -388,6 +398,29 @@ impl Client {
         self.call("CreateToken", |ch, t| {
             let req = timed(req.clone(), t);
             async move { nodes(ch).create_token(req).await }
+        })
+        .await
+    }
+
+    /// Join the cluster with a join token (a nodelet's first call). The token is single use
+    /// by default, so a retry after an answer lost on the way back fails as spent: the caller
+    /// says so rather than retrying forever.
+    pub async fn join(&mut self, req: JoinRequest) -> Result<JoinResponse, RpcError> {
+        self.call("Join", |ch, t| {
+            let req = timed(req.clone(), t);
+            async move { nodes(ch).join(req).await }
+        })
+        .await
+    }
+
+    /// A nodelet's heartbeat: the node's observed status.
+    pub async fn heartbeat(
+        &mut self,
+        req: HeartbeatRequest,
+    ) -> Result<HeartbeatResponse, RpcError> {
+        self.call("Heartbeat", |ch, t| {
+            let req = timed(req.clone(), t);
+            async move { nodes(ch).heartbeat(req).await }
         })
         .await
     }

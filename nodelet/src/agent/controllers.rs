@@ -1,20 +1,17 @@
-//! Connections to the controllers, failing over among the addresses the nodelet was given, over
-//! TLS with the cluster CA when the nodelet has one (`super::tls`). Dialling, the token
-//! interceptor and the retry rule are tb-client's; [`Controllers::client`] hands out a
-//! [`tb_client::Client`] for the informers (allocations, links).
-//! Once the node has its credential, every call carries it (`authorization: Bearer tbnode-…`):
-//! the controllers let a node read objects and write only its own statuses.
+//! The controllers a nodelet talks to, as [`tb_client::Client`]s: the addresses it was given,
+//! the cluster CA when it has one (`super::tls`), the node's credential once it has one
+//! (`authorization: Bearer tbnode-…`; the controllers let a node read objects and write only its
+//! own statuses), and which controller answered last, so a new client starts there.
+//! Dialling, failing over, the retry rule and request ids are tb-client's.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tb_api::proto::nodes_client::NodesClient;
-use tb_api::proto::objects_client::ObjectsClient;
+use tb_client::Bearer;
 use tb_client::connect::Dial;
-use tb_client::{AuthChannel, Bearer, MAX_MESSAGE_BYTES};
-use tonic::transport::Channel;
 
-/// How long one call of a [`tb_client::Client`] from here may take, retries included.
+/// How long one call from here may take, retries and fail-over included, unless the caller
+/// asks for another budget ([`Controllers::client_for`]).
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The controllers, and which one answered last.
@@ -50,19 +47,20 @@ impl Controllers {
         self.bearer.set(Some(credential));
     }
 
-    /// A failed call or connection told in words (TLS failures say what to check).
-    pub fn explain(&self, error: &(dyn std::error::Error + 'static)) -> String {
-        super::tls::explain(error, self.trust.as_ref())
-    }
-
     pub fn addresses(&self) -> &[String] {
         &self.addresses
     }
 
-    /// A client of the same controllers with the node's credential, starting with the one that
-    /// answered last. Whether a token may go in clear text was settled when the nodelet started
-    /// (`super::run`), so the client is not asked again.
+    /// A client whose calls may take [`CALL_TIMEOUT`].
     pub fn client(&self) -> tb_client::Client {
+        self.client_for(CALL_TIMEOUT)
+    }
+
+    /// A client of the controllers with the node's credential, starting with the one that
+    /// answered last, whose calls may take `timeout` in all. Whether a token may go in clear
+    /// text was settled when the nodelet started (`super::run`), so the client is not asked
+    /// again.
+    pub fn client_for(&self, timeout: Duration) -> tb_client::Client {
         let start = *self.preferred.lock().unwrap_or_else(|e| e.into_inner());
         let n = self.addresses.len();
         let servers = (0..n)
@@ -75,56 +73,25 @@ impl Controllers {
                 }
             })
             .collect();
-        tb_client::Client::new(servers, CALL_TIMEOUT)
+        tb_client::Client::new(servers, timeout)
             .with_trust(self.trust.clone())
             .with_bearer(self.bearer.clone())
             .with_insecure(true)
             .with_dial(self.dial.clone())
     }
 
-    /// A channel to the first controller that accepts a connection, starting with the one that
-    /// answered last.
-    pub async fn channel(&self) -> anyhow::Result<Channel> {
-        let start = *self.preferred.lock().unwrap_or_else(|e| e.into_inner());
-        let mut errors = Vec::new();
-        for i in 0..self.addresses.len() {
-            let idx = (start + i) % self.addresses.len();
-            let addr = &self.addresses[idx];
-            let endpoint = self.dial.endpoint(addr, self.trust.as_ref())?;
-            match endpoint.connect().await {
-                Ok(ch) => {
-                    *self.preferred.lock().unwrap_or_else(|e| e.into_inner()) = idx;
-                    return Ok(ch);
-                }
-                Err(e) => errors.push(format!(
-                    "{addr}: {}",
-                    super::tls::explain(&e, self.trust.as_ref())
-                )),
-            }
+    /// Remember the controller `client` talks to now (after it answered), so the next client
+    /// made here starts with it.
+    pub fn remember(&self, client: &tb_client::Client) {
+        let Some(current) = client.current_server() else {
+            return;
+        };
+        if let Some(i) = self
+            .addresses
+            .iter()
+            .position(|a| tb_client::parse_server(a).is_ok_and(|s| &s == current))
+        {
+            *self.preferred.lock().unwrap_or_else(|e| e.into_inner()) = i;
         }
-        anyhow::bail!("no controller reachable ({})", errors.join("; "))
-    }
-
-    /// Move on to the next controller after a failed call.
-    pub fn rotate(&self) {
-        let mut p = self.preferred.lock().unwrap_or_else(|e| e.into_inner());
-        *p = (*p + 1) % self.addresses.len().max(1);
-    }
-
-    fn authed(&self, channel: Channel) -> AuthChannel {
-        tonic::service::interceptor::InterceptedService::new(channel, self.bearer.clone())
-    }
-
-    pub async fn objects(&self) -> anyhow::Result<ObjectsClient<AuthChannel>> {
-        Ok(ObjectsClient::new(self.authed(self.channel().await?))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES))
-    }
-
-    pub async fn nodes(&self) -> anyhow::Result<NodesClient<AuthChannel>> {
-        Ok(NodesClient::new(self.authed(self.channel().await?)))
     }
 }
-
-/// Whether a failed call is worth retrying on another controller: tb-client's one rule.
-pub use tb_client::is_retryable as retryable;

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use tb_api::proto::HeartbeatRequest;
 use tb_api::status::{NodeCapacity, NodeStatus, PortRange, PortStatus, set_condition};
 
-use super::controllers::{Controllers, retryable};
+use super::controllers::Controllers;
 use super::identity::Credential;
 use super::supervisor::{Supervisor, now};
 use crate::capacity::{self, MemoryPressure};
@@ -181,6 +181,9 @@ pub async fn run(
     supervisor: Arc<Supervisor>,
     mut interval: Duration,
 ) {
+    // One client for the life of the nodelet: it keeps its connection to the controller that
+    // answered last. A beat may take at most one interval, so a slow round never stacks up.
+    let mut client = controllers.client_for(interval.max(MIN_BEAT_BUDGET));
     loop {
         let (ports, probe_port) = links.refresh().await;
         let status = observe(&info, Some(&supervisor), ports, probe_port);
@@ -189,31 +192,26 @@ pub async fn run(
             credential: credential.credential.clone(),
             status_json: status.to_value().to_string(),
         };
-        let result = async {
-            let mut client = controllers
-                .nodes()
-                .await
-                .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-            client.heartbeat(req).await
-        }
-        .await;
-        match result {
+        match client.heartbeat(req).await {
             Ok(reply) => {
-                let ms = reply.into_inner().heartbeat_interval_ms;
+                controllers.remember(&client);
+                let ms = reply.heartbeat_interval_ms;
                 // The controller's pace wins when it asks for more frequent beats.
                 if ms > 0 {
                     interval = interval.min(Duration::from_millis(ms));
                 }
             }
-            Err(s) if retryable(&s) => {
-                controllers.rotate();
-                tracing::debug!("heartbeat not delivered: {}", s.message());
+            Err(e) if e.is_unanswered() => {
+                tracing::debug!("heartbeat not delivered: {e}");
             }
-            Err(s) => tracing::warn!("heartbeat refused: {}", s.message()),
+            Err(e) => tracing::warn!("heartbeat refused: {e}"),
         }
         tokio::time::sleep(interval).await;
     }
 }
+
+/// The least time one heartbeat gets, retries included.
+const MIN_BEAT_BUDGET: Duration = Duration::from_secs(2);
 
 #[cfg(test)]
 mod tests {

@@ -14,6 +14,9 @@ use tb_api::{Object, ObjectMeta};
 
 use super::controllers::Controllers;
 
+/// How long joining may take, retries across the controllers included.
+const JOIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Credential {
     pub node: String,
@@ -125,49 +128,30 @@ pub async fn establish(
              TB_JOIN_TOKEN); create one with `tbctl token create`",
         )?
         .read()?;
-    let mut last = None;
-    for _ in 0..20 {
-        let mut client = match controllers.nodes().await {
-            Ok(c) => c,
-            Err(e) => {
-                last = Some(e);
-                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                continue;
-            }
-        };
-        let req = JoinRequest {
-            token: token.clone(),
+    // Controllers may still be starting: the client retries across them within the budget.
+    let mut client = controllers.client_for(JOIN_TIMEOUT);
+    let reply = client
+        .join(JoinRequest {
+            token,
             node_json: node.to_json(),
-        };
-        match client.join(req).await {
-            Ok(reply) => {
-                let reply = reply.into_inner();
-                // The certificate first: a credential without it would not be asked again.
-                super::tls::save(
-                    data_dir,
-                    &reply.node_cert_pem,
-                    &reply.node_key_pem,
-                    &reply.ca_cert_pem,
-                )?;
-                let c = Credential {
-                    node: name.to_string(),
-                    credential: reply.credential,
-                };
-                save(data_dir, &c)?;
-                tracing::info!(node = name, "joined the cluster");
-                return Ok(c);
-            }
-            Err(s) if super::controllers::retryable(&s) => {
-                controllers.rotate();
-                last = Some(anyhow::anyhow!("{}", controllers.explain(&s)));
-                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-            }
-            Err(s) => anyhow::bail!("joining as {name}: {}", controllers.explain(&s)),
-        }
-    }
-    Err(last
-        .unwrap_or_else(|| anyhow::anyhow!("no controller answered"))
-        .context(format!("joining as {name}")))
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("joining as {name}: {e}"))?;
+    controllers.remember(&client);
+    // The certificate first: a credential without it would not be asked again.
+    super::tls::save(
+        data_dir,
+        &reply.node_cert_pem,
+        &reply.node_key_pem,
+        &reply.ca_cert_pem,
+    )?;
+    let c = Credential {
+        node: name.to_string(),
+        credential: reply.credential,
+    };
+    save(data_dir, &c)?;
+    tracing::info!(node = name, "joined the cluster");
+    Ok(c)
 }
 
 /// The Node object a nodelet registers.

@@ -24,7 +24,7 @@ use tb_client::informer::{Change, Informer};
 use tokio::sync::{Notify, oneshot};
 
 use super::accounts::{Account, Policy};
-use super::controllers::{Controllers, retryable};
+use super::controllers::Controllers;
 use super::dirs::{self, AllocDirs};
 use crate::builtin::command::{TERMINATION_MESSAGE_ENV, shard_command};
 use crate::exec;
@@ -228,7 +228,6 @@ impl Supervisor {
                 }
                 Err(e) => {
                     tracing::warn!("watching allocations: {e}; reconnecting");
-                    self.controllers.rotate();
                     client.fail_over();
                     tokio::time::sleep(Duration::from_millis(300)).await;
                 }
@@ -748,45 +747,36 @@ async fn watch_readiness(
     }
 }
 
-/// Write an allocation's status, retrying across controllers until it lands or the allocation
-/// is gone.
+/// Write an allocation's status, retrying across controllers until it lands, the allocation
+/// is gone, or [`REPORT_TIMEOUT`] passes.
 async fn report(controllers: &Controllers, namespace: &str, name: &str, status: &AllocationStatus) {
-    {
-        for attempt in 0..60u32 {
-            let result = async {
-                let mut client = controllers
-                    .objects()
-                    .await
-                    .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-                client
-                    .update_status(UpdateStatusRequest {
-                        kind: Kind::Allocation.as_str().into(),
-                        namespace: namespace.into(),
-                        name: name.into(),
-                        status_json: status.to_value().to_string(),
-                        resource_version: 0,
-                        request_id: String::new(),
-                    })
-                    .await
-            }
-            .await;
-            match result {
-                Ok(_) => return,
-                Err(s) if s.code() == tonic::Code::NotFound => return,
-                Err(s) if retryable(&s) => {
-                    controllers.rotate();
-                    tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt.min(10) + 1)))
-                        .await;
-                }
-                Err(s) => {
-                    tracing::warn!(alloc = %format!("{namespace}/{name}"), "status not accepted: {}", s.message());
-                    return;
-                }
-            }
+    let mut client = controllers.client_for(REPORT_TIMEOUT);
+    let result = client
+        .update_status(UpdateStatusRequest {
+            kind: Kind::Allocation.as_str().into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            status_json: status.to_value().to_string(),
+            resource_version: 0,
+            // Filled once by the client, so retries across controllers apply at most once.
+            request_id: String::new(),
+        })
+        .await;
+    match result {
+        Ok(_) => controllers.remember(&client),
+        Err(e) if e.code == tonic::Code::NotFound => {}
+        Err(e) if e.is_unanswered() => {
+            tracing::warn!(alloc = %format!("{namespace}/{name}"), "gave up reporting status: {e}")
         }
-        tracing::warn!(alloc = %format!("{namespace}/{name}"), "gave up reporting status: no controller answered");
+        Err(e) => {
+            tracing::warn!(alloc = %format!("{namespace}/{name}"), "status not accepted: {e}")
+        }
     }
 }
+
+/// How long a status report keeps trying: long enough to ride out a leader election or a
+/// controller restart.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Why an allocation could not be prepared.
 enum Prepare {

@@ -24,15 +24,15 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{ProbeConfig, client};
-use crate::agent::controllers::{Controllers, retryable};
+use crate::agent::controllers::Controllers;
 use crate::agent::supervisor::now;
 
 /// The first pause before probing a link again after a failure.
 pub const FIRST_RETRY: Duration = Duration::from_secs(5);
 /// The longest pause between failed probes of one link.
 pub const MAX_RETRY: Duration = Duration::from_secs(300);
-/// Attempts at writing one status before the probe counts as failed.
-const WRITE_ATTEMPTS: u32 = 5;
+/// How long writing one status may take, retries included, before the probe counts as failed.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Whether a link needs (another) measurement.
 pub fn due(spec: &LinkSpec, status: &LinkStatus) -> bool {
@@ -96,7 +96,6 @@ impl Prober {
                 }
                 Err(e) => {
                     tracing::debug!("watching links: {e}; reconnecting");
-                    self.controllers.rotate();
                     client.fail_over();
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
@@ -244,11 +243,7 @@ impl Prober {
 
     /// The probe port `node`'s nodelet reports.
     async fn probe_port(&self, node: &str) -> Result<u16, String> {
-        let mut client = self
-            .controllers
-            .objects()
-            .await
-            .map_err(|e| format!("reading Node {node}: {e:#}"))?;
+        let mut client = self.controllers.client();
         let reply = client
             .get(GetRequest {
                 kind: Kind::Node.as_str().into(),
@@ -257,13 +252,9 @@ impl Prober {
                 stale: true,
             })
             .await
-            .map_err(|s| {
-                if retryable(&s) {
-                    self.controllers.rotate();
-                }
-                format!("reading Node {node}: {}", s.message())
-            })?;
-        let obj = Object::from_json(&reply.into_inner().object_json)
+            .map_err(|e| format!("reading Node {node}: {e}"))?;
+        self.controllers.remember(&client);
+        let obj = Object::from_json(&reply.object_json)
             .map_err(|e| format!("reading Node {node}: {e}"))?;
         match NodeStatus::from_value(&obj.status).probe_port {
             0 => Err(format!(
@@ -276,45 +267,26 @@ impl Prober {
     /// Writes a Link's status, trying other controllers when one is unavailable.
     async fn write(&self, name: &str, status: &LinkStatus) -> Result<(), String> {
         let request_id = format!("link-probe/{}/{name}/{}", self.node, now());
-        let mut last = String::new();
-        for attempt in 0..WRITE_ATTEMPTS {
-            let result = async {
-                let mut client = self
-                    .controllers
-                    .objects()
-                    .await
-                    .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-                client
-                    .update_status(UpdateStatusRequest {
-                        kind: Kind::Link.as_str().into(),
-                        namespace: String::new(),
-                        name: name.into(),
-                        status_json: status.to_value().to_string(),
-                        resource_version: 0,
-                        request_id: request_id.clone(),
-                    })
-                    .await
-            }
+        let mut client = self.controllers.client_for(WRITE_TIMEOUT);
+        let result = client
+            .update_status(UpdateStatusRequest {
+                kind: Kind::Link.as_str().into(),
+                namespace: String::new(),
+                name: name.into(),
+                status_json: status.to_value().to_string(),
+                resource_version: 0,
+                request_id,
+            })
             .await;
-            match result {
-                Ok(_) => return Ok(()),
-                Err(s) if s.code() == tonic::Code::NotFound => {
-                    return Err(format!("link {name} is gone"));
-                }
-                Err(s) if retryable(&s) => {
-                    self.controllers.rotate();
-                    last = s.message().to_string();
-                    tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt + 1))).await;
-                }
-                Err(s) => {
-                    return Err(format!(
-                        "status of link {name} not accepted: {}",
-                        s.message()
-                    ));
-                }
+        match result {
+            Ok(_) => {
+                self.controllers.remember(&client);
+                Ok(())
             }
+            Err(e) if e.code == tonic::Code::NotFound => Err(format!("link {name} is gone")),
+            Err(e) if e.is_unanswered() => Err(format!("status of link {name} not written: {e}")),
+            Err(e) => Err(format!("status of link {name} not accepted: {e}")),
         }
-        Err(format!("status of link {name} not written: {last}"))
     }
 }
 
