@@ -41,6 +41,7 @@ def main() -> None:
             if choice.finish_reason:
                 finish = choice.finish_reason
     models = [m.id for m in client.models.list()]
+    retrieved = client.models.retrieve(model).id
     print(
         json.dumps(
             {
@@ -51,6 +52,7 @@ def main() -> None:
                 "stream_finish_reason": finish,
                 "stream_usage": usage,
                 "models": models,
+                "retrieved": retrieved,
             }
         )
     )

@@ -2,7 +2,7 @@
 //! the redb log and state machine, forwarding and read index) over `MemoryNetwork`, which calls
 //! the receiving member's handlers directly and can cut links. No sockets, so these run in
 //! about a second and can partition a cluster precisely; the real-process tests
-//! (tests/tests/raft_cluster.rs) keep covering TLS, restarts and durability.
+//! (tests/tests/e2e/raft_cluster.rs) keep covering TLS, restarts and durability.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

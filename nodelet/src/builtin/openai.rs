@@ -1,11 +1,12 @@
 //! The OpenAI-compatible HTTP API that rank 0 of a built-in service serves:
 //! `POST /v1/chat/completions` and `POST /v1/completions` (streamed as server-sent events or
-//! not), `GET /v1/models`, and `GET /health` (200 once a token has gone through every stage,
+//! not), `GET /v1/models` and `GET /v1/models/{id}`, and `GET /health` (200 once a token has gone through every stage,
 //! 503 before that and after a stage failed).
 //!
 //! Errors have OpenAI's shape — `{"error": {"message", "type", "param", "code"}}` — with 400 for
 //! bad requests (malformed JSON with its line and column, out-of-range parameters, a prompt too
-//! long for the context), 404 for an unknown model, and 503 while the pipeline is not ready.
+//! long for the context), 404 for an unknown model or path, and 503 while the pipeline is not
+//! ready.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -48,7 +49,9 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
+        .fallback(unknown_path)
         .with_state(api)
 }
 
@@ -124,13 +127,58 @@ async fn health(State(api): State<Arc<Api>>) -> Response {
     }
 }
 
+fn model_object(api: &Api) -> Value {
+    json!({"id": api.model, "object": "model", "created": api.started, "owned_by": "tb"})
+}
+
 async fn models(State(api): State<Arc<Api>>) -> Response {
     json_response(
         StatusCode::OK,
-        &json!({"object": "list", "data": [{
-            "id": api.model, "object": "model", "created": api.started, "owned_by": "tb",
-        }]}),
+        &json!({"object": "list", "data": [model_object(&api)]}),
     )
+}
+
+/// `GET /v1/models/{id}`: the served model, or OpenAI's 404 for any other id.
+async fn model(
+    State(api): State<Arc<Api>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    if id == api.model {
+        json_response(StatusCode::OK, &model_object(&api))
+    } else {
+        unknown_model(&api, &id).into_response()
+    }
+}
+
+fn unknown_model(api: &Api, asked: &str) -> ApiError {
+    // The id is echoed cut short: a request may carry anything.
+    let asked: String = asked.chars().take(200).collect();
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        kind: "invalid_request_error",
+        code: "model_not_found",
+        param: Some("model"),
+        message: format!(
+            "the model `{asked}` does not exist here; this endpoint serves `{}`",
+            api.model
+        ),
+    }
+}
+
+/// Any other path: a JSON 404 clients can show, not an empty body.
+async fn unknown_path(uri: axum::http::Uri) -> Response {
+    let path: String = uri.path().chars().take(200).collect();
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        kind: "invalid_request_error",
+        code: "unknown_url",
+        param: None,
+        message: format!(
+            "no such endpoint: {path} (this server answers /v1/chat/completions, \
+             /v1/completions, /v1/models and /health)"
+        ),
+    }
+    .into_response()
 }
 
 /// `stop`: one string or several.
@@ -239,16 +287,7 @@ fn sampling(
     c: &Common,
 ) -> Result<(SamplingParams, Option<usize>, bool, bool), ApiError> {
     if c.model != api.model {
-        return Err(ApiError {
-            status: StatusCode::NOT_FOUND,
-            kind: "invalid_request_error",
-            code: "model_not_found",
-            param: Some("model"),
-            message: format!(
-                "the model `{}` does not exist here; this endpoint serves `{}`",
-                c.model, api.model
-            ),
-        });
+        return Err(unknown_model(api, &c.model));
     }
     if let Some(n) = c.n
         && n != 1

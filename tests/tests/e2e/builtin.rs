@@ -371,6 +371,7 @@ links:
     }
     assert_eq!(v["text"], v["stream_text"], "greedy: streamed = plain");
     assert_eq!(v["models"], json!(["smollm2"]));
+    assert_eq!(v["retrieved"], "smollm2", "models.retrieve");
 
     // tbctl chat streams an answer.
     let chat = lab
@@ -392,6 +393,15 @@ links:
     .expect("POST");
     assert_eq!(status_code, 404, "{body}");
     assert!(body.contains("model_not_found"), "{body}");
+    for path in ["/v1/models/gpt-9", "/v1/embeddings"] {
+        let (status_code, body) = http(&addr, "GET", path, None).expect("GET");
+        assert_eq!(status_code, 404, "{path}: {body}");
+        let error: Value = serde_json::from_str(&body).expect("a JSON error body");
+        assert!(
+            error["error"]["message"].as_str().is_some(),
+            "{path}: {body}"
+        );
+    }
     let long = "word ".repeat(3000);
     let (status_code, body) = http(
         &addr,

@@ -1,0 +1,25 @@
+//! tb's end-to-end tests: each module starts tb's real binaries (controllers, nodelets, tbctl,
+//! real MLX ranks) on loopback or in network namespaces the test makes, and checks what a user
+//! relies on. They are one test binary, so the harness and its dependencies are compiled and
+//! linked once: `cargo test -p tb-tests --test e2e MODULE::` runs one module.
+
+mod api_semantics;
+mod auth;
+mod bounds;
+mod builtin;
+mod cli;
+mod cron;
+mod emulated_lab;
+mod fair_share_lab;
+mod identity;
+mod isolation;
+mod jobs;
+mod linearizability;
+mod mlx;
+mod plan;
+mod priority_lab;
+mod queues_lab;
+mod raft_cluster;
+mod tbctl_jobs;
+mod tls;
+mod watch;
