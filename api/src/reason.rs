@@ -92,6 +92,8 @@ reasons! {
     ExecPermissionDenied,
     /// A built-in stage failed.
     StageFailed,
+    /// A built-in stage stopped because another stage (its process or its Mac) went away.
+    PeerLost,
     /// The process ended with an error.
     Error,
     /// The process was stopped as asked.

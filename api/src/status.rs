@@ -90,6 +90,13 @@ pub struct JobStatus {
     /// Gang restarts after a failure.
     #[serde(default)]
     pub restarts: u32,
+    /// Restarts since the gang last ran healthy for the backoff reset period (10 minutes); the
+    /// next restart delay doubles with it, as Kubernetes' CrashLoopBackOff does.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failure_streak: u32,
+    /// When every rank of the current gang was first seen running (cleared when it stops).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub running_since: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -328,4 +335,8 @@ mod tests {
         assert_eq!(NodeStatus::from_value(&n.to_value()).host(), "10.0.0.2");
         assert!(!n.is_ready());
     }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

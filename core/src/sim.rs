@@ -220,6 +220,9 @@ impl Sim {
             status.phase = phase;
             status.exit_code = exit;
             status.reason = reason.into();
+            if phase.is_terminal() && status.finished_at.is_empty() {
+                status.finished_at = stamp(self.now);
+            }
             let r = self.commit(Op::UpdateStatus {
                 key: obj.key(),
                 status: status.to_value(),

@@ -158,6 +158,17 @@ impl TransportError {
         }
     }
 
+    /// Whether a peer went away (closed, silent, or its connection broke), as opposed to a
+    /// peer that answered wrongly or a local mistake: the sign of a dead process or Mac.
+    pub fn is_peer_loss(&self) -> bool {
+        match self {
+            TransportError::PeerClosed { .. } | TransportError::Timeout { .. } => true,
+            TransportError::Io { peer, .. } => peer.is_some(),
+            TransportError::Collective { source, .. } => source.is_peer_loss(),
+            _ => false,
+        }
+    }
+
     /// An I/O error on the connection with `peer`.
     pub fn io(peer: usize, source: std::io::Error) -> Self {
         TransportError::Io {

@@ -401,6 +401,8 @@ fn scheduled(
     }
     let slots = &placed.slots;
     status.epoch = epoch;
+    // A new gang: it has not run yet, whatever its predecessor did.
+    status.running_since.clear();
     status.phase = JobPhase::Scheduled;
     status.reason = Reason::Scheduled.into();
     status.message = String::new();
@@ -479,6 +481,8 @@ fn gang_progress(
 ) {
     let world = current.first().map_or(shape.ranks, |a| a.spec.world_size) as usize;
     let phase_count = |p: AllocationPhase| current.iter().filter(|a| a.status.phase == p).count();
+    // Whose end the gang's end is: a lost Mac first, then a rank's own failure, and a stage
+    // that only saw its peer go away last.
     let failed = current
         .iter()
         .filter(|a| {
@@ -487,7 +491,15 @@ fn gang_progress(
                 AllocationPhase::Failed | AllocationPhase::Lost | AllocationPhase::Stopped
             )
         })
-        .min_by_key(|a| a.spec.rank);
+        .min_by_key(|a| (blame_order(a), a.spec.rank));
+    if let Some(a) = failed
+        && waits_for_the_culprit(a, current, clock, cfg)
+    {
+        // The peer's own report, or its Mac's loss, is due within the node grace: wait for it,
+        // so that a lost Mac re-places the gang at once instead of counting a failure.
+        not_ready(status, Reason::RankEnded, clock);
+        return;
+    }
     let succeeded_service =
         shape.kind == Kind::InferenceService && phase_count(AllocationPhase::Succeeded) > 0;
 
@@ -505,6 +517,9 @@ fn gang_progress(
             stop(c, plan);
         }
         not_ready(status, Reason::RankEnded, clock);
+        let ran_healthy = super::parse_time(&status.running_since)
+            .is_some_and(|t| clock.now.signed_duration_since(t) >= cfg.backoff_reset);
+        status.running_since.clear();
         let lost = a.status.phase == AllocationPhase::Lost;
         let what = describe_end(a);
         if Reason::of(&a.status.reason).is_some_and(Reason::is_permanent) {
@@ -540,7 +555,14 @@ fn gang_progress(
             return;
         }
         status.restarts += 1;
-        let delay = backoff(status.restarts, cfg);
+        // A gang that had been running well for a while starts its backoff afresh: one
+        // failure a day should not wait out the cap.
+        status.failure_streak = if ran_healthy {
+            1
+        } else {
+            status.failure_streak.saturating_add(1)
+        };
+        let delay = backoff(status.failure_streak, cfg);
         status.phase = JobPhase::Pending;
         status.reason = Reason::BackOff.into();
         status.message = format!(
@@ -581,6 +603,9 @@ fn gang_progress(
         return;
     }
     let running = phase_count(AllocationPhase::Running) + phase_count(AllocationPhase::Succeeded);
+    if running == world && status.running_since.is_empty() {
+        status.running_since = clock.stamp.clone();
+    }
     if running == world && status.phase != JobPhase::Running {
         status.phase = JobPhase::Running;
         status.reason = Reason::Running.into();
@@ -663,10 +688,43 @@ fn fail(status: &mut JobStatus, reason: impl AsRef<str>, message: &str, clock: &
     status.set_condition("Failed", true, reason, message, &clock.stamp);
 }
 
-/// 10 s, doubling, capped (the base and cap are configurable for tests).
-fn backoff(restarts: u32, cfg: &SchedulerConfig) -> chrono::TimeDelta {
+/// The order in which ended ranks are blamed for a gang's end (lower first).
+fn blame_order(a: &Alloc) -> u8 {
+    match (a.status.phase, Reason::of(&a.status.reason)) {
+        (AllocationPhase::Lost, _) => 0,
+        (_, Some(Reason::PeerLost)) => 2,
+        _ => 1,
+    }
+}
+
+/// Whether the rank to blame only saw a peer go away while other ranks of the gang have not
+/// ended yet, and not much more than a node grace has passed since: the culprit has yet to
+/// report (or its Mac to be found lost).
+fn waits_for_the_culprit(
+    blamed: &Alloc,
+    current: &[Alloc],
+    clock: &Clock,
+    cfg: &SchedulerConfig,
+) -> bool {
+    if Reason::of(&blamed.status.reason) != Some(Reason::PeerLost) {
+        return false;
+    }
+    let others_running = current
+        .iter()
+        .any(|a| !a.status.phase.is_terminal() && a.spec.rank != blamed.spec.rank);
+    // The peer's Mac is found lost a node grace after its last heartbeat, which came before
+    // the peer went; half a grace more covers the pass that finds it.
+    let wait = cfg.node_grace + cfg.node_grace / 2;
+    let recent = super::parse_time(&blamed.status.finished_at)
+        .is_some_and(|t| clock.now.signed_duration_since(t) < wait);
+    others_running && recent
+}
+
+/// 10 s, doubling with each failure in a row, capped (the base and cap are configurable for
+/// tests).
+fn backoff(failures: u32, cfg: &SchedulerConfig) -> chrono::TimeDelta {
     let factor = 1i32
-        .checked_shl(restarts.saturating_sub(1).min(20))
+        .checked_shl(failures.saturating_sub(1).min(20))
         .unwrap_or(i32::MAX);
     (cfg.backoff_base * factor).min(cfg.backoff_cap)
 }

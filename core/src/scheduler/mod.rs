@@ -36,6 +36,8 @@ pub struct SchedulerConfig {
     /// First gang-restart delay; doubles per restart up to `backoff_cap`.
     pub backoff_base: TimeDelta,
     pub backoff_cap: TimeDelta,
+    /// A gang that ran this long before failing starts its backoff from `backoff_base` again.
+    pub backoff_reset: TimeDelta,
     /// Memory reserved per rank when a job does not say.
     pub default_memory_bytes: u64,
     /// How quickly a queue's past usage is forgotten in fair-share ordering, unless the queue
@@ -52,6 +54,7 @@ impl Default for SchedulerConfig {
             node_grace: TimeDelta::seconds(10),
             backoff_base: TimeDelta::seconds(10),
             backoff_cap: TimeDelta::seconds(300),
+            backoff_reset: TimeDelta::minutes(10),
             default_memory_bytes: 512 << 20,
             fair_share_half_life: TimeDelta::hours(1),
             usage_interval: TimeDelta::seconds(30),

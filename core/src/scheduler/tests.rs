@@ -166,6 +166,147 @@ fn failed_rank_restarts_the_gang_with_backoff_until_the_limit() {
 }
 
 #[test]
+fn a_gang_that_ran_healthy_for_the_reset_period_backs_off_from_the_start_again() {
+    let mut sim = Sim::new();
+    for n in ["a", "b"] {
+        sim.add_node(n, 16);
+    }
+    sim.apply_job(
+        "TrainingJob",
+        "train",
+        json!({"command": ["python3", "train.py"], "ranks": 2, "memory": "1Gi", "backoffLimit": 10}),
+    );
+    sim.settle();
+    // Three quick failures in a row: 10 s, 20 s, 40 s (a service restarts the same way).
+    let mut delays = Vec::new();
+    for _ in 0..3 {
+        sim.set_phase(
+            |s| s.desired == Desired::Run,
+            AllocationPhase::Running,
+            None,
+            "",
+        );
+        sim.settle();
+        sim.set_phase(
+            |s| s.rank == 1 && s.desired == Desired::Run,
+            AllocationPhase::Failed,
+            Some(1),
+            "Error",
+        );
+        sim.settle();
+        let status = sim.job("TrainingJob", "train");
+        delays.push(retry_delay(&sim, &status));
+        sim.obey_stops();
+        sim.run_for(300);
+        sim.settle();
+    }
+    assert_eq!(delays, [10, 20, 40]);
+    // Then it runs well for more than ten minutes before failing: the delay is the first one.
+    sim.set_phase(
+        |s| s.desired == Desired::Run,
+        AllocationPhase::Running,
+        None,
+        "",
+    );
+    sim.settle();
+    let status = sim.job("TrainingJob", "train");
+    assert!(!status.running_since.is_empty(), "{status:?}");
+    sim.run_for(601);
+    sim.settle();
+    sim.set_phase(
+        |s| s.rank == 1 && s.desired == Desired::Run,
+        AllocationPhase::Failed,
+        Some(1),
+        "Error",
+    );
+    sim.settle();
+    let status = sim.job("TrainingJob", "train");
+    assert_eq!(retry_delay(&sim, &status), 10, "{status:?}");
+    assert_eq!(status.restarts, 4, "restarts still counts every restart");
+    assert_eq!(status.failure_streak, 1);
+}
+
+/// Seconds from now (the failure) to the job's next retry.
+fn retry_delay(sim: &Sim, status: &JobStatus) -> i64 {
+    let next = crate::scheduler::parse_time(&status.next_retry_time).expect("nextRetryTime");
+    next.signed_duration_since(sim.now).num_seconds()
+}
+
+#[test]
+fn a_stage_that_saw_its_peer_go_is_not_blamed_when_the_peers_mac_is_lost() {
+    let mut sim = Sim::new();
+    for n in ["a", "b", "c"] {
+        sim.add_node(n, 16);
+    }
+    sim.apply_job("TrainingJob", "train", exec_job(2, "4Gi"));
+    sim.settle();
+    sim.set_phase(|_| true, AllocationPhase::Running, None, "");
+    sim.settle();
+    let status = sim.job("TrainingJob", "train");
+    let (epoch, lost_node) = (status.epoch, status.nodes[1].clone());
+    let alive: Vec<String> = ["a", "b", "c"]
+        .iter()
+        .map(|n| n.to_string())
+        .filter(|n| *n != lost_node)
+        .collect();
+    // Rank 1's Mac falls silent; rank 0 notices its peer gone at once.
+    sim.set_phase(
+        |s| s.rank == 0,
+        AllocationPhase::Failed,
+        Some(1),
+        "PeerLost",
+    );
+    sim.settle();
+    let status = sim.job("TrainingJob", "train");
+    assert_eq!(status.epoch, epoch, "waits for the culprit: {status:?}");
+    assert_eq!(status.restarts, 0);
+    for _ in 0..6 {
+        sim.advance(2);
+        for n in &alive {
+            sim.heartbeat(n);
+        }
+        sim.settle();
+    }
+    sim.obey_stops();
+    sim.settle();
+    let status = sim.job("TrainingJob", "train");
+    assert_eq!(status.epoch, epoch + 1, "placed again at once: {status:?}");
+    assert_eq!(status.restarts, 0, "a lost Mac uses no retry");
+    assert_eq!(status.failure_streak, 0);
+    assert!(!status.nodes.contains(&lost_node), "{:?}", status.nodes);
+}
+
+#[test]
+fn a_peer_lost_with_no_culprit_within_the_grace_counts_as_a_failure() {
+    let mut sim = Sim::new();
+    for n in ["a", "b"] {
+        sim.add_node(n, 16);
+    }
+    sim.apply_job("TrainingJob", "train", exec_job(2, "1Gi"));
+    sim.settle();
+    sim.set_phase(|_| true, AllocationPhase::Running, None, "");
+    sim.settle();
+    sim.set_phase(
+        |s| s.rank == 0,
+        AllocationPhase::Failed,
+        Some(1),
+        "PeerLost",
+    );
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "train").restarts, 0, "waiting");
+    // Every Mac keeps heartbeating and rank 1 says nothing: after the wait (1.5 node graces),
+    // rank 0's end is the gang's.
+    sim.run_for(14);
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "train").restarts, 0, "still waiting");
+    sim.run_for(2);
+    sim.settle();
+    let status = sim.job("TrainingJob", "train");
+    assert_eq!(status.restarts, 1, "{status:?}");
+    assert_eq!(status.reason, "BackOff");
+}
+
+#[test]
 fn missing_command_fails_at_once() {
     let mut sim = Sim::new();
     sim.add_node("a", 16);

@@ -90,10 +90,42 @@ pub struct Driver {
     pub step_timeout: Duration,
 }
 
+/// Why the pipeline stopped.
+#[derive(Debug)]
+pub enum PipelineError {
+    /// Another stage went away (its process or its Mac died, or the link broke): not this
+    /// stage's fault, and the scheduler does not count it as one.
+    PeerLost(String),
+    /// This stage's own failure, or a peer that answered wrongly.
+    Own(String),
+}
+
+impl PipelineError {
+    fn transport(e: tb_transport::TransportError) -> PipelineError {
+        if e.is_peer_loss() {
+            PipelineError::PeerLost(format!("pipeline: {e}"))
+        } else {
+            PipelineError::Own(format!("pipeline: {e}"))
+        }
+    }
+}
+
+impl std::fmt::Display for PipelineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PipelineError::PeerLost(m) | PipelineError::Own(m) => f.write_str(m),
+        }
+    }
+}
+
 impl Driver {
     /// Serves requests until the request channel closes (then tells the stages to stop) or
     /// the pipeline breaks (then every open request fails, and so does this call).
-    pub fn run(mut self, requests: Receiver<Request>, health: Arc<Health>) -> Result<(), String> {
+    pub fn run(
+        mut self,
+        requests: Receiver<Request>,
+        health: Arc<Health>,
+    ) -> Result<(), PipelineError> {
         let mut active: BTreeMap<u64, Active> = BTreeMap::new();
         let mut next_seq = 1u64;
         let mut in_flight = 0usize;
@@ -102,7 +134,7 @@ impl Driver {
         let probe = self
             .tokenizer
             .encode("Hello")
-            .map_err(|e| format!("tokenizing the readiness prompt: {e}"))?;
+            .map_err(|e| PipelineError::Own(format!("tokenizing the readiness prompt: {e}")))?;
         let probe_seq = 0u64;
         active.insert(
             probe_seq,
@@ -126,7 +158,7 @@ impl Driver {
                     }
                 }
                 if let Some(e) = failed {
-                    break Err(format!("readiness check failed: {e}"));
+                    break Err(PipelineError::Own(format!("readiness check failed: {e}")));
                 }
                 health.ready.store(true, Ordering::SeqCst);
                 tracing::info!("pipeline ready: a token went through every stage");
@@ -203,18 +235,20 @@ impl Driver {
             }
             // One answer from the last stage.
             let Some(comm) = self.comm.as_mut() else {
-                break Err("steps in flight without a pipeline".into());
+                break Err(PipelineError::Own(
+                    "steps in flight without a pipeline".into(),
+                ));
             };
             let last = comm.world() - 1;
             let step = match with_timeout(comm, self.step_timeout, |c| recv_step(c, last)) {
                 Ok(s) => s,
-                Err(e) => break Err(format!("pipeline: {e}")),
+                Err(e) => break Err(PipelineError::transport(e)),
             };
             let Some(a) = active.get_mut(&step.seq) else {
-                break Err(format!(
+                break Err(PipelineError::Own(format!(
                     "rank {last} answered for unknown sequence {}",
                     step.seq
-                ));
+                )));
             };
             a.in_flight = false;
             in_flight -= 1;
@@ -235,7 +269,11 @@ impl Driver {
                         break Err(e);
                     }
                 }
-                other => break Err(format!("rank {last} answered with {other:?}")),
+                other => {
+                    break Err(PipelineError::Own(format!(
+                        "rank {last} answered with {other:?}"
+                    )));
+                }
             }
         };
         match &result {
@@ -290,7 +328,7 @@ impl Driver {
         seq: u64,
         active: &mut BTreeMap<u64, Active>,
         in_flight: &mut usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), PipelineError> {
         let Some(a) = active.get_mut(&seq) else {
             return Ok(());
         };
@@ -308,7 +346,7 @@ impl Driver {
                 let step = Step::forward(seq, pos, n, &a.params);
                 send_step(comm, 1, &step)
                     .and_then(|_| send_activation(comm, 1, &act))
-                    .map_err(|e| format!("pipeline: {e}"))?;
+                    .map_err(PipelineError::transport)?;
                 a.in_flight = true;
                 *in_flight += 1;
                 Ok(())
@@ -316,7 +354,11 @@ impl Driver {
             (Ok(StageOutput::Logits(l)), None) => {
                 let token = match a.sampler.as_mut() {
                     Some(s) => s.sample(&l),
-                    None => return Err("no sampler on a single-stage pipeline".into()),
+                    None => {
+                        return Err(PipelineError::Own(
+                            "no sampler on a single-stage pipeline".into(),
+                        ));
+                    }
                 };
                 if let Some(done) = self.on_token(a, token) {
                     let _ = a.events.send(Event::Done(done));
@@ -325,7 +367,9 @@ impl Driver {
                 }
                 Ok(())
             }
-            (Ok(_), _) => Err("rank 0's shard does not fit its place in the pipeline".into()),
+            (Ok(_), _) => Err(PipelineError::Own(
+                "rank 0's shard does not fit its place in the pipeline".into(),
+            )),
             (Err(e), _) => {
                 fail(a, format!("stage 0: {e}"));
                 active.remove(&seq);
@@ -375,11 +419,12 @@ impl Driver {
     }
 
     /// Forgets `seq` here and in every later stage.
-    fn release(&mut self, seq: u64) -> Result<(), String> {
+    fn release(&mut self, seq: u64) -> Result<(), PipelineError> {
         self.shard.drop_sequence(seq);
         match self.comm.as_mut() {
-            Some(comm) => send_step(comm, 1, &Step::new(Op::Release, seq))
-                .map_err(|e| format!("pipeline: {e}")),
+            Some(comm) => {
+                send_step(comm, 1, &Step::new(Op::Release, seq)).map_err(PipelineError::transport)
+            }
             None => Ok(()),
         }
     }

@@ -159,14 +159,26 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
         };
         let mut shard = shard;
         let step_timeout = opts.step_timeout;
-        return tokio::task::spawn_blocking(move || {
-            stage::serve(&mut comm, &mut shard, step_timeout)
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("stage stopped: {e}"))
-        .and_then(|r| r.map_err(anyhow::Error::from))
-        .context("serving the stage")
-        .map_err(start_error("StageFailed"));
+        let served =
+            tokio::task::spawn_blocking(move || stage::serve(&mut comm, &mut shard, step_timeout))
+                .await;
+        return match served {
+            Ok(Ok(())) => Ok(()),
+            // The stage before or after went away: said so, so that the scheduler blames the
+            // rank (or Mac) that did.
+            Ok(Err(e)) if e.is_peer_loss() => Err(StartError {
+                reason: "PeerLost",
+                error: anyhow::Error::from(e).context("serving the stage"),
+            }),
+            Ok(Err(e)) => Err(StartError {
+                reason: "StageFailed",
+                error: anyhow::Error::from(e).context("serving the stage"),
+            }),
+            Err(e) => Err(StartError {
+                reason: "StageFailed",
+                error: anyhow::anyhow!("stage stopped: {e}"),
+            }),
+        };
     }
 
     let Some((tokenizer, template)) = extras else {
@@ -210,10 +222,23 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
     tokio::select! {
         r = server => r.context("the HTTP server stopped").map_err(start_error("EndpointFailed")),
         r = driver => {
-            let r = r.map_err(|e| anyhow::anyhow!("the pipeline stopped: {e}")).and_then(|r| r.map_err(|e| anyhow::anyhow!(e)));
             // Let clients read the 503s of the failed requests before the process goes.
             tokio::time::sleep(Duration::from_millis(300)).await;
-            r.map_err(start_error("StageFailed"))
+            match r {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(driver::PipelineError::PeerLost(m))) => Err(StartError {
+                    reason: "PeerLost",
+                    error: anyhow::anyhow!(m),
+                }),
+                Ok(Err(driver::PipelineError::Own(m))) => Err(StartError {
+                    reason: "StageFailed",
+                    error: anyhow::anyhow!(m),
+                }),
+                Err(e) => Err(StartError {
+                    reason: "StageFailed",
+                    error: anyhow::anyhow!("the pipeline stopped: {e}"),
+                }),
+            }
         }
     }
 }
