@@ -303,6 +303,10 @@ impl NodeStatus {
     }
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,8 +339,4 @@ mod tests {
         assert_eq!(NodeStatus::from_value(&n.to_value()).host(), "10.0.0.2");
         assert!(!n.is_ready());
     }
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }
