@@ -340,8 +340,8 @@ mod tests {
              apiVersion: tb/v1\nkind: Queue\nmetadata: {name: q}\nspec: {}\n",
         )
         .expect("write");
-        let objs = load_valid(&[file.display().to_string()], &target("default", false))
-            .expect("valid");
+        let objs =
+            load_valid(&[file.display().to_string()], &target("default", false)).expect("valid");
         let want = dir.path().canonicalize().expect("canonical");
         let annotation = |i: usize| {
             objs[i]

@@ -50,13 +50,8 @@ async fn absolute_and_relative_working_dirs_work() {
     let report = r#"["/bin/sh", "-c", "pwd; test -s \"$MLX_HOSTFILE\" && echo hostfile ok"]"#;
     let absolute = lab.dir().join("shared").join("run");
     let abs = absolute.display().to_string();
-    lab.apply_yaml(&job(
-        "abs",
-        2,
-        &format!("  workingDir: {abs}\n"),
-        report,
-    ))
-    .await;
+    lab.apply_yaml(&job("abs", 2, &format!("  workingDir: {abs}\n"), report))
+        .await;
     assert_ran_in(&lab, "abs", &abs).await;
 
     lab.apply_yaml(&job("rel", 2, "  workingDir: out/run\n", report))
@@ -64,7 +59,10 @@ async fn absolute_and_relative_working_dirs_work() {
     lab.wait_job_phase("rel", "Succeeded", TIMEOUT).await;
     let allocs = lab.allocations("rel").await;
     let name = allocs[0]["metadata"]["name"].as_str().expect("name");
-    let want = lab.nodelet(0).alloc_dir("default", name).join("work/out/run");
+    let want = lab
+        .nodelet(0)
+        .alloc_dir("default", name)
+        .join("work/out/run");
     let out = lab.tbctl_ok(&["logs", "rel", "--rank", "0"]).await;
     assert!(
         out.stdout.lines().any(|l| l == want.display().to_string()),
@@ -127,7 +125,13 @@ async fn a_relative_script_is_found_beside_the_manifest() {
     let recorded = job_obj["metadata"]["annotations"]["tb/manifest-dir"].clone();
     assert_eq!(
         recorded,
-        Value::from(project.canonicalize().expect("canonical").display().to_string()),
+        Value::from(
+            project
+                .canonicalize()
+                .expect("canonical")
+                .display()
+                .to_string()
+        ),
         "tbctl apply -f records the manifest's directory"
     );
     lab.wait_job_phase("hello", "Succeeded", TIMEOUT).await;

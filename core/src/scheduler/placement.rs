@@ -236,9 +236,8 @@ mod tests {
             node("m2", 22, true),
             node("m3", 22, true),
         ]);
-        let names = |slots: Vec<RankSlot>| -> Vec<String> {
-            slots.into_iter().map(|s| s.node).collect()
-        };
+        let names =
+            |slots: Vec<RankSlot>| -> Vec<String> { slots.into_iter().map(|s| s.node).collect() };
         assert_eq!(names(place(&req(2, 1), &n).expect("fits")), ["big", "m2"]);
         assert_eq!(
             names(place(&req(3, 1), &n).expect("fits")),

@@ -248,9 +248,10 @@ fn reachable(path: &Path, access: Access, account: Option<(u32, u32)>) -> bool {
     let Ok(absolute) = std::path::absolute(path) else {
         return false;
     };
-    absolute.ancestors().skip(1).all(|dir| {
-        std::fs::metadata(dir).is_ok_and(|m| m.is_dir() && may(&m, 0o1))
-    })
+    absolute
+        .ancestors()
+        .skip(1)
+        .all(|dir| std::fs::metadata(dir).is_ok_and(|m| m.is_dir() && may(&m, 0o1)))
 }
 
 #[cfg(test)]
@@ -305,10 +306,16 @@ mod tests {
         let err = resolve(&strings(&["python3", "sub/missing.py"]), &lookup).expect_err("missing");
         assert_eq!(
             err.tried,
-            [work.join("sub/missing.py"), manifests.join("sub/missing.py")]
+            [
+                work.join("sub/missing.py"),
+                manifests.join("sub/missing.py")
+            ]
         );
         let msg = err.to_string();
-        assert!(msg.starts_with("script \"sub/missing.py\" not found; looked for "), "{msg}");
+        assert!(
+            msg.starts_with("script \"sub/missing.py\" not found; looked for "),
+            "{msg}"
+        );
         assert!(msg.contains(&manifests.join("sub/missing.py").display().to_string()));
     }
 
@@ -319,8 +326,8 @@ mod tests {
         file(&venv, 0o755);
         let empty = dir.path().join("empty");
         std::fs::create_dir_all(&empty).expect("mkdir");
-        let path = std::env::join_paths([dir.path().join("a"), dir.path().join("b")])
-            .expect("PATH");
+        let path =
+            std::env::join_paths([dir.path().join("a"), dir.path().join("b")]).expect("PATH");
         let lookup = Lookup {
             working_dir: &empty,
             manifest_dir: None,
@@ -384,7 +391,11 @@ mod tests {
             let name = cmd[0];
             script_index(&strings(cmd), inline_options(name).expect("interpreter"))
         };
-        assert_eq!(index(&["bash", "-e", "run.sh"]), Some(2), "errexit, then the script");
+        assert_eq!(
+            index(&["bash", "-e", "run.sh"]),
+            Some(2),
+            "errexit, then the script"
+        );
         assert_eq!(index(&["bash", "-c", "echo hi"]), None);
         assert_eq!(index(&["perl", "-e", "print 1"]), None);
         assert_eq!(index(&["python3", "-W", "ignore", "t.py"]), Some(3));
