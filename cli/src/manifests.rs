@@ -182,21 +182,13 @@ pub fn load_valid(inputs: &[String], target: &Target) -> Result<Vec<LoadedObject
     Ok(valid)
 }
 
-/// Annotates a job read from a file with the file's absolute directory
-/// ([`ANNOTATION_MANIFEST_DIR`]), unless the manifest sets it itself: a relative program in the
-/// job's command is then found beside the manifest on a Mac that has the same directory. Jobs
-/// from stdin, and directories the API would refuse (too long, odd characters), get none.
+/// Annotates a job read from a file (and a Schedule's job template) with the file's absolute
+/// directory ([`ANNOTATION_MANIFEST_DIR`]), unless the manifest sets it itself: a relative
+/// program in the job's command is then found beside the manifest on a Mac that has the same
+/// directory. Jobs from stdin, and directories the API would refuse (too long, odd characters),
+/// get none.
 fn record_manifest_dir(object: &mut Object, source: &str) {
-    if source == STDIN_NAME
-        || !matches!(
-            object.kind(),
-            Some(Kind::TrainingJob | Kind::InferenceService)
-        )
-        || object
-            .metadata
-            .annotations
-            .contains_key(ANNOTATION_MANIFEST_DIR)
-    {
+    if source == STDIN_NAME {
         return;
     }
     let Some(dir) = Path::new(source)
@@ -208,12 +200,42 @@ fn record_manifest_dir(object: &mut Object, source: &str) {
         return;
     };
     let mut annotated = object.clone();
-    annotated
-        .metadata
-        .annotations
-        .insert(ANNOTATION_MANIFEST_DIR.into(), dir);
-    if tb_api::validate::validate_object(&annotated).is_ok() {
-        *object = annotated;
+    match object.kind() {
+        Some(Kind::TrainingJob | Kind::InferenceService) => {
+            annotated
+                .metadata
+                .annotations
+                .entry(ANNOTATION_MANIFEST_DIR.into())
+                .or_insert(dir);
+        }
+        Some(Kind::Schedule) => {
+            let Some(template) = annotated
+                .spec
+                .get_mut("jobTemplate")
+                .and_then(|t| t.as_object_mut())
+            else {
+                return;
+            };
+            let metadata = template
+                .entry("metadata")
+                .or_insert_with(|| serde_json::json!({}));
+            let Some(metadata) = metadata.as_object_mut() else {
+                return;
+            };
+            let annotations = metadata
+                .entry("annotations")
+                .or_insert_with(|| serde_json::json!({}));
+            let Some(annotations) = annotations.as_object_mut() else {
+                return;
+            };
+            annotations
+                .entry(ANNOTATION_MANIFEST_DIR)
+                .or_insert(serde_json::Value::String(dir));
+        }
+        _ => return,
+    }
+    if let Ok(valid) = tb_api::validate::validate_object(&annotated) {
+        *object = valid;
     }
 }
 
@@ -337,7 +359,9 @@ mod tests {
             &file,
             "apiVersion: tb/v1\nkind: TrainingJob\nmetadata: {name: j}\n\
              spec: {command: [python3, train.py]}\n---\n\
-             apiVersion: tb/v1\nkind: Queue\nmetadata: {name: q}\nspec: {}\n",
+             apiVersion: tb/v1\nkind: Queue\nmetadata: {name: q}\nspec: {}\n---\n\
+             apiVersion: tb/v1\nkind: Schedule\nmetadata: {name: s}\n\
+             spec: {schedule: '0 2 * * *', jobTemplate: {spec: {command: [python3, t.py]}}}\n",
         )
         .expect("write");
         let objs =
@@ -353,5 +377,10 @@ mod tests {
         };
         assert_eq!(annotation(0), want.to_str().map(str::to_string));
         assert_eq!(annotation(1), None, "only jobs run commands");
+        assert_eq!(
+            objs[2].object.spec["jobTemplate"]["metadata"]["annotations"][ANNOTATION_MANIFEST_DIR],
+            serde_json::Value::from(want.to_str().expect("utf-8")),
+            "a Schedule's jobs too"
+        );
     }
 }
