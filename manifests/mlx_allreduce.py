@@ -1,8 +1,13 @@
-"""All-reduce a vector across the ranks of a tb TrainingJob and check the sum.
+"""All-reduce a vector across MLX ranks and check the sum.
 
-tb starts one copy per rank with MLX's distributed environment set (MLX_RANK, MLX_HOSTFILE, ...)
-and TB_RANK / TB_WORLD_SIZE. Rank r contributes r + 1 to every element, so after all_sum every
-element must be 1 + 2 + ... + world_size. Exits non-zero on a wrong sum or a wrong group size.
+Runs under tb (`tbctl apply -f manifests/trainingjob-mlx-allreduce.yaml`) or under mlx.launch
+(`mlx.launch --hostfile <(tbctl hostfile JOB) -- python mlx_allreduce.py`). Either way the
+ranks find each other through MLX's own environment (MLX_RANK with MLX_HOSTFILE for the ring,
+MLX_IBV_DEVICES for JACCL), and the group size is MLX's: mx.distributed.init().size().
+Under tb, TB_WORLD_SIZE says how many ranks tb started; the group must be that large.
+
+Rank r contributes r + 1 to every element, so after all_sum every element must be
+1 + 2 + ... + size. Exits non-zero on a wrong sum or a wrong group size.
 """
 
 import os
@@ -12,14 +17,15 @@ import mlx.core as mx
 
 
 def main() -> int:
-    want_size = int(os.environ.get("TB_WORLD_SIZE", "1"))
-    # tb sets MLX_IBV_DEVICES for JACCL and MLX_HOSTFILE for the ring. strict: a multi-rank job
-    # without a working backend must fail, not run alone.
+    # tb and mlx.launch set MLX_IBV_DEVICES for JACCL and MLX_HOSTFILE for the ring. strict:
+    # a rank told to join a group must fail without one, not run alone.
     backend = "jaccl" if "MLX_IBV_DEVICES" in os.environ else "ring"
-    group = mx.distributed.init(strict=want_size > 1, backend=backend)
+    distributed = "MLX_HOSTFILE" in os.environ or "MLX_IBV_DEVICES" in os.environ
+    group = mx.distributed.init(strict=distributed, backend=backend)
     rank, size = group.rank(), group.size()
-    if size != want_size:
-        print(f"rank {rank}: MLX group has {size} ranks, tb started {want_size}", file=sys.stderr)
+    tb_size = os.environ.get("TB_WORLD_SIZE")
+    if tb_size is not None and size != int(tb_size):
+        print(f"rank {rank}: MLX group has {size} ranks, tb started {tb_size}", file=sys.stderr)
         return 1
 
     x = mx.full((1024,), rank + 1, dtype=mx.float32)

@@ -12,6 +12,8 @@ pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
 /// The largest file (or stdin) tbctl reads objects from: the largest request the controller
 /// takes, so a file that fits is never refused for its size by the server.
 pub const MAX_FILE_BYTES: usize = 16 * 1024 * 1024;
+/// The longest manifest directory `tbctl apply -f` may record (macOS's PATH_MAX).
+pub const MAX_MANIFEST_DIR_BYTES: usize = 1024;
 /// The most of a user's string (a name, a value) that an error message or an audit record
 /// repeats; longer ones are cut and followed by their real length.
 pub const MAX_ECHO_BYTES: usize = 1024;

@@ -1,12 +1,14 @@
 //! Reading the objects named by `-f` (files, directories, or `-` for stdin) and preparing them to
 //! be sent: namespaces defaulted from `-n`/the context, every object validated locally, repeats
-//! caught. All problems in all inputs are collected, so one run reports every mistake.
+//! caught, and each job read from a file annotated with its file's directory (where the nodelets
+//! look for a relative program). All problems in all inputs are collected, so one run reports every mistake.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
 
 use tb_api::load::{LoadedObject, STDIN_NAME};
+use tb_api::specs::allocation::ANNOTATION_MANIFEST_DIR;
 use tb_api::{Kind, Object};
 
 use crate::config::Target;
@@ -160,7 +162,10 @@ pub fn load_valid(inputs: &[String], target: &Target) -> Result<Vec<LoadedObject
     for Input { loaded: l, .. } in loaded {
         // Checked again: the namespace may have changed since the loader checked it.
         match tb_api::validate::validate_object(&l.object) {
-            Ok(object) => valid.push(LoadedObject { object, ..l }),
+            Ok(mut object) => {
+                record_manifest_dir(&mut object, &l.source);
+                valid.push(LoadedObject { object, ..l })
+            }
             Err(e) => errors.push(format!("{}: {e}", origin(&l))),
         }
     }
@@ -175,6 +180,63 @@ pub fn load_valid(inputs: &[String], target: &Target) -> Result<Vec<LoadedObject
         )]));
     }
     Ok(valid)
+}
+
+/// Annotates a job read from a file (and a Schedule's job template) with the file's absolute
+/// directory ([`ANNOTATION_MANIFEST_DIR`]), unless the manifest sets it itself: a relative
+/// program in the job's command is then found beside the manifest on a Mac that has the same
+/// directory. Jobs from stdin, and directories the API would refuse (too long, odd characters),
+/// get none.
+fn record_manifest_dir(object: &mut Object, source: &str) {
+    if source == STDIN_NAME {
+        return;
+    }
+    let Some(dir) = Path::new(source)
+        .canonicalize()
+        .ok()
+        .and_then(|file| file.parent().map(Path::to_path_buf))
+        .and_then(|dir| dir.to_str().map(str::to_string))
+    else {
+        return;
+    };
+    let mut annotated = object.clone();
+    match object.kind() {
+        Some(Kind::TrainingJob | Kind::InferenceService) => {
+            annotated
+                .metadata
+                .annotations
+                .entry(ANNOTATION_MANIFEST_DIR.into())
+                .or_insert(dir);
+        }
+        Some(Kind::Schedule) => {
+            let Some(template) = annotated
+                .spec
+                .get_mut("jobTemplate")
+                .and_then(|t| t.as_object_mut())
+            else {
+                return;
+            };
+            let metadata = template
+                .entry("metadata")
+                .or_insert_with(|| serde_json::json!({}));
+            let Some(metadata) = metadata.as_object_mut() else {
+                return;
+            };
+            let annotations = metadata
+                .entry("annotations")
+                .or_insert_with(|| serde_json::json!({}));
+            let Some(annotations) = annotations.as_object_mut() else {
+                return;
+            };
+            annotations
+                .entry(ANNOTATION_MANIFEST_DIR)
+                .or_insert(serde_json::Value::String(dir));
+        }
+        _ => return,
+    }
+    if let Ok(valid) = tb_api::validate::validate_object(&annotated) {
+        *object = valid;
+    }
 }
 
 /// The same object given twice would make the result depend on input order.
@@ -287,5 +349,38 @@ mod tests {
     fn missing_files_are_named() {
         let e = load(&["/nonexistent/tb.yaml".to_string()]).expect_err("missing");
         assert_eq!(e.0, ["/nonexistent/tb.yaml: no such file or directory"]);
+    }
+
+    #[test]
+    fn jobs_from_a_file_record_its_directory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("job.yaml");
+        std::fs::write(
+            &file,
+            "apiVersion: tb/v1\nkind: TrainingJob\nmetadata: {name: j}\n\
+             spec: {command: [python3, train.py]}\n---\n\
+             apiVersion: tb/v1\nkind: Queue\nmetadata: {name: q}\nspec: {}\n---\n\
+             apiVersion: tb/v1\nkind: Schedule\nmetadata: {name: s}\n\
+             spec: {schedule: '0 2 * * *', jobTemplate: {spec: {command: [python3, t.py]}}}\n",
+        )
+        .expect("write");
+        let objs =
+            load_valid(&[file.display().to_string()], &target("default", false)).expect("valid");
+        let want = dir.path().canonicalize().expect("canonical");
+        let annotation = |i: usize| {
+            objs[i]
+                .object
+                .metadata
+                .annotations
+                .get(ANNOTATION_MANIFEST_DIR)
+                .cloned()
+        };
+        assert_eq!(annotation(0), want.to_str().map(str::to_string));
+        assert_eq!(annotation(1), None, "only jobs run commands");
+        assert_eq!(
+            objs[2].object.spec["jobTemplate"]["metadata"]["annotations"][ANNOTATION_MANIFEST_DIR],
+            serde_json::Value::from(want.to_str().expect("utf-8")),
+            "a Schedule's jobs too"
+        );
     }
 }

@@ -93,6 +93,11 @@ struct Args {
     /// finished allocations' directories are removed first.
     #[arg(long, default_value = "10Gi")]
     job_disk_limit: tb_api::Quantity,
+    /// The Python that exec jobs' `python` and `python3` run (e.g. a venv's bin/python with
+    /// MLX). Unset: `python3` is looked up on the PATH, the job's `env.PATH` else the
+    /// nodelet's own (a nodelet started from an activated venv gives the venv's).
+    #[arg(long, env = "TB_PYTHON", value_name = "FILE")]
+    python: Option<PathBuf>,
 }
 
 fn parse_run_as(s: &str) -> Result<(String, String), String> {
@@ -208,6 +213,7 @@ async fn main() -> anyhow::Result<()> {
             uid_range: args.job_uid_range,
         },
         job_disk_limit: args.job_disk_limit.bytes(),
+        python: args.python,
     };
     run(cfg).await
 }

@@ -18,6 +18,11 @@ pub const LABEL_JOB: &str = "tb/job";
 pub const LABEL_JOB_KIND: &str = "tb/job-kind";
 pub const LABEL_NODE: &str = "tb/node";
 
+/// The absolute directory of the manifest a job was applied from (`tbctl apply -f FILE` records
+/// it), copied onto the job's allocations: a relative program in an exec job's command is looked
+/// for there (after the working directory) when that directory exists on the rank's Mac.
+pub const ANNOTATION_MANIFEST_DIR: &str = "tb/manifest-dir";
+
 /// What the scheduler wants of the allocation.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

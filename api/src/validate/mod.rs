@@ -237,6 +237,35 @@ pub(crate) fn validate_annotations(
         if value.contains('\0') {
             return Err(nul_error(at(), value));
         }
+        if key == crate::specs::allocation::ANNOTATION_MANIFEST_DIR {
+            validate_manifest_dir(value).map_err(|m| ValidationError::new(at(), m))?;
+        }
+    }
+    Ok(())
+}
+
+/// The manifest directory tb records: an absolute, normalised path of bounded length (the
+/// nodelets look for programs there, so it must say plainly where).
+fn validate_manifest_dir(value: &str) -> Result<(), String> {
+    let max = crate::bounds::MAX_MANIFEST_DIR_BYTES;
+    if value.len() > max {
+        return Err(format!(
+            "expected a directory of at most {max} bytes, got {} bytes",
+            value.len()
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(format!(
+            "expected a directory without control characters, got {value:?}"
+        ));
+    }
+    if !value.starts_with('/') {
+        return Err(format!("expected an absolute directory, got {value:?}"));
+    }
+    if value.split('/').any(|part| part == "." || part == "..") || value.contains("//") {
+        return Err(format!(
+            "expected a normalised directory (no `.`, `..` or `//`), got {value:?}"
+        ));
     }
     Ok(())
 }

@@ -157,6 +157,26 @@ fn bad_labels_and_annotations() {
 }
 
 #[test]
+fn the_manifest_dir_annotation_is_an_absolute_normalised_bounded_path() {
+    let with = |dir: &str| {
+        let mut obj = job(json!({"command": ["true"]}));
+        obj.metadata
+            .annotations
+            .insert(allocation::ANNOTATION_MANIFEST_DIR.into(), dir.into());
+        obj
+    };
+    assert!(validate_object(&with("/Users/ann/project/manifests")).is_ok());
+    let path = "metadata.annotations.tb/manifest-dir";
+    assert_error(with("manifests"), path, "expected an absolute directory");
+    assert_error(with("/a/../etc"), path, "normalised");
+    assert_error(with("/a/./b"), path, "normalised");
+    assert_error(with("/a//b"), path, "normalised");
+    assert_error(with("/a\nb"), path, "control characters");
+    let long = format!("/{}", "d".repeat(crate::bounds::MAX_MANIFEST_DIR_BYTES));
+    assert_error(with(&long), path, "at most 1024 bytes");
+}
+
+#[test]
 fn unknown_field() {
     assert_error(
         job(json!({"command": ["true"], "rnaks": 2})),

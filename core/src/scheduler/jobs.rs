@@ -33,6 +33,9 @@ pub(super) struct JobShape {
     command: Vec<String>,
     env: BTreeMap<String, String>,
     working_dir: Option<String>,
+    /// Where the job's manifest was applied from (its annotation), for the nodelets to look for
+    /// a relative program in.
+    manifest_dir: Option<String>,
     backend: Backend,
     node_selector: BTreeMap<String, String>,
     exclusive: bool,
@@ -75,6 +78,7 @@ pub(super) fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
                 command: s.command,
                 env: s.env,
                 working_dir: s.working_dir,
+                manifest_dir: manifest_dir(job),
                 backend: s.backend,
                 node_selector: s.node_selector,
                 exclusive: s.exclusive,
@@ -104,6 +108,7 @@ pub(super) fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
                 command: s.command,
                 env: s.env,
                 working_dir: None,
+                manifest_dir: manifest_dir(job),
                 backend: Backend::Ring,
                 node_selector: s.node_selector,
                 exclusive: false,
@@ -115,6 +120,14 @@ pub(super) fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
         }
         _ => None,
     }
+}
+
+/// The job's recorded manifest directory (validated by the API when the job was applied).
+fn manifest_dir(job: &Object) -> Option<String> {
+    job.metadata
+        .annotations
+        .get(allocation::ANNOTATION_MANIFEST_DIR)
+        .cloned()
 }
 
 /// Reconcile one job against the cluster; placements it makes are taken out of `view` so the
@@ -1320,6 +1333,11 @@ fn create_gang(
                 name: allocation::allocation_name(name, epoch, rank),
                 namespace: job.metadata.namespace.clone(),
                 labels,
+                annotations: shape
+                    .manifest_dir
+                    .iter()
+                    .map(|d| (allocation::ANNOTATION_MANIFEST_DIR.to_string(), d.clone()))
+                    .collect(),
                 ..Default::default()
             },
             spec: serde_json::to_value(&spec).unwrap_or_default(),

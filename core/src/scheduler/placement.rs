@@ -1,8 +1,12 @@
 //! Placement: which Mac runs each rank of a gang. A pure function of the cluster view and the
 //! request — the one call a topology-aware placement replaces.
 //!
-//! Today: memory fit. Each rank goes, in rank order, to the eligible Mac with the most memory
-//! still free (ties by name), so ranks spread across Macs and stack only when they must. All
+//! Today: memory fit, spread first. Each rank goes, in rank order, to the eligible Mac holding
+//! the fewest ranks of this gang so far, and among those to the one with the most memory still
+//! free (ties by name). So ranks spread across Macs and stack only when they must: a second rank
+//! shares a Mac only when no other eligible Mac has room for it, however much more memory the
+//! first Mac has free. (Spreading is what distributed ranks want: each gets a Mac's GPU and
+//! memory bandwidth to itself. The cables decide only the rank order, see `place_ranks`.) All
 //! ranks fit, or the gang is refused with the reason for every Mac.
 
 use std::collections::BTreeMap;
@@ -71,7 +75,9 @@ pub fn place(
     let mut slots = Vec::with_capacity(req.ranks as usize);
     let mut used_on: BTreeMap<String, u32> = BTreeMap::new();
     for _ in 0..req.ranks {
-        // Most free memory first; the name breaks ties so the plan is deterministic.
+        // Fewest ranks of this gang first (spread), then most free memory; the name breaks
+        // ties so the plan is deterministic.
+        let ranks_on = |name: &String| used_on.get(name).copied().unwrap_or(0);
         let best = free
             .iter_mut()
             .filter(|(name, bytes, ports)| {
@@ -79,7 +85,12 @@ pub fn place(
                     && !ports.is_empty()
                     && !(req.exclusive && used_on.contains_key(name))
             })
-            .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)));
+            .max_by(|a, b| {
+                ranks_on(&b.0)
+                    .cmp(&ranks_on(&a.0))
+                    .then_with(|| a.1.cmp(&b.1))
+                    .then_with(|| b.0.cmp(&a.0))
+            });
         let Some((name, bytes, ports)) = best else {
             return Err(unplaceable(req, &free, why_not));
         };
@@ -215,6 +226,38 @@ mod tests {
         assert_eq!(names, ["a", "b", "a"]);
         assert_eq!(slots[0].port, 30000);
         assert_eq!(slots[2].port, 30001, "two ranks on one Mac get two ports");
+    }
+
+    #[test]
+    fn a_roomier_mac_does_not_take_a_second_rank_while_another_has_room() {
+        // The case a user met: one Mac with much more free memory than the others.
+        let n = nodes(vec![
+            node("big", 60, true),
+            node("m2", 22, true),
+            node("m3", 22, true),
+        ]);
+        let names =
+            |slots: Vec<RankSlot>| -> Vec<String> { slots.into_iter().map(|s| s.node).collect() };
+        assert_eq!(names(place(&req(2, 1), &n).expect("fits")), ["big", "m2"]);
+        assert_eq!(
+            names(place(&req(3, 1), &n).expect("fits")),
+            ["big", "m2", "m3"]
+        );
+        // Four ranks on three Macs: one stacks, on the Mac with the most left.
+        assert_eq!(
+            names(place(&req(4, 1), &n).expect("fits")),
+            ["big", "m2", "m3", "big"]
+        );
+        // A Mac too small for a rank is skipped; stacking happens only where room is.
+        let n = nodes(vec![
+            node("big", 60, true),
+            node("m2", 22, true),
+            node("small", 2, true),
+        ]);
+        assert_eq!(
+            names(place(&req(3, 8), &n).expect("fits")),
+            ["big", "m2", "big"]
+        );
     }
 
     #[test]

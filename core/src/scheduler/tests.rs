@@ -61,6 +61,31 @@ fn exec_job(ranks: u32, memory: &str) -> Value {
     json!({"command": ["python3", "train.py"], "ranks": ranks, "memory": memory, "backoffLimit": 2})
 }
 
+/// Three idle Macs, one with far more memory than the others: a 2-rank exec gang gets two
+/// Macs, not two slots on the roomiest one; three ranks get all three.
+#[test]
+fn exec_ranks_spread_over_idle_macs_whatever_their_free_memory() {
+    let mut sim = Sim::new();
+    sim.add_node("big", 64);
+    sim.add_node("m2", 24);
+    sim.add_node("m3", 24);
+    sim.apply_job("TrainingJob", "two", exec_job(2, "1Gi"));
+    sim.apply_job("TrainingJob", "three", exec_job(3, "1Gi"));
+    sim.settle();
+    for (job, ranks) in [("two", 2usize), ("three", 3)] {
+        let mut nodes: Vec<String> = sim
+            .allocs()
+            .into_iter()
+            .filter(|a| a.1.job.name == job)
+            .map(|a| a.1.node)
+            .collect();
+        assert_eq!(nodes.len(), ranks, "{job}");
+        nodes.sort();
+        nodes.dedup();
+        assert_eq!(nodes.len(), ranks, "{job}: one rank per Mac, got {nodes:?}");
+    }
+}
+
 #[test]
 fn gang_runs_to_completion() {
     let mut sim = Sim::new();

@@ -10,6 +10,7 @@ pub mod dirs;
 pub mod heartbeat;
 pub mod identity;
 pub mod logs;
+pub mod program;
 pub mod supervisor;
 pub mod tls;
 
@@ -65,6 +66,8 @@ pub struct Config {
     pub isolation: accounts::IsolationConfig,
     /// Past this many bytes under `allocs/`, the oldest finished allocations' dirs are removed.
     pub job_disk_limit: u64,
+    /// What exec jobs' `python` and `python3` run (`--python`); None: the PATH decides.
+    pub python: Option<PathBuf>,
 }
 
 /// The default `--job-disk-limit`: 10 GiB.
@@ -72,6 +75,19 @@ pub const DEFAULT_JOB_DISK_LIMIT: u64 = 10 << 30;
 
 pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
     tb_api::name::validate_name(&cfg.name).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
+    let python = match &cfg.python {
+        // Checked at start: every python job would fail on a wrong one.
+        Some(p) => {
+            let p = std::path::absolute(p).with_context(|| format!("--python {}", p.display()))?;
+            anyhow::ensure!(
+                p.is_file(),
+                "--python {}: no such file (give the interpreter, e.g. VENV/bin/python)",
+                p.display()
+            );
+            Some(p)
+        }
+        None => None,
+    };
     // Ranks run in their own working directories: every path handed to them must be absolute.
     cfg.data_dir = std::path::absolute(&cfg.data_dir)
         .with_context(|| format!("--data-dir {}", cfg.data_dir.display()))?;
@@ -187,6 +203,7 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         controllers.clone(),
         policy,
         cfg.job_disk_limit,
+        python,
     );
     tokio::spawn(supervisor.clone().run());
     tokio::spawn(heartbeat::run(

@@ -26,6 +26,7 @@ use tokio::sync::{Notify, oneshot};
 use super::accounts::{Account, Policy};
 use super::controllers::Controllers;
 use super::dirs::{self, AllocDirs};
+use super::program;
 use crate::builtin::command::{TERMINATION_MESSAGE_ENV, shard_command};
 use crate::exec;
 use crate::exec::contain::{self, Scope};
@@ -73,6 +74,8 @@ pub struct Supervisor {
     tidied: AtomicBool,
     job_disk_bytes: AtomicU64,
     job_disk_limit: u64,
+    /// `--python`: what exec jobs' `python` and `python3` run.
+    python: Option<PathBuf>,
     ended: Notify,
     changed: Notify,
 }
@@ -98,6 +101,7 @@ impl Supervisor {
         controllers: Arc<Controllers>,
         policy: Arc<Policy>,
         job_disk_limit: u64,
+        python: Option<PathBuf>,
     ) -> Arc<Self> {
         Arc::new(Supervisor {
             node,
@@ -111,6 +115,7 @@ impl Supervisor {
             tidied: AtomicBool::new(false),
             job_disk_bytes: AtomicU64::new(0),
             job_disk_limit,
+            python,
             ended: Notify::new(),
             changed: Notify::new(),
         })
@@ -506,10 +511,21 @@ impl Supervisor {
             }
         }
         let inc = incarnation(obj);
-        let prepared = prepare(&dir, namespace, spec, staged_path.as_deref(), account, &inc);
+        let manifest_dir = obj
+            .metadata
+            .annotations
+            .get(allocation::ANNOTATION_MANIFEST_DIR)
+            .map(PathBuf::from);
+        let lookup = Sources {
+            staged: staged_path.as_deref(),
+            manifest_dir: manifest_dir.as_deref(),
+            python: self.python.as_deref(),
+        };
+        let prepared = prepare(&dir, namespace, spec, &lookup, account, &inc);
         let (mut exec_spec, alloc_dirs) = match prepared {
             Ok(s) => s,
             Err(Prepare::Model(e)) => return failed("ModelNotFound", e),
+            Err(Prepare::Program(e)) => return failed("ExecNotFound", e),
             Err(Prepare::Other(e)) => return failed("InvalidSpec", format!("{e:#}")),
         };
         exec_spec.scope = Some(self.scope_of(obj, &inc, account));
@@ -782,6 +798,8 @@ const REPORT_TIMEOUT: Duration = Duration::from_secs(120);
 enum Prepare {
     /// The built-in executor's model file is not here.
     Model(String),
+    /// An exec rank's program (or script) is nowhere it was looked for.
+    Program(String),
     Other(anyhow::Error),
 }
 
@@ -845,13 +863,23 @@ async fn healthy(addr: &str) -> bool {
     )
 }
 
+/// Where a rank's program comes from, beside its spec.
+struct Sources<'a> {
+    /// The built-in executor's staged model file.
+    staged: Option<&'a Path>,
+    /// The directory the job's manifest was applied from (its annotation).
+    manifest_dir: Option<&'a Path>,
+    /// The nodelet's `--python`.
+    python: Option<&'a Path>,
+}
+
 /// The process to start: its directories, the MLX files and environment, the command, the
 /// account.
 fn prepare(
     dir: &Path,
     namespace: &str,
     spec: &AllocationSpec,
-    staged: Option<&Path>,
+    sources: &Sources,
     account: Option<&Account>,
     incarnation: &str,
 ) -> Result<(exec::Spec, AllocDirs), Prepare> {
@@ -939,9 +967,30 @@ fn prepare(
             TERMINATION_MESSAGE_ENV.into(),
             alloc_dirs.termination_message().display().to_string(),
         );
-        shard_command(&shard_binary(), spec, staged).map_err(Prepare::Model)?
+        shard_command(&shard_binary(), spec, sources.staged).map_err(Prepare::Model)?
     } else {
-        spec.command.clone()
+        let path = env
+            .get("PATH")
+            .map(std::ffi::OsString::from)
+            .unwrap_or_else(exec::process::inherited_path);
+        let lookup = program::Lookup {
+            working_dir: &work,
+            // Used only where this Mac has it.
+            manifest_dir: sources.manifest_dir.filter(|d| d.is_dir()),
+            python: sources.python,
+            path: &path,
+            account: account.map(|a| (a.uid, a.gid)),
+        };
+        match program::resolve(&spec.command, &lookup) {
+            Ok(command) => command,
+            Err(e) => {
+                // Where `tbctl logs` looks, as well as in the allocation's condition.
+                if let Err(log) = exec::logs::note_stderr(&logs, &format!("tb: {e}")) {
+                    tracing::warn!(dir = %logs.display(), "cannot write the rank's log: {log}");
+                }
+                return Err(Prepare::Program(e.to_string()));
+            }
+        }
     };
     let mut s = exec::Spec::new(command, work, logs);
     s.env = env;

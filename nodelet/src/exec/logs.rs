@@ -98,6 +98,22 @@ pub struct StampedLine {
 pub(crate) const STAMP_LEN: usize = 24;
 
 /// The stamp of a line begun at `at`: RFC 3339 UTC with milliseconds.
+/// Appends `text` to the stderr log in `dir` as tb's own lines (stamped like a process's), for
+/// why a process could not be started: `tbctl logs` then shows it where the program's output
+/// would have been.
+pub fn note_stderr(dir: &Path, text: &str) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut w = writer::RotatingWriter::open(
+        dir,
+        Single::Stderr,
+        super::process::DEFAULT_LOG_MAX_BYTES,
+        super::process::DEFAULT_LOG_KEEP,
+    )?;
+    let mut line = text.trim_end().to_string();
+    line.push('\n');
+    w.write(line.as_bytes())
+}
+
 pub(crate) fn format_stamp(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Millis, true)
 }

@@ -276,6 +276,11 @@ fn check_working_dir(dir: &Path) -> Result<(), ExecError> {
     }
 }
 
+/// The PATH a process gets unless its spec sets one: the nodelet's own, else a fallback.
+pub fn inherited_path() -> std::ffi::OsString {
+    std::env::var_os("PATH").unwrap_or_else(|| FALLBACK_PATH.into())
+}
+
 fn inherited_env() -> Vec<(&'static str, std::ffi::OsString)> {
     INHERITED_ENV
         .iter()

@@ -1,6 +1,7 @@
 //! Real MLX through tb: distributed MLX programs whose ranks find each other only through what
 //! tb hands them (MLX_RANK and the ring hostfile in MLX_HOSTFILE), with no mlx.launch and no
-//! ssh; and `tbctl hostfile`, whose output mlx.launch itself accepts.
+//! ssh; the shipped example `manifests/trainingjob-mlx-allreduce.yaml` applied as written; and
+//! `tbctl hostfile`, whose output mlx.launch itself accepts, running the example's script.
 //!
 //! The Python comes from `$TB_TEST_PYTHON`, else `<workspace>/.venv/bin/python`, and must be
 //! able to `import mlx.core` (`pip install 'mlx[cpu]'` works on Linux x86-64); when it cannot,
@@ -17,7 +18,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tb_tests::lab::{self, Lab, port_block};
+use tb_tests::lab::{self, Lab, LabOptions, port_block};
 use tb_tests::step;
 
 /// Python processes importing MLX on a loaded 2-core machine take a while.
@@ -92,10 +93,54 @@ async fn allreduce_runs_over_the_ring_tb_sets_up() {
     }
 }
 
+/// The example as shipped: `tbctl apply -f manifests/trainingjob-mlx-allreduce.yaml` on nodelets
+/// started with `--python` (the venv with MLX). `python3` runs that Python, the relative
+/// `mlx_allreduce.py` is found beside the manifest, the two ranks land on two Macs, and both
+/// check the all-reduce.
+#[tokio::test]
+async fn the_shipped_example_runs_as_written() {
+    let python = lab::mlx_python();
+    let manifest = lab::manifest("trainingjob-mlx-allreduce.yaml");
+    let text = std::fs::read_to_string(&manifest).expect("the example");
+    assert!(
+        text.contains(r#"command: ["python3", "mlx_allreduce.py"]"#),
+        "the test runs the example as users read it:\n{text}"
+    );
+    let opts = LabOptions {
+        nodelet_args: vec!["--python".into(), python.display().to_string()],
+        ..LabOptions::new(2)
+    };
+    let lab = Lab::start_with("mlx-example", opts).await;
+    lab.tbctl_ok(&["apply", "-f", &manifest.display().to_string()])
+        .await;
+    let status = lab
+        .wait_job_phase("mlx-allreduce", "Succeeded", MLX_TIMEOUT)
+        .await;
+    step!("mlx-allreduce: {status}");
+    assert_eq!(status["epoch"], 1, "no restart: {status:#}");
+    let allocs = lab.allocations("mlx-allreduce").await;
+    let mut nodes: Vec<&str> = allocs
+        .iter()
+        .map(|a| a["spec"]["node"].as_str().expect("node"))
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    assert_eq!(nodes.len(), 2, "two ranks on two Macs: {allocs:#?}");
+    let out = lab.tbctl_ok(&["logs", "mlx-allreduce"]).await;
+    for rank in 0..2 {
+        let want = format!("rank {rank} of 2: all_sum = 3, expected 3: ok");
+        assert!(
+            lab::rank_lines(&out.stdout, rank).contains(&want),
+            "rank {rank} should print {want:?}: {out}"
+        );
+    }
+}
+
 /// `tbctl hostfile JOB` for a placed 2-rank job: the JSON mlx.launch reads (backend, envs,
 /// hosts with ssh/ips/rdma) in rank order, consistent with the ring hostfile the ranks got; MLX's
-/// own hostfile parser reads it; and `mlx.launch --hostfile` runs a 2-rank all-reduce from it
-/// on this machine.
+/// own hostfile parser reads it; and `mlx.launch --hostfile` runs the example's
+/// `mlx_allreduce.py` from it on this machine, the group size coming from MLX alone (no
+/// TB_WORLD_SIZE).
 #[tokio::test]
 async fn tbctl_hostfile_drives_mlx_launch() {
     let python = lab::mlx_python();
@@ -190,16 +235,13 @@ spec:
     let parsed: Value = serde_json::from_slice(&parsed.stdout).expect("JSON");
     assert_eq!(parsed, doc, "MLX reads tb's hostfile as written");
 
-    // mlx.launch runs a 2-rank ring from it, locally (ssh host 127.0.0.1), on ports of its own.
+    // mlx.launch runs the example's script over a 2-rank ring from it, locally (ssh host
+    // 127.0.0.1), on ports of its own, in the script's directory as its docstring says.
     let (port, _) = port_block(2);
-    let code = "import mlx.core as mx\n\
-                g = mx.distributed.init(backend='ring', strict=True)\n\
-                x = mx.distributed.all_sum(mx.full((8,), g.rank() + 1.0))\n\
-                mx.eval(x)\n\
-                print(f'launched rank {g.rank()} of {g.size()}: {x[0].item():g}', flush=True)";
     let python_arg = python.display().to_string();
     let port_arg = port.to_string();
-    let launch = tokio::process::Command::new(&mlx_launch)
+    let mut launch = tokio::process::Command::new(&mlx_launch);
+    launch
         .args([
             "--hostfile",
             &file_arg,
@@ -209,15 +251,19 @@ spec:
             &port_arg,
             "--",
             &python_arg,
-            "-c",
-            code,
+            "mlx_allreduce.py",
         ])
-        .current_dir(lab.dir())
+        .current_dir(lab::manifest("."))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .output();
+        .kill_on_drop(true);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("TB_") {
+            launch.env_remove(k);
+        }
+    }
+    let launch = launch.output();
     let out = tokio::time::timeout(MLX_TIMEOUT, launch)
         .await
         .unwrap_or_else(|_| panic!("mlx.launch did not finish within {MLX_TIMEOUT:?}"))
@@ -230,7 +276,7 @@ spec:
         "mlx.launch failed:\n{stdout}\n{stderr}"
     );
     for rank in 0..2 {
-        let want = format!("launched rank {rank} of 2: 3");
+        let want = format!("rank {rank} of 2: all_sum = 3, expected 3: ok");
         assert!(
             stdout.lines().any(|l| l.trim() == want),
             "missing {want:?} in mlx.launch's output:\n{stdout}\n{stderr}"
