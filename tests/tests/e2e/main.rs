@@ -10,6 +10,7 @@ mod builtin;
 mod cli;
 mod cron;
 mod emulated_lab;
+mod exec_paths;
 mod fair_share_lab;
 mod identity;
 mod isolation;
