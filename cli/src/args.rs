@@ -175,6 +175,7 @@ pub enum AdminCommand {
 pub enum AdminUserCommand {
     /// Create a user; its first token alone is printed on stdout (shown once).
     Create {
+        /// The user's name (lower-case letters, digits, '-' and '.').
         name: String,
         /// admin (everything), member (read all, write jobs in its namespaces), viewer (read).
         #[arg(long, value_parser = ["admin", "member", "viewer"])]
@@ -194,22 +195,31 @@ pub enum AdminUserCommand {
         output: Option<OutputFormat>,
     },
     /// Delete a user and every token it has.
-    Delete { name: String },
+    Delete {
+        /// The user to delete.
+        name: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum AdminTokenCommand {
     /// Another token for a user; it alone is printed on stdout.
     Create {
+        /// The user the token speaks for.
         #[arg(long, value_name = "NAME")]
         user: String,
+        /// How long the token lives, e.g. 12h, 30d.
         #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = parse_seconds)]
         ttl: u64,
+        /// A note kept with the token (where it is used), shown by `admin user list`.
         #[arg(long, value_name = "TEXT")]
         description: Option<String>,
     },
     /// Revoke a token by its id (`tbctl admin user list` shows them).
-    Revoke { id: String },
+    Revoke {
+        /// The token's id (not the token itself).
+        id: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -273,6 +283,8 @@ pub struct GetArgs {
     pub kind: String,
     /// Names; none lists every object of the kind.
     pub names: Vec<String>,
+    /// yaml or json (the whole objects), wide (more columns), name (`kind/name` lines);
+    /// default: a table.
     #[arg(short = 'o', long, value_enum)]
     pub output: Option<OutputFormat>,
     /// Label selector, e.g. `app=chat,tier!=dev`.
@@ -291,7 +303,9 @@ pub struct GetArgs {
 
 #[derive(Debug, Args)]
 pub struct DescribeArgs {
+    /// Kind (or alias: isvc, tj, node, ...); `tbctl explain` lists them.
     pub kind: String,
+    /// One or more names of objects of that kind, in the namespace of -n.
     #[arg(required = true)]
     pub names: Vec<String>,
     /// Read from the answering controller's copy, which may lag the leader.
@@ -305,6 +319,7 @@ pub struct DeleteArgs {
     /// Kind (or alias) of the objects to delete.
     #[arg(requires = "names")]
     pub kind: Option<String>,
+    /// Names of the objects of that kind to delete.
     pub names: Vec<String>,
     /// Delete the objects defined in these files.
     #[arg(short = 'f', long = "filename", value_name = "FILE|DIR|-", conflicts_with_all = ["kind", "names"])]
@@ -363,6 +378,9 @@ pub struct EventsArgs {
     /// Every namespace.
     #[arg(short = 'A', long)]
     pub all_namespaces: bool,
+    /// json or yaml: the Event objects whole (`items: [...]`; with -w one
+    /// `{"type", "object"}` line or document per change); default: a table (LAST SEEN, TYPE,
+    /// REASON, OBJECT, MESSAGE).
     #[arg(short = 'o', long, value_enum)]
     pub output: Option<EventsOutput>,
 }
@@ -421,6 +439,7 @@ pub struct HostfileArgs {
     /// Write the hostfile here instead of to stdout.
     #[arg(short = 'o', long = "output", value_name = "PATH")]
     pub output: Option<PathBuf>,
+    /// Which hostfile: mlx.launch's JSON (mlx) or MLX's ring hostfile (ring).
     #[arg(long, value_enum, default_value_t = HostfileFormat::Mlx)]
     pub format: HostfileFormat,
 }
@@ -467,6 +486,7 @@ pub struct PlanArgs {
     /// no server.
     #[arg(long, value_name = "FILE")]
     pub cluster: Option<String>,
+    /// table (for people), json or yaml (the plan as data).
     #[arg(short = 'o', long, value_enum, default_value_t = PlanOutput::Table)]
     pub output: PlanOutput,
 }
@@ -483,6 +503,7 @@ pub enum PlanOutput {
 pub struct TopologyArgs {
     #[command(subcommand)]
     pub command: Option<TopologyCommand>,
+    /// table (Macs, links and a picture), dot (Graphviz) or json.
     #[arg(short = 'o', long, value_enum, default_value_t = TopologyOutput::Table)]
     pub output: TopologyOutput,
 }
@@ -574,6 +595,7 @@ pub struct ExplainArgs {
 pub enum ClusterCommand {
     /// Members, their roles and Raft progress.
     Status {
+        /// json (for scripts) or wide (more Raft columns); default: a table.
         #[arg(short = 'o', long, value_enum)]
         output: Option<ClusterOutput>,
     },
@@ -585,7 +607,10 @@ pub enum ClusterCommand {
         address: String,
     },
     /// Remove a controller from the cluster.
-    RemoveMember { id: u64 },
+    RemoveMember {
+        /// The controller's id (its --id; `tbctl cluster status` lists them).
+        id: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -597,9 +622,15 @@ pub enum ClusterOutput {
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
     /// Make a context the current one.
-    UseContext { name: String },
+    UseContext {
+        /// The context's name (`tbctl config get-contexts` lists them).
+        name: String,
+    },
     /// Create or change a context; its servers come from --server, its namespace from -n.
-    SetContext { name: String },
+    SetContext {
+        /// The context's name; created when it does not exist.
+        name: String,
+    },
     /// List contexts; `*` marks the current one.
     GetContexts,
     /// Print the current context's name.
@@ -608,6 +639,7 @@ pub enum ConfigCommand {
 
 #[derive(Debug, Args)]
 pub struct CompletionArgs {
+    /// The shell to complete for (source the output from its startup file).
     #[arg(value_enum)]
     pub shell: Shell,
 }
@@ -651,6 +683,49 @@ mod tests {
     #[test]
     fn command_line_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// Every subcommand and every argument (flag or positional) of `cmd` and below without help
+    /// text, as `tbctl SUB.. --flag` paths. clap's own `--help`/`--version` have theirs.
+    fn missing_help(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if arg.is_hide_set() || matches!(id, "help" | "version") {
+                continue;
+            }
+            if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                let name = match (arg.get_long(), arg.get_short()) {
+                    (Some(l), _) => format!("--{l}"),
+                    (None, Some(s)) => format!("-{s}"),
+                    (None, None) => id.to_uppercase(),
+                };
+                out.push(format!("{path} {name}"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            if sub.is_hide_set() || sub.get_name() == "help" {
+                continue;
+            }
+            let sub_path = format!("{path} {}", sub.get_name());
+            if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                out.push(format!("{sub_path} (the subcommand)"));
+            }
+            missing_help(sub, &sub_path, out);
+        }
+    }
+
+    #[test]
+    fn every_subcommand_and_argument_has_help() {
+        let mut cmd = Cli::command();
+        // Global flags are copied into every subcommand when the tree is built.
+        cmd.build();
+        let mut missing = Vec::new();
+        missing_help(&cmd, "tbctl", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "without help text (add a /// doc comment):\n  {}",
+            missing.join("\n  ")
+        );
     }
 
     #[test]
