@@ -87,6 +87,9 @@ pub enum Command {
     Wait(WaitArgs),
     /// Document a kind or one of its fields: KIND[.field.path].
     Explain(ExplainArgs),
+    /// Model files on this machine: `model inspect FILE|DIR` prints a Model manifest for a GGUF.
+    #[command(subcommand)]
+    Model(ModelCommand),
     /// Memory use of the cluster's Macs, or of each queue.
     #[command(subcommand)]
     Top(TopCommand),
@@ -442,6 +445,29 @@ pub struct HostfileArgs {
     /// Which hostfile: mlx.launch's JSON (mlx) or MLX's ring hostfile (ring).
     #[arg(long, value_enum, default_value_t = HostfileFormat::Mlx)]
     pub format: HostfileFormat,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ModelCommand {
+    /// Read a GGUF file's header (not its weights) and print a Model manifest for it: its
+    /// architecture, layers, sizes, heads, context, vocabulary, quantisation and file size,
+    /// ready for `tbctl apply -f`. Needs no server.
+    Inspect(ModelInspectArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ModelInspectArgs {
+    /// A .gguf file, or a directory holding exactly one (GGUF only: MLX and safetensors
+    /// directories are not read).
+    #[arg(value_name = "FILE|DIR")]
+    pub target: PathBuf,
+    /// The Model's name (default: from the file name, e.g. smollm2-135m-instruct-q4-1).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// The path to write as spec.source.path, where the nodes find the file (default: this
+    /// file's absolute path; `~/` means the home of the user the nodelet runs as).
+    #[arg(long, value_name = "PATH")]
+    pub path: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
