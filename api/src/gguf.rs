@@ -74,7 +74,10 @@ pub enum MetaValue {
     Str(String),
     /// A string longer than [`MAX_KEPT_STRING`], skipped: its length in bytes.
     LongStr(u64),
-    Array { elem_type: u32, len: u64 },
+    Array {
+        elem_type: u32,
+        len: u64,
+    },
 }
 
 impl MetaValue {
@@ -220,7 +223,8 @@ impl GgufHeader {
     }
 
     fn arch_u64(&self, arch: &str, key: &str) -> Option<u64> {
-        self.get(&format!("{arch}.{key}")).and_then(MetaValue::as_u64)
+        self.get(&format!("{arch}.{key}"))
+            .and_then(MetaValue::as_u64)
     }
 
     /// The model's shape and quantisation, as far as the header says.
@@ -233,10 +237,12 @@ impl GgufHeader {
         let a = architecture.as_str();
         let heads = self.arch_u64(a, "attention.head_count");
         let hidden = self.arch_u64(a, "embedding_length");
-        let head_dim = self.arch_u64(a, "attention.key_length").or(match (hidden, heads) {
-            (Some(h), Some(n)) if n > 0 && h.is_multiple_of(n) => Some(h / n),
-            _ => None,
-        });
+        let head_dim = self
+            .arch_u64(a, "attention.key_length")
+            .or(match (hidden, heads) {
+                (Some(h), Some(n)) if n > 0 && h.is_multiple_of(n) => Some(h / n),
+                _ => None,
+            });
         let vocab = self
             .arch_u64(a, "vocab_size")
             .or_else(|| match self.get("tokenizer.ggml.tokens") {
@@ -421,8 +427,8 @@ fn min_value_bytes(ty: u32) -> Option<u64> {
         2 | 3 => 2,
         4..=6 => 4,
         10..=12 => 8,
-        8 => 8,       // string: its u64 length
-        9 => 4 + 8,   // array: element type and count
+        8 => 8,     // string: its u64 length
+        9 => 4 + 8, // array: element type and count
         _ => return None,
     })
 }
@@ -499,7 +505,12 @@ impl Reader<'_> {
     }
 
     /// A string of at most `max` bytes; None (skipped) when longer and `skip_long`.
-    fn string(&mut self, what: &str, max: u64, skip_long: bool) -> Result<Option<String>, GgufError> {
+    fn string(
+        &mut self,
+        what: &str,
+        max: u64,
+        skip_long: bool,
+    ) -> Result<Option<String>, GgufError> {
         let at = self.pos;
         let n = self.u64(&format!("the length of {what}"))?;
         if n > max {
@@ -507,7 +518,10 @@ impl Reader<'_> {
                 self.skip(n, what)?;
                 return Ok(None);
             }
-            return Err(self.corrupt(at, format!("{what} claims {n} bytes (at most {max} expected)")));
+            return Err(self.corrupt(
+                at,
+                format!("{what} claims {n} bytes (at most {max} expected)"),
+            ));
         }
         self.need(n, what)?;
         let mut buf = vec![0u8; n as usize];
@@ -619,7 +633,13 @@ impl Reader<'_> {
         self.typed_value(key, ty, at, depth)
     }
 
-    fn typed_value(&mut self, key: &str, ty: u32, at: u64, depth: u32) -> Result<MetaValue, GgufError> {
+    fn typed_value(
+        &mut self,
+        key: &str,
+        ty: u32,
+        at: u64,
+        depth: u32,
+    ) -> Result<MetaValue, GgufError> {
         let what = format!("the value of {key}");
         Ok(match ty {
             0 => MetaValue::Uint(u64::from(self.bytes::<1>(&what)?[0])),
@@ -639,12 +659,18 @@ impl Reader<'_> {
             }
             9 => {
                 if depth >= MAX_ARRAY_DEPTH {
-                    return Err(self.corrupt(at, format!("{key}: arrays nested deeper than {MAX_ARRAY_DEPTH}")));
+                    return Err(self.corrupt(
+                        at,
+                        format!("{key}: arrays nested deeper than {MAX_ARRAY_DEPTH}"),
+                    ));
                 }
                 let elem_at = self.pos;
                 let elem_type = self.u32(&format!("the element type of {key}"))?;
                 let each = min_value_bytes(elem_type).ok_or_else(|| {
-                    self.corrupt(elem_at, format!("{key}: unknown array element type {elem_type} (0..=12 expected)"))
+                    self.corrupt(
+                        elem_at,
+                        format!("{key}: unknown array element type {elem_type} (0..=12 expected)"),
+                    )
                 })?;
                 let count_at = self.pos;
                 let len = self.u64(&format!("the length of {key}"))?;
@@ -672,7 +698,10 @@ impl Reader<'_> {
             11 => MetaValue::Int(i64::from_le_bytes(self.bytes::<8>(&what)?)),
             12 => MetaValue::Float(f64::from_le_bytes(self.bytes::<8>(&what)?)),
             other => {
-                return Err(self.corrupt(at, format!("{key}: unknown value type {other} (0..=12 expected)")));
+                return Err(self.corrupt(
+                    at,
+                    format!("{key}: unknown value type {other} (0..=12 expected)"),
+                ));
             }
         })
     }

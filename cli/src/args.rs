@@ -31,7 +31,8 @@ pub struct Global {
     /// then the context's servers).
     #[arg(long, global = true, value_name = "HOST:PORT[,...]")]
     pub server: Option<String>,
-    /// The context to use instead of the current one.
+    /// The context to use instead of the current one (for `up`: the context it writes and
+    /// makes current, default `local`).
     #[arg(long, global = true, value_name = "NAME")]
     pub context: Option<String>,
     /// Namespace (default: the context's, else `default`).
@@ -595,9 +596,16 @@ pub struct UpArgs {
     /// ~/.local/share/tb).
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// The port the controller serves on, on 127.0.0.1.
+    /// The port the controller serves on, on 127.0.0.1 (the nodelets' rank ports stay at
+    /// 32323+100·(i-1); --port-range moves them all).
     #[arg(long, value_name = "P", default_value_t = 7400, value_parser = clap::value_parser!(u16).range(1..))]
     pub port: u16,
+    /// Take every port from START-END, so that a second local cluster (with its own
+    /// --data-dir and --context) does not collide with the first: the controller gets START,
+    /// node-i's endpoint START+i, and the rest is split among the nodelets for ranks and
+    /// services' endpoints (up to 100 each, at least 8).
+    #[arg(long, value_name = "START-END", conflicts_with = "port", value_parser = crate::portplan::parse_port_range)]
+    pub port_range: Option<crate::portplan::PortRange>,
 }
 
 #[derive(Debug, Args)]
@@ -880,12 +888,28 @@ mod tests {
             _ => unreachable!("token"),
         }
         match Cli::try_parse_from(["tbctl", "up"]).expect("parse").command {
-            Command::Up(a) => assert_eq!((a.nodelets, a.port, a.data_dir), (2, 7400, None)),
+            Command::Up(a) => assert_eq!(
+                (a.nodelets, a.port, a.data_dir, a.port_range),
+                (2, 7400, None, None)
+            ),
             _ => unreachable!("up"),
         }
         assert!(Cli::try_parse_from(["tbctl", "token", "create", "--uses", "0"]).is_err());
         assert!(Cli::try_parse_from(["tbctl", "up", "--nodelets", "0"]).is_err());
         assert!(Cli::try_parse_from(["tbctl", "up", "--port", "0"]).is_err());
+        assert!(Cli::try_parse_from(["tbctl", "up", "--port-range", "41000-41999"]).is_ok());
+        assert!(
+            Cli::try_parse_from([
+                "tbctl",
+                "up",
+                "--port",
+                "7500",
+                "--port-range",
+                "41000-41999"
+            ])
+            .is_err(),
+            "--port and --port-range conflict"
+        );
         assert!(Cli::try_parse_from(["tbctl", "down", "--purge", "--data-dir", "/tmp/x"]).is_ok());
         assert!(Cli::try_parse_from(["tbctl", "top", "nodes"]).is_ok());
         assert!(Cli::try_parse_from(["tbctl", "top", "no"]).is_ok());

@@ -143,7 +143,10 @@ fn every_truncation_is_an_error_naming_the_file() {
         let msg = e.to_string();
         assert!(msg.contains("cut.gguf"), "cut at {cut}: {msg}");
         if cut < 4 {
-            assert!(matches!(e, GgufError::NotGguf { .. }), "cut at {cut}: {msg}");
+            assert!(
+                matches!(e, GgufError::NotGguf { .. }),
+                "cut at {cut}: {msg}"
+            );
         } else {
             assert!(
                 matches!(e, GgufError::Truncated { .. } | GgufError::Corrupt { .. }),
@@ -159,7 +162,10 @@ fn a_file_that_is_not_gguf_says_what_it_starts_with() {
     let path = write(&dir, "model.safetensors", b"{\"__metadata__\": {}}");
     let msg = GgufHeader::read(&path).expect_err("json").to_string();
     assert!(msg.contains("model.safetensors"), "{msg}");
-    assert!(msg.contains("not a GGUF file") && msg.contains("\"GGUF\""), "{msg}");
+    assert!(
+        msg.contains("not a GGUF file") && msg.contains("\"GGUF\""),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -182,7 +188,10 @@ fn huge_counts_and_lengths_are_refused_before_allocating() {
     bytes.extend((1u64 << 63).to_le_bytes());
     let path = write(&dir, "count.gguf", &bytes);
     let msg = GgufHeader::read(&path).expect_err("count").to_string();
-    assert!(msg.contains("metadata entries") && msg.contains("byte 16"), "{msg}");
+    assert!(
+        msg.contains("metadata entries") && msg.contains("byte 16"),
+        "{msg}"
+    );
 
     // A key claiming 2^40 bytes.
     let mut bytes = MAGIC.to_vec();
@@ -193,7 +202,10 @@ fn huge_counts_and_lengths_are_refused_before_allocating() {
     bytes.extend([0u8; 16]);
     let path = write(&dir, "key.gguf", &bytes);
     let msg = GgufHeader::read(&path).expect_err("key").to_string();
-    assert!(msg.contains("metadata key #0") && msg.contains("claims"), "{msg}");
+    assert!(
+        msg.contains("metadata key #0") && msg.contains("claims"),
+        "{msg}"
+    );
 
     // An array of 2^60 u64.
     let mut w = Writer::default();

@@ -136,7 +136,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
         Command::Explain(a) => return explain::run(&a).map(|()| 0),
         Command::Model(c) => return model::run(&c).map(|()| 0),
         // The local cluster is found by its data directory, not by a context.
-        Command::Up(a) => return up::run(&a).await.map(|()| 0),
+        Command::Up(a) => return up::run(&a, g.context.as_deref()).await.map(|()| 0),
         Command::Down(a) => return down::run(&a).await.map(|()| 0),
         Command::Plan(a) if a.cluster.is_some() => {
             let ns = g

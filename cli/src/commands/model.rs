@@ -41,8 +41,8 @@ pub fn inspect(args: &ModelInspectArgs) -> Result<String> {
             file.display()
         );
     }
-    let absolute = std::fs::canonicalize(&file)
-        .with_context(|| format!("resolving {}", file.display()))?;
+    let absolute =
+        std::fs::canonicalize(&file).with_context(|| format!("resolving {}", file.display()))?;
     let source_path = match &args.path {
         Some(p) => p.clone(),
         None => absolute.display().to_string(),
@@ -159,7 +159,12 @@ fn u32_field(v: Option<u64>) -> Option<u32> {
 
 /// The Model's metadata and spec; fields the file does not give are left out (placement then
 /// estimates).
-fn manifest(name: &str, path: &str, facts: &ModelFacts, file_bytes: u64) -> (ObjectMeta, ModelSpec) {
+fn manifest(
+    name: &str,
+    path: &str,
+    facts: &ModelFacts,
+    file_bytes: u64,
+) -> (ObjectMeta, ModelSpec) {
     let spec = ModelSpec {
         format: ModelFormat::Gguf,
         source: ModelSource {

@@ -93,13 +93,19 @@ fn a_small_llama_becomes_a_valid_model_manifest() {
     assert_eq!(spec["architecture"], "llama");
     assert_eq!(spec["layers"], 2);
     assert_eq!(spec["hiddenSize"], 64);
-    assert_eq!((spec["heads"].clone(), spec["kvHeads"].clone()), (4.into(), 2.into()));
+    assert_eq!(
+        (spec["heads"].clone(), spec["kvHeads"].clone()),
+        (4.into(), 2.into())
+    );
     assert_eq!(spec["contextLength"], 2048);
     assert_eq!(spec["vocabSize"], 32);
     assert_eq!(spec["bytesPerLayer"], "2560");
     let canonical = std::fs::canonicalize(&file).expect("canonical");
     assert_eq!(spec["source"]["path"], canonical.display().to_string());
-    assert!(text.starts_with("# Read from the GGUF header of "), "{text}");
+    assert!(
+        text.starts_with("# Read from the GGUF header of "),
+        "{text}"
+    );
 
     // A directory with that one file reads it; --name and --path replace the defaults.
     let a = ModelInspectArgs {
@@ -120,28 +126,43 @@ fn bad_files_are_named_with_what_was_expected() {
     let cut = dir.path().join("cut.gguf");
     std::fs::write(&cut, tiny_gguf(100)).expect("write");
     let e = err(&cut);
-    assert!(e.contains("cut.gguf: truncated") && e.contains("blk.1.attn_q.weight"), "{e}");
+    assert!(
+        e.contains("cut.gguf: truncated") && e.contains("blk.1.attn_q.weight"),
+        "{e}"
+    );
 
     let header_cut = dir.path().join("header.gguf");
     std::fs::write(&header_cut, &tiny_gguf(0)[..60]).expect("write");
     let e = err(&header_cut);
-    assert!(e.contains("header.gguf: ") && e.contains("truncated"), "{e}");
+    assert!(
+        e.contains("header.gguf: ") && e.contains("truncated"),
+        "{e}"
+    );
 
     let text = dir.path().join("notes.txt");
     std::fs::write(&text, "hello, world").expect("write");
     let e = err(&text);
-    assert!(e.contains("notes.txt: not a GGUF file") && e.contains("\"hell\""), "{e}");
+    assert!(
+        e.contains("notes.txt: not a GGUF file") && e.contains("\"hell\""),
+        "{e}"
+    );
 
     let e = err(&dir.path().join("absent.gguf"));
     assert!(e.contains("absent.gguf"), "{e}");
 
     let empty = tempfile::tempdir().expect("tempdir");
     let e = err(empty.path());
-    assert!(e.contains("no .gguf file") && e.contains("safetensors"), "{e}");
+    assert!(
+        e.contains("no .gguf file") && e.contains("safetensors"),
+        "{e}"
+    );
 
     // The directory now holds two: it must be told which.
     let e = err(dir.path());
-    assert!(e.contains(".gguf files here") && e.contains("cut.gguf"), "{e}");
+    assert!(
+        e.contains(".gguf files here") && e.contains("cut.gguf"),
+        "{e}"
+    );
 
     let good = empty.path().join("good.gguf");
     std::fs::write(&good, tiny_gguf(FULL_DATA)).expect("write");
