@@ -208,7 +208,7 @@ impl GgufHeader {
             .iter()
             .filter_map(|t| {
                 let end = data_start.checked_add(t.offset)?.checked_add(t.bytes()?)?;
-                (end > self.file_bytes).then(|| (end, t))
+                (end > self.file_bytes).then_some((end, t))
             })
             .max_by_key(|(end, _)| *end)
             .map(|(ends_at, t)| MissingData {

@@ -217,8 +217,10 @@ fn huge_counts_and_lengths_are_refused_before_allocating() {
     assert!(msg.contains("x:") && msg.contains("claimed"), "{msg}");
 
     // A tensor with 9 dimensions.
-    let mut w = Writer::default();
-    w.tensor_count = 1;
+    let mut w = Writer {
+        tensor_count: 1,
+        ..Writer::default()
+    };
     string(&mut w.tensors, "t");
     w.tensors.extend(9u32.to_le_bytes());
     w.tensors.extend([0u8; 100]);
