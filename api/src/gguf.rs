@@ -38,11 +38,15 @@ pub enum GgufError {
         source: std::io::Error,
     },
     #[error(
-        "{}: not a GGUF file: it starts with {found:?}, a GGUF file starts with \"GGUF\" \
+        "{}: not a GGUF file: {found}, and a GGUF file starts with \"GGUF\" \
          (tbctl reads GGUF only: llama.cpp's format, one .gguf file per model)",
         path.display()
     )]
-    NotGguf { path: PathBuf, found: String },
+    NotGguf {
+        path: PathBuf,
+        /// What the file has instead: `it starts with "..."` or `it has only N bytes`.
+        found: String,
+    },
     #[error("{}: GGUF version {version} is not supported (expected 2 or 3)", path.display())]
     Version { path: PathBuf, version: u32 },
     #[error(
@@ -558,7 +562,7 @@ impl Reader<'_> {
             Err(GgufError::Truncated { .. }) => {
                 return Err(GgufError::NotGguf {
                     path: self.path.to_path_buf(),
-                    found: format!("{} bytes in all", self.len),
+                    found: format!("it has only {} bytes", self.len),
                 });
             }
             Err(e) => return Err(e),
@@ -566,7 +570,8 @@ impl Reader<'_> {
         if &magic != MAGIC {
             return Err(GgufError::NotGguf {
                 path: self.path.to_path_buf(),
-                found: String::from_utf8_lossy(&magic).into_owned(),
+                // Escaped: the bytes of a binary file would garble the terminal.
+                found: format!("it starts with \"{}\"", magic.escape_ascii()),
             });
         }
         let version = self.u32("the version")?;
