@@ -10,6 +10,7 @@ pub mod controller_files;
 pub mod cron;
 pub mod duration;
 pub mod explain;
+pub mod gguf;
 pub mod kind;
 pub mod lab;
 pub mod load;

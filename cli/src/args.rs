@@ -31,7 +31,8 @@ pub struct Global {
     /// then the context's servers).
     #[arg(long, global = true, value_name = "HOST:PORT[,...]")]
     pub server: Option<String>,
-    /// The context to use instead of the current one.
+    /// The context to use instead of the current one (for `up`: the context it writes and
+    /// makes current, default `local`).
     #[arg(long, global = true, value_name = "NAME")]
     pub context: Option<String>,
     /// Namespace (default: the context's, else `default`).
@@ -87,6 +88,9 @@ pub enum Command {
     Wait(WaitArgs),
     /// Document a kind or one of its fields: KIND[.field.path].
     Explain(ExplainArgs),
+    /// Model files on this machine: `model inspect FILE|DIR` prints a Model manifest for a GGUF.
+    #[command(subcommand)]
+    Model(ModelCommand),
     /// Memory use of the cluster's Macs, or of each queue.
     #[command(subcommand)]
     Top(TopCommand),
@@ -175,6 +179,7 @@ pub enum AdminCommand {
 pub enum AdminUserCommand {
     /// Create a user; its first token alone is printed on stdout (shown once).
     Create {
+        /// The user's name (lower-case letters, digits, '-' and '.').
         name: String,
         /// admin (everything), member (read all, write jobs in its namespaces), viewer (read).
         #[arg(long, value_parser = ["admin", "member", "viewer"])]
@@ -194,22 +199,31 @@ pub enum AdminUserCommand {
         output: Option<OutputFormat>,
     },
     /// Delete a user and every token it has.
-    Delete { name: String },
+    Delete {
+        /// The user to delete.
+        name: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum AdminTokenCommand {
     /// Another token for a user; it alone is printed on stdout.
     Create {
+        /// The user the token speaks for.
         #[arg(long, value_name = "NAME")]
         user: String,
+        /// How long the token lives, e.g. 12h, 30d.
         #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = parse_seconds)]
         ttl: u64,
+        /// A note kept with the token (where it is used), shown by `admin user list`.
         #[arg(long, value_name = "TEXT")]
         description: Option<String>,
     },
     /// Revoke a token by its id (`tbctl admin user list` shows them).
-    Revoke { id: String },
+    Revoke {
+        /// The token's id (not the token itself).
+        id: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -273,6 +287,8 @@ pub struct GetArgs {
     pub kind: String,
     /// Names; none lists every object of the kind.
     pub names: Vec<String>,
+    /// yaml or json (the whole objects), wide (more columns), name (`kind/name` lines);
+    /// default: a table.
     #[arg(short = 'o', long, value_enum)]
     pub output: Option<OutputFormat>,
     /// Label selector, e.g. `app=chat,tier!=dev`.
@@ -291,7 +307,9 @@ pub struct GetArgs {
 
 #[derive(Debug, Args)]
 pub struct DescribeArgs {
+    /// Kind (or alias: isvc, tj, node, ...); `tbctl explain` lists them.
     pub kind: String,
+    /// One or more names of objects of that kind, in the namespace of -n.
     #[arg(required = true)]
     pub names: Vec<String>,
     /// Read from the answering controller's copy, which may lag the leader.
@@ -305,6 +323,7 @@ pub struct DeleteArgs {
     /// Kind (or alias) of the objects to delete.
     #[arg(requires = "names")]
     pub kind: Option<String>,
+    /// Names of the objects of that kind to delete.
     pub names: Vec<String>,
     /// Delete the objects defined in these files.
     #[arg(short = 'f', long = "filename", value_name = "FILE|DIR|-", conflicts_with_all = ["kind", "names"])]
@@ -363,6 +382,9 @@ pub struct EventsArgs {
     /// Every namespace.
     #[arg(short = 'A', long)]
     pub all_namespaces: bool,
+    /// json or yaml: the Event objects whole (`items: [...]`; with -w one
+    /// `{"type", "object"}` line or document per change); default: a table (LAST SEEN, TYPE,
+    /// REASON, OBJECT, MESSAGE).
     #[arg(short = 'o', long, value_enum)]
     pub output: Option<EventsOutput>,
 }
@@ -421,8 +443,32 @@ pub struct HostfileArgs {
     /// Write the hostfile here instead of to stdout.
     #[arg(short = 'o', long = "output", value_name = "PATH")]
     pub output: Option<PathBuf>,
+    /// Which hostfile: mlx.launch's JSON (mlx) or MLX's ring hostfile (ring).
     #[arg(long, value_enum, default_value_t = HostfileFormat::Mlx)]
     pub format: HostfileFormat,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ModelCommand {
+    /// Read a GGUF file's header (not its weights) and print a Model manifest for it: its
+    /// architecture, layers, sizes, heads, context, vocabulary, quantisation and file size,
+    /// ready for `tbctl apply -f`. Needs no server.
+    Inspect(ModelInspectArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ModelInspectArgs {
+    /// A .gguf file, or a directory holding exactly one (GGUF only: MLX and safetensors
+    /// directories are not read).
+    #[arg(value_name = "FILE|DIR")]
+    pub target: PathBuf,
+    /// The Model's name (default: from the file name, e.g. smollm2-135m-instruct-q4-1).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// The path to write as spec.source.path, where the nodes find the file (default: this
+    /// file's absolute path; `~/` means the home of the user the nodelet runs as).
+    #[arg(long, value_name = "PATH")]
+    pub path: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -467,6 +513,7 @@ pub struct PlanArgs {
     /// no server.
     #[arg(long, value_name = "FILE")]
     pub cluster: Option<String>,
+    /// table (for people), json or yaml (the plan as data).
     #[arg(short = 'o', long, value_enum, default_value_t = PlanOutput::Table)]
     pub output: PlanOutput,
 }
@@ -483,6 +530,7 @@ pub enum PlanOutput {
 pub struct TopologyArgs {
     #[command(subcommand)]
     pub command: Option<TopologyCommand>,
+    /// table (Macs, links and a picture), dot (Graphviz) or json.
     #[arg(short = 'o', long, value_enum, default_value_t = TopologyOutput::Table)]
     pub output: TopologyOutput,
 }
@@ -548,9 +596,16 @@ pub struct UpArgs {
     /// ~/.local/share/tb).
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// The port the controller serves on, on 127.0.0.1.
+    /// The port the controller serves on, on 127.0.0.1 (the nodelets' rank ports stay at
+    /// 32323+100·(i-1); --port-range moves them all).
     #[arg(long, value_name = "P", default_value_t = 7400, value_parser = clap::value_parser!(u16).range(1..))]
     pub port: u16,
+    /// Take every port from START-END, so that a second local cluster (with its own
+    /// --data-dir and --context) does not collide with the first: the controller gets START,
+    /// node-i's endpoint START+i, and the rest is split among the nodelets for ranks and
+    /// services' endpoints (up to 100 each, at least 8).
+    #[arg(long, value_name = "START-END", conflicts_with = "port", value_parser = crate::portplan::parse_port_range)]
+    pub port_range: Option<crate::portplan::PortRange>,
 }
 
 #[derive(Debug, Args)]
@@ -574,6 +629,7 @@ pub struct ExplainArgs {
 pub enum ClusterCommand {
     /// Members, their roles and Raft progress.
     Status {
+        /// json (for scripts) or wide (more Raft columns); default: a table.
         #[arg(short = 'o', long, value_enum)]
         output: Option<ClusterOutput>,
     },
@@ -585,7 +641,10 @@ pub enum ClusterCommand {
         address: String,
     },
     /// Remove a controller from the cluster.
-    RemoveMember { id: u64 },
+    RemoveMember {
+        /// The controller's id (its --id; `tbctl cluster status` lists them).
+        id: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -597,9 +656,15 @@ pub enum ClusterOutput {
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
     /// Make a context the current one.
-    UseContext { name: String },
+    UseContext {
+        /// The context's name (`tbctl config get-contexts` lists them).
+        name: String,
+    },
     /// Create or change a context; its servers come from --server, its namespace from -n.
-    SetContext { name: String },
+    SetContext {
+        /// The context's name; created when it does not exist.
+        name: String,
+    },
     /// List contexts; `*` marks the current one.
     GetContexts,
     /// Print the current context's name.
@@ -608,6 +673,7 @@ pub enum ConfigCommand {
 
 #[derive(Debug, Args)]
 pub struct CompletionArgs {
+    /// The shell to complete for (source the output from its startup file).
     #[arg(value_enum)]
     pub shell: Shell,
 }
@@ -651,6 +717,49 @@ mod tests {
     #[test]
     fn command_line_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// Every subcommand and every argument (flag or positional) of `cmd` and below without help
+    /// text, as `tbctl SUB.. --flag` paths. clap's own `--help`/`--version` have theirs.
+    fn missing_help(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if arg.is_hide_set() || matches!(id, "help" | "version") {
+                continue;
+            }
+            if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                let name = match (arg.get_long(), arg.get_short()) {
+                    (Some(l), _) => format!("--{l}"),
+                    (None, Some(s)) => format!("-{s}"),
+                    (None, None) => id.to_uppercase(),
+                };
+                out.push(format!("{path} {name}"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            if sub.is_hide_set() || sub.get_name() == "help" {
+                continue;
+            }
+            let sub_path = format!("{path} {}", sub.get_name());
+            if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                out.push(format!("{sub_path} (the subcommand)"));
+            }
+            missing_help(sub, &sub_path, out);
+        }
+    }
+
+    #[test]
+    fn every_subcommand_and_argument_has_help() {
+        let mut cmd = Cli::command();
+        // Global flags are copied into every subcommand when the tree is built.
+        cmd.build();
+        let mut missing = Vec::new();
+        missing_help(&cmd, "tbctl", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "without help text (add a /// doc comment):\n  {}",
+            missing.join("\n  ")
+        );
     }
 
     #[test]
@@ -779,12 +888,28 @@ mod tests {
             _ => unreachable!("token"),
         }
         match Cli::try_parse_from(["tbctl", "up"]).expect("parse").command {
-            Command::Up(a) => assert_eq!((a.nodelets, a.port, a.data_dir), (2, 7400, None)),
+            Command::Up(a) => assert_eq!(
+                (a.nodelets, a.port, a.data_dir, a.port_range),
+                (2, 7400, None, None)
+            ),
             _ => unreachable!("up"),
         }
         assert!(Cli::try_parse_from(["tbctl", "token", "create", "--uses", "0"]).is_err());
         assert!(Cli::try_parse_from(["tbctl", "up", "--nodelets", "0"]).is_err());
         assert!(Cli::try_parse_from(["tbctl", "up", "--port", "0"]).is_err());
+        assert!(Cli::try_parse_from(["tbctl", "up", "--port-range", "41000-41999"]).is_ok());
+        assert!(
+            Cli::try_parse_from([
+                "tbctl",
+                "up",
+                "--port",
+                "7500",
+                "--port-range",
+                "41000-41999"
+            ])
+            .is_err(),
+            "--port and --port-range conflict"
+        );
         assert!(Cli::try_parse_from(["tbctl", "down", "--purge", "--data-dir", "/tmp/x"]).is_ok());
         assert!(Cli::try_parse_from(["tbctl", "top", "nodes"]).is_ok());
         assert!(Cli::try_parse_from(["tbctl", "top", "no"]).is_ok());

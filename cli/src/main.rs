@@ -17,6 +17,7 @@ mod linediff;
 mod local;
 mod manifests;
 mod output;
+mod portplan;
 
 use std::process::ExitCode;
 

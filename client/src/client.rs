@@ -2,7 +2,9 @@
 //! connect errors and the failures [`crate::retry::is_retryable`] names (no leader, a member
 //! going down, deadlines), retries with backoff until the call's timeout, and remembers the
 //! member that last answered (the leader, as a rule: followers that cannot serve a call answer
-//! UNAVAILABLE and the client moves on). With a CA ([`crate::tls`]) it speaks TLS and verifies
+//! UNAVAILABLE and the client moves on). When every member refuses the connection, nothing
+//! listens there, and the call fails at once unless the caller asked to wait for restarts
+//! ([`crate::retry::Refused`]). With a CA ([`crate::tls`]) it speaks TLS and verifies
 //! the controllers with it; every call carries the bearer token ([`crate::auth`]).
 //!
 //! Retrying a write is safe because every mutating request carries a request id, generated once
@@ -37,7 +39,7 @@ use tonic::{Code, Status, Streaming};
 use crate::addr::ServerAddr;
 use crate::auth::{AuthChannel, Bearer};
 use crate::connect::{Dial, error_chain};
-use crate::retry::{Backoff, MAX_ATTEMPTS, is_retryable};
+use crate::retry::{Backoff, MAX_ATTEMPTS, Refused, is_connection_refused, is_retryable};
 use crate::tls::Trust;
 
 /// Largest gRPC message a client sends or accepts.
@@ -105,6 +107,23 @@ pub struct Client {
     /// before anything is sent.
     insecure: bool,
     dial: Dial,
+    /// Whether a round of refused connections ends the call.
+    refused: Refused,
+}
+
+/// Why a connection to one member failed, and whether it was refused (nothing listens).
+struct ConnectFailure {
+    message: String,
+    refused: bool,
+}
+
+impl ConnectFailure {
+    fn other(message: String) -> ConnectFailure {
+        ConnectFailure {
+            message,
+            refused: false,
+        }
+    }
 }
 
 impl Client {
@@ -119,7 +138,15 @@ impl Client {
             trust: None,
             insecure: false,
             dial: Dial::default(),
+            refused: Refused::default(),
         }
+    }
+
+    /// What to do when every member refuses the connection: fail at once (the default) or
+    /// keep trying until the timeout (a caller that outlives controller restarts).
+    pub fn with_refused(mut self, refused: Refused) -> Client {
+        self.refused = refused;
+        self
     }
 
     /// Allow the token over plain TCP when there is no CA.
@@ -192,7 +219,7 @@ impl Client {
         }
     }
 
-    async fn connect(&mut self, limit: Duration) -> Result<Channel, String> {
+    async fn connect(&mut self, limit: Duration) -> Result<Channel, ConnectFailure> {
         if let Some((i, ch)) = &self.channel
             && *i == self.current
         {
@@ -206,17 +233,25 @@ impl Client {
         };
         let endpoint = dial
             .endpoint(addr.as_ref(), self.trust.as_ref())
-            .map_err(|e| format!("bad address: {}", error_chain(&e)))?;
+            .map_err(|e| ConnectFailure::other(format!("bad address: {}", error_chain(&e))))?;
         let ch = match tokio::time::timeout(limit, endpoint.connect()).await {
             Ok(Ok(ch)) => ch,
             Ok(Err(e)) => {
-                return Err(crate::tls::explain(
-                    addr.as_ref(),
-                    &error_chain(&e),
-                    self.trust.as_ref(),
-                ));
+                return Err(ConnectFailure {
+                    refused: is_connection_refused(&e),
+                    message: crate::tls::explain(
+                        addr.as_ref(),
+                        &error_chain(&e),
+                        self.trust.as_ref(),
+                    ),
+                });
             }
-            Err(_) => return Err(format!("no connection within {}", fmt_duration(limit))),
+            Err(_) => {
+                return Err(ConnectFailure::other(format!(
+                    "no connection within {}",
+                    fmt_duration(limit)
+                )));
+            }
         };
         tracing::debug!(server = %addr, "connected");
         self.channel = Some((self.current, ch.clone()));
@@ -258,6 +293,8 @@ impl Client {
         let mut failures: BTreeMap<usize, String> = BTreeMap::new();
         let mut code = Code::Unavailable;
         loop {
+            // Whether every member of this round refused the connection.
+            let mut all_refused = true;
             for _ in 0..self.servers.len() {
                 let now = Instant::now();
                 attempts += 1;
@@ -268,20 +305,22 @@ impl Client {
                 let idx = self.current;
                 let ch = match self.connect(budget.min(CONNECT_TIMEOUT)).await {
                     Ok(ch) => ch,
-                    Err(e) if crate::tls::is_handshake_failure(&e) => {
+                    Err(e) if crate::tls::is_handshake_failure(&e.message) => {
                         // A certificate the CA does not vouch for stays so: no retrying.
                         return Err(RpcError {
                             code: Code::Unavailable,
-                            message: e,
+                            message: e.message,
                         });
                     }
                     Err(e) => {
-                        tracing::debug!(server = %self.servers[idx], error = %e, "connect failed");
-                        failures.insert(idx, e);
+                        tracing::debug!(server = %self.servers[idx], error = %e.message, "connect failed");
+                        all_refused &= e.refused;
+                        failures.insert(idx, e.message);
                         self.fail_over();
                         continue;
                     }
                 };
+                all_refused = false;
                 let ch = InterceptedService::new(ch, self.bearer.clone());
                 match tokio::time::timeout(budget, call(ch, budget)).await {
                     Ok(Ok(resp)) => return Ok(resp.into_inner()),
@@ -310,9 +349,28 @@ impl Client {
                     }
                 }
             }
+            if all_refused && self.refused == Refused::Final {
+                return Err(self.refused_everywhere(rpc, &failures));
+            }
             // Every server failed once: a leader election or a restart may be under way.
             let left = deadline.saturating_duration_since(Instant::now());
             tokio::time::sleep(backoff.next_pause().min(left)).await;
+        }
+    }
+
+    /// Every member refused the connection: say so, and what usually causes it.
+    fn refused_everywhere(&self, rpc: &str, failures: &BTreeMap<usize, String>) -> RpcError {
+        let addrs: Vec<String> = self.servers.iter().map(ToString::to_string).collect();
+        let detail: Vec<&str> = failures.values().map(String::as_str).collect();
+        RpcError {
+            code: Code::Unavailable,
+            message: format!(
+                "cannot send {rpc}: nothing listens at {} (connection refused); is the \
+                 controller running there? Check --server, TB_SERVER or the context \
+                 (`tbctl config current-context`); `tbctl up` starts a local cluster ({})",
+                addrs.join(", "),
+                detail.join("; ")
+            ),
         }
     }
 
@@ -694,7 +752,7 @@ mod tests {
     async fn unreachable_servers_are_reported_by_address() {
         // Port 1 on localhost refuses connections.
         let servers = parse_server_list("127.0.0.1:1,[::1]:1").expect("list");
-        let mut c = Client::new(servers, Duration::from_millis(400));
+        let mut c = Client::new(servers, Duration::from_millis(400)).with_refused(Refused::Retry);
         let e = c
             .list(ListRequest::default())
             .await
@@ -702,5 +760,25 @@ mod tests {
         assert_eq!(e.code, Code::Unavailable);
         assert!(e.message.contains("127.0.0.1:1"), "{}", e.message);
         assert!(e.message.contains("within 400ms"), "{}", e.message);
+    }
+
+    #[tokio::test]
+    async fn refused_everywhere_fails_at_once_by_default() {
+        let servers = parse_server_list("127.0.0.1:1,127.0.0.1:2").expect("list");
+        let mut c = Client::new(servers, Duration::from_secs(10));
+        let started = std::time::Instant::now();
+        let e = c
+            .list(ListRequest::default())
+            .await
+            .expect_err("nothing listens");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(e.code, Code::Unavailable);
+        for want in ["127.0.0.1:1", "127.0.0.1:2", "connection refused"] {
+            assert!(e.message.contains(want), "{want}: {}", e.message);
+        }
     }
 }

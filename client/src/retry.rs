@@ -1,6 +1,12 @@
 //! The one retry rule of tb's clients: which failures may be retried (on the same controller or
 //! another), how long to wait between rounds, and how many attempts at most.
 //!
+//! A refused connection is the exception to "retry until the deadline": when every member
+//! refused in the same round, nothing listens at any address the caller gave (a wrong
+//! `--server`, a cluster that is not running), and by default the call fails at once.
+//! A long-lived caller that outlives controller restarts (the nodelet) asks for
+//! [`Refused::Retry`] instead.
+//!
 //! A retried write is safe because every write carries a request id that stays the same across
 //! its attempts: the store applies a given id once, however many controllers it reached.
 
@@ -36,6 +42,30 @@ pub fn is_retryable(s: &Status) -> bool {
 fn names_the_transport(message: &str) -> bool {
     let m = message.to_ascii_lowercase();
     m.contains("h2 protocol error") || m.contains("transport error") || m.contains("connection")
+}
+
+/// What a round in which every member refused the connection means to the caller.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Refused {
+    /// Nothing listens: report it now (tbctl — a user waiting on a wrong address).
+    #[default]
+    Final,
+    /// The controllers may be restarting: keep trying until the deadline (the nodelet).
+    Retry,
+}
+
+/// Whether `e` or one of its causes is an OS "connection refused": nothing listens there.
+pub fn is_connection_refused(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::ConnectionRefused
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// Pauses between rounds of attempts: doubling from [`FIRST_BACKOFF`] up to [`MAX_BACKOFF`].
@@ -83,6 +113,26 @@ mod tests {
         ] {
             assert!(!is_retryable(&s), "{s:?}");
         }
+    }
+
+    #[test]
+    fn a_refused_connection_is_found_among_the_causes() {
+        #[derive(Debug)]
+        struct Wrapper(std::io::Error);
+        impl std::fmt::Display for Wrapper {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("tcp connect error")
+            }
+        }
+        impl std::error::Error for Wrapper {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let refused = Wrapper(std::io::ErrorKind::ConnectionRefused.into());
+        assert!(is_connection_refused(&refused));
+        let timed_out = Wrapper(std::io::ErrorKind::TimedOut.into());
+        assert!(!is_connection_refused(&timed_out));
     }
 
     #[test]

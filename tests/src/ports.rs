@@ -64,6 +64,42 @@ pub fn free_port() -> u16 {
     panic!("no free port left in {FIRST}..{LAST}");
 }
 
+/// `len` consecutive ports on 127.0.0.1, each free now and claimed as [`free_port`] claims
+/// one: `(first, last)`, inclusive.
+pub fn free_range(len: u16) -> (u16, u16) {
+    assert!(len > 0 && len < LAST - FIRST, "a range of {len} ports");
+    let mut guard = ALLOCATOR.lock().unwrap_or_else(|e| e.into_inner());
+    let alloc = guard.get_or_insert_with(|| Allocator {
+        next: FIRST + (std::process::id() % u32::from(LAST - FIRST)) as u16,
+        held: Vec::new(),
+    });
+    let dir = lock_dir();
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    for _ in 0..(LAST - FIRST) / len {
+        let start = if alloc.next + len > LAST {
+            FIRST
+        } else {
+            alloc.next
+        };
+        alloc.next = start + len;
+        let mut locks = Vec::new();
+        for port in start..start + len {
+            match claim(&dir, port) {
+                Some(lock) if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() => {
+                    locks.push(lock)
+                }
+                // Taken: drop the locks claimed so far (releasing them) and move on.
+                _ => break,
+            }
+        }
+        if locks.len() == usize::from(len) {
+            alloc.held.extend(locks);
+            return (start, start + len - 1);
+        }
+    }
+    panic!("no {len} consecutive free ports in {FIRST}..{LAST}");
+}
+
 /// `host:port` on 127.0.0.1 for a fresh port.
 pub fn free_addr() -> String {
     format!("127.0.0.1:{}", free_port())

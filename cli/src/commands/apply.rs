@@ -1,23 +1,27 @@
 //! `tbctl apply`: load and validate every object locally, then send them in one all-or-none
 //! Apply request and print each object's outcome. With `--wait`, then wait until the jobs
 //! applied are up (InferenceServices Ready, TrainingJobs running or finished), drawing model
-//! staging as a progress bar on stderr.
+//! staging as a progress bar on stderr. Each wait first says on stderr what it waits for (the
+//! object and the condition); when the deadline passes, the error shows the object's phase,
+//! conditions and last events, which say why it is not up (exit 1).
 
 use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
 use serde_json::Value;
-use tb_api::Kind;
 use tb_api::proto::{ApplyRequest, GetRequest, ListRequest};
+use tb_api::{Kind, Object};
 
-use super::{Ctx, display_name, request_id};
+use super::{Ctx, display_name, parse_object, request_id};
 use crate::args::{ApplyArgs, DryRun};
 use crate::manifests;
 use crate::output::emit;
 
 /// How long `--wait` waits when `--timeout` does not say.
 const WAIT: Duration = Duration::from_secs(600);
+/// How many of the object's events a timed-out wait shows.
+const LAST_EVENTS: usize = 5;
 
 pub async fn run(ctx: &mut Ctx, args: &ApplyArgs, timeout: Option<Duration>) -> Result<()> {
     // Nothing is sent unless every object in every file is valid.
@@ -48,7 +52,14 @@ pub async fn run(ctx: &mut Ctx, args: &ApplyArgs, timeout: Option<Duration>) -> 
         warn_quotas_below_usage(ctx, &resp.results).await;
     }
     if args.wait {
-        let deadline = tokio::time::Instant::now() + timeout.unwrap_or(WAIT);
+        let limit = timeout.unwrap_or(WAIT);
+        let deadline = tokio::time::Instant::now() + limit;
+        if !objects.iter().any(|l| waits_for(l.object.kind()).is_some()) {
+            eprintln!(
+                "--wait: nothing to wait for (it waits for InferenceServices to be Ready and \
+                 TrainingJobs to run; the rest is in place once applied)"
+            );
+        }
         for l in &objects {
             let o = &l.object;
             if let Some(kind @ (Kind::InferenceService | Kind::TrainingJob)) = o.kind() {
@@ -58,7 +69,7 @@ pub async fn run(ctx: &mut Ctx, args: &ApplyArgs, timeout: Option<Duration>) -> 
                 } else {
                     o.metadata.namespace.clone()
                 };
-                wait_up(ctx, kind, &ns, &o.metadata.name, deadline).await?;
+                wait_up(ctx, kind, &ns, &o.metadata.name, deadline, limit).await?;
             }
         }
     }
@@ -90,6 +101,77 @@ async fn warn_quotas_below_usage(ctx: &mut Ctx, results: &[tb_api::proto::ApplyR
             eprintln!("Warning: {warning}");
         }
     }
+}
+
+/// What `--wait` waits for on an object of this kind, in words; None: it does not wait.
+fn waits_for(kind: Option<Kind>) -> Option<&'static str> {
+    match kind? {
+        Kind::InferenceService => Some("to be Ready (condition Ready=True)"),
+        Kind::TrainingJob => Some("to run (phase Running, or Succeeded)"),
+        _ => None,
+    }
+}
+
+/// Why the object is not up yet, from its status and events: the phase with its reason and
+/// message, each condition, and the last events (oldest first).
+pub fn not_up_report(object: &Value, events: &Result<Vec<Object>, String>) -> String {
+    let status = &object["status"];
+    let text = |v: &Value| v.as_str().unwrap_or("").to_string();
+    let mut out = String::new();
+    let phase = text(&status["phase"]);
+    let mut line = format!(
+        "  phase: {}",
+        if phase.is_empty() {
+            "<none yet>"
+        } else {
+            &phase
+        }
+    );
+    for key in ["reason", "message"] {
+        let v = text(&status[key]);
+        if !v.is_empty() {
+            line.push_str(&format!(" — {v}"));
+        }
+    }
+    out.push_str(&line);
+    out.push('\n');
+    match status["conditions"].as_array().filter(|c| !c.is_empty()) {
+        None => out.push_str("  conditions: <none>\n"),
+        Some(cs) => {
+            out.push_str("  conditions:\n");
+            for c in cs {
+                let mut line = format!("    {}={}", text(&c["type"]), text(&c["status"]));
+                let (reason, message) = (text(&c["reason"]), text(&c["message"]));
+                if !reason.is_empty() {
+                    line.push_str(&format!(" {reason}"));
+                }
+                if !message.is_empty() {
+                    line.push_str(&format!(": {message}"));
+                }
+                out.push_str(&line);
+                out.push('\n');
+            }
+        }
+    }
+    match events {
+        Err(e) => out.push_str(&format!("  events: <unavailable: {e}>\n")),
+        Ok(list) if list.is_empty() => out.push_str("  events: <none>\n"),
+        Ok(list) => {
+            let now = chrono::Utc::now();
+            let skip = list.len().saturating_sub(LAST_EVENTS);
+            out.push_str("  last events (oldest first):\n");
+            for e in &list[skip..] {
+                out.push_str(&format!(
+                    "    {} ago {} {}: {}\n",
+                    super::describe::event_age(e, now),
+                    text(&e.spec["type"]),
+                    text(&e.spec["reason"]),
+                    text(&e.spec["message"])
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// Whether a job is up: `Ok(true)` up, `Ok(false)` not yet, `Err` failed.
@@ -131,9 +213,15 @@ async fn wait_up(
     namespace: &str,
     name: &str,
     deadline: tokio::time::Instant,
+    limit: Duration,
 ) -> Result<()> {
     let shown = display_name(kind.as_str(), name);
     let tty = std::io::stderr().is_terminal();
+    eprintln!(
+        "waiting for {shown} {} (--timeout {})",
+        waits_for(Some(kind)).unwrap_or("to be up"),
+        tb_client::fmt_duration(limit)
+    );
     let mut last_line = String::new();
     loop {
         let job = ctx
@@ -185,7 +273,25 @@ async fn wait_up(
             }
         }
         if tokio::time::Instant::now() >= deadline {
-            bail!("timed out waiting for {shown} to be up");
+            if tty && !last_line.is_empty() {
+                eprintln!();
+            }
+            let events = match parse_object(&job.to_string()) {
+                Ok(o) => super::describe::events_of(ctx, kind, &o, false).await,
+                Err(e) => Err(format!("{e:#}")),
+            };
+            // Where it stands goes first, the error (one line) last, where the eye lands.
+            eprint!(
+                "{shown} after {}:\n{}  (`tbctl describe {} {name}` shows all of it)\n",
+                tb_client::fmt_duration(limit),
+                not_up_report(&job, &events),
+                kind.as_str().to_ascii_lowercase(),
+            );
+            bail!(
+                "timed out after {} waiting for {shown} {}",
+                tb_client::fmt_duration(limit),
+                waits_for(Some(kind)).unwrap_or("to be up"),
+            );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

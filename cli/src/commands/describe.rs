@@ -60,7 +60,7 @@ pub async fn run(ctx: &mut Ctx, args: &DescribeArgs) -> Result<()> {
 
 /// The object's most recent events, oldest first; an error message if they could not be read
 /// (the object itself is still worth showing).
-async fn events_of(
+pub async fn events_of(
     ctx: &mut Ctx,
     kind: Kind,
     o: &Object,

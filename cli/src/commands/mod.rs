@@ -20,6 +20,7 @@ pub mod explain;
 pub mod get;
 pub mod hostfile;
 pub mod logs;
+pub mod model;
 pub mod observe;
 pub mod plan;
 pub mod token;
@@ -133,8 +134,9 @@ pub async fn run(cli: Cli) -> Result<u8> {
         Command::Config(c) => return config::run(c, &g).map(|()| 0),
         Command::Completion(a) => return completion::run(a).map(|()| 0),
         Command::Explain(a) => return explain::run(&a).map(|()| 0),
+        Command::Model(c) => return model::run(&c).map(|()| 0),
         // The local cluster is found by its data directory, not by a context.
-        Command::Up(a) => return up::run(&a).await.map(|()| 0),
+        Command::Up(a) => return up::run(&a, g.context.as_deref()).await.map(|()| 0),
         Command::Down(a) => return down::run(&a).await.map(|()| 0),
         Command::Plan(a) if a.cluster.is_some() => {
             let ns = g
@@ -221,6 +223,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
         Command::Config(_)
         | Command::Completion(_)
         | Command::Explain(_)
+        | Command::Model(_)
         | Command::Up(_)
         | Command::Down(_)
         | Command::Login(_) => Ok(0),

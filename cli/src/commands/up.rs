@@ -5,8 +5,10 @@
 //! Steps: find `tb-controller` and `tb-nodelet` (next to tbctl, else on PATH); start the
 //! controller on 127.0.0.1:PORT and wait for it to elect itself leader; create a single-use
 //! join token per nodelet, bound to its name, and hand it over in the environment
-//! (`TB_JOIN_TOKEN`), never on a command line; start `node-1..N`, each listening on a free port with its own port range for ranks
-//! (32323+100*(i-1) ..= +99); point the context `local` at the controller and make it current;
+//! (`TB_JOIN_TOKEN`), never on a command line; start `node-1..N`, each with its own endpoint
+//! port and port range for ranks (the ports come from `portplan`: by default the controller on
+//! `--port` and ranges at 32323+100*(i-1) ..= +99, with `--port-range` all from that range);
+//! point the context `local` (or `--context NAME`) at the controller and make it current;
 //! wait until every Node is Ready; print a table of the processes. If a cluster from the same
 //! data directory is already running it says so and exits 0. If anything fails, the processes
 //! started by this run are stopped again (their logs stay) and the error names the log to read.
@@ -33,6 +35,7 @@ use crate::columns::{at, condition};
 use crate::config::{ConfigFile, Context, config_path};
 use crate::local::{self, CONTEXT, Proc};
 use crate::output::{Table, emit};
+use crate::portplan::{PortPlan, PortRange};
 use crate::servers::parse_server_list;
 use crate::tls::Trust;
 use tb_api::controller_files::ADMIN_TOKEN_FILE;
@@ -41,27 +44,19 @@ use tb_api::controller_files::CA_CERT_FILE;
 /// How long the controller gets to elect itself, and the nodelets to become Ready.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(250);
-/// The first port of node-1's range for ranks (MLX's default starting port); each next
-/// nodelet's range starts 100 higher.
-const FIRST_RANK_PORT: u32 = 32323;
-const RANK_PORTS: u32 = 100;
 /// Lines of a failed process's log quoted in the error.
 const LOG_LINES: usize = 15;
 
-/// `START-END` of nodelet `i` (1-based).
-pub fn port_range(i: u32) -> Result<String> {
-    let start = FIRST_RANK_PORT + RANK_PORTS * (i - 1);
-    let end = start + RANK_PORTS - 1;
-    if end > u32::from(u16::MAX) {
-        bail!("too many nodelets: node-{i}'s ports would pass 65535");
-    }
-    Ok(format!("{start}-{end}"))
-}
-
 /// The nodelet's command line. Its join token is not on it (every local user can read a command
 /// line): it goes in the nodelet's environment, `TB_JOIN_TOKEN`.
-pub fn nodelet_args(i: u32, dir: &Path, controller: &str, listen_port: u16) -> Result<Vec<String>> {
-    Ok(vec![
+pub fn nodelet_args(
+    i: u32,
+    dir: &Path,
+    controller: &str,
+    listen_port: u16,
+    ranks: PortRange,
+) -> Vec<String> {
+    vec![
         "--controller".into(),
         controller.into(),
         "--name".into(),
@@ -71,8 +66,8 @@ pub fn nodelet_args(i: u32, dir: &Path, controller: &str, listen_port: u16) -> R
         "--listen".into(),
         format!("127.0.0.1:{listen_port}"),
         "--port-range".into(),
-        port_range(i)?,
-    ])
+        ranks.to_string(),
+    ]
 }
 
 pub fn node_name(i: u32) -> String {
@@ -113,20 +108,21 @@ pub fn local_lab(nodelets: u32) -> String {
 /// earlier one) and make it current.
 pub fn point_context(
     file: &mut ConfigFile,
+    name: &str,
     server: &str,
     token: Option<String>,
     ca_cert: Option<PathBuf>,
 ) {
-    file.contexts.retain(|c| c.name != CONTEXT);
+    file.contexts.retain(|c| c.name != name);
     file.contexts.push(Context {
-        name: CONTEXT.into(),
+        name: name.into(),
         server: server.into(),
         namespace: None,
         token,
         ca_cert,
         insecure: false,
     });
-    file.current_context = Some(CONTEXT.into());
+    file.current_context = Some(name.into());
 }
 
 /// The Nodes among `want` that are not Ready in `nodes`, or whose last heartbeat is older than
@@ -156,6 +152,8 @@ struct Started {
     child: Child,
     log: PathBuf,
     address: String,
+    /// The rank ports it was given (a nodelet), or `-`.
+    ports: String,
 }
 
 /// What this run has started, recorded in the pids file as it grows.
@@ -173,6 +171,7 @@ impl Cluster {
         args: &[String],
         env: &[(&str, &str)],
         address: String,
+        ports: String,
     ) -> Result<()> {
         let log = self.dir.join(format!("{name}.log"));
         let out = OpenOptions::new()
@@ -210,6 +209,7 @@ impl Cluster {
             child,
             log,
             address,
+            ports,
         });
         let procs: Vec<Proc> = self.started.iter().map(|s| s.proc.clone()).collect();
         local::write_pids(&self.dir, &procs)
@@ -263,7 +263,13 @@ fn free_port() -> Result<u16> {
     Ok(l.local_addr().context("finding a free port")?.port())
 }
 
-pub async fn run(args: &UpArgs) -> Result<()> {
+/// `context`: the name of the context to write (the global `--context`), else `local`.
+pub async fn run(args: &UpArgs, context: Option<&str>) -> Result<()> {
+    let context = context.unwrap_or(CONTEXT);
+    let plan = match args.port_range {
+        Some(range) => PortPlan::within(range, args.nodelets)?,
+        None => PortPlan::default_for(args.port, args.nodelets)?,
+    };
     let dir = local::data_dir(args.data_dir.as_deref())?;
     if let Some(procs) = local::read_pids(&dir)? {
         let running: Vec<String> = procs
@@ -283,16 +289,23 @@ pub async fn run(args: &UpArgs) -> Result<()> {
     }
     let controller_bin = local::locate("tb-controller")?;
     let nodelet_bin = local::locate("tb-nodelet")?;
-    let server = format!("127.0.0.1:{}", args.port);
-    if std::net::TcpListener::bind(&server).is_err() {
-        bail!("{server} is in use (another controller?); choose another port with --port");
+    let server = format!("127.0.0.1:{}", plan.controller);
+    for port in plan.listen_ports() {
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+            bail!(
+                "127.0.0.1:{port} is in use (another controller or local cluster?); give this \
+                 cluster ports of its own with --port-range START-END (e.g. 41000-41999) and a \
+                 data directory of its own with --data-dir"
+            );
+        }
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut cluster = Cluster {
         dir: dir.clone(),
         started: Vec::new(),
     };
-    let token = match start(&mut cluster, args, &server, &controller_bin, &nodelet_bin).await {
+    let bins = (controller_bin.as_path(), nodelet_bin.as_path());
+    let token = match start(&mut cluster, args, &plan, &server, bins).await {
         Ok(token) => token,
         Err(e) => {
             cluster.tear_down().await;
@@ -306,23 +319,24 @@ pub async fn run(args: &UpArgs) -> Result<()> {
         let mut file = ConfigFile::load(&path)?;
         // The controller made the cluster CA in its data dir.
         let ca = std::path::absolute(dir.join("controller").join(CA_CERT_FILE)).ok();
-        point_context(&mut file, &server, Some(token), ca);
+        point_context(&mut file, context, &server, Some(token), ca);
         file.save(&path).map(|()| path)
     }) {
         Ok(path) => file_path_note.push_str(&format!(
-            "context \"{CONTEXT}\" ({server}) is now current in {}\n",
+            "context \"{context}\" ({server}) is now current in {}\n",
             path.display()
         )),
         Err(e) => file_path_note.push_str(&format!(
-            "could not set the context \"{CONTEXT}\": {e:#}; use --server {server}\n"
+            "could not set the context \"{context}\": {e:#}; use --server {server}\n"
         )),
     }
-    let mut t = Table::new(["NAME", "PID", "ADDRESS", "LOG"]);
+    let mut t = Table::new(["NAME", "PID", "ADDRESS", "PORTS", "LOG"]);
     for s in &cluster.started {
         t.push(vec![
             s.proc.name.clone(),
             s.proc.pid.to_string(),
             s.address.clone(),
+            s.ports.clone(),
             s.log.display().to_string(),
         ]);
     }
@@ -338,9 +352,9 @@ pub async fn run(args: &UpArgs) -> Result<()> {
 async fn start(
     cluster: &mut Cluster,
     args: &UpArgs,
+    plan: &PortPlan,
     server: &str,
-    controller_bin: &Path,
-    nodelet_bin: &Path,
+    (controller_bin, nodelet_bin): (&Path, &Path),
 ) -> Result<String> {
     let dir = cluster.dir.clone();
     let controller_args: Vec<String> = vec![
@@ -357,6 +371,7 @@ async fn start(
         &controller_args,
         &[],
         server.into(),
+        "-".into(),
     )?;
 
     // The controller makes the cluster CA before it serves; clients verify it with that.
@@ -438,8 +453,15 @@ async fn start(
             .await
             .context("creating a join token")?
             .token;
-        let port = free_port()?;
-        let mut nodelet_args = nodelet_args(i, &dir, server, port)?;
+        let ports = usize::try_from(i - 1)
+            .ok()
+            .and_then(|k| plan.nodelets.get(k))
+            .context("the port plan has no entry for this nodelet")?;
+        let port = match ports.listen {
+            Some(p) => p,
+            None => free_port()?,
+        };
+        let mut nodelet_args = nodelet_args(i, &dir, server, port, ports.ranks);
         nodelet_args.extend(["--ca-cert".to_string(), ca_path.display().to_string()]);
         nodelet_args.extend([
             "--topology".to_string(),
@@ -455,6 +477,7 @@ async fn start(
             &nodelet_args,
             &[("TB_JOIN_TOKEN", token.as_str())],
             format!("127.0.0.1:{port}"),
+            ports.ranks.to_string(),
         )?;
     }
 
@@ -509,14 +532,6 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn nodelets_get_distinct_port_ranges() {
-        assert_eq!(port_range(1).expect("1"), "32323-32422");
-        assert_eq!(port_range(2).expect("2"), "32423-32522");
-        assert_eq!(port_range(64).expect("64"), "38623-38722");
-        assert!(port_range(400).is_err());
-    }
-
-    #[test]
     fn the_local_lab_cables_the_nodelets_in_a_chain_or_a_ring() {
         let two = tb_api::lab::LabFile::parse("lab.yaml", &local_lab(2)).expect("valid lab");
         assert_eq!(two.macs.len(), 2);
@@ -529,7 +544,14 @@ mod tests {
 
     #[test]
     fn nodelet_command_line() {
-        let args = nodelet_args(2, Path::new("/d"), "127.0.0.1:7400", 40001).expect("args");
+        let plan = PortPlan::default_for(7400, 2).expect("plan");
+        let args = nodelet_args(
+            2,
+            Path::new("/d"),
+            "127.0.0.1:7400",
+            40001,
+            plan.nodelets[1].ranks,
+        );
         assert_eq!(
             args,
             [
@@ -570,7 +592,7 @@ mod tests {
                 },
             ],
         };
-        point_context(&mut file, "127.0.0.1:7400", None, None);
+        point_context(&mut file, "local", "127.0.0.1:7400", None, None);
         assert_eq!(file.current_context.as_deref(), Some("local"));
         assert_eq!(file.contexts.len(), 2);
         let local = file.context("local").expect("local");

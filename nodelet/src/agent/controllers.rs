@@ -73,7 +73,9 @@ impl Controllers {
                 }
             })
             .collect();
+        // The nodelet outlives controller restarts: a refused connection is waited out.
         tb_client::Client::new(servers, timeout)
+            .with_refused(tb_client::retry::Refused::Retry)
             .with_trust(self.trust.clone())
             .with_bearer(self.bearer.clone())
             .with_insecure(true)

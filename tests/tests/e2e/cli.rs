@@ -493,3 +493,77 @@ spec:
     let out = s.tbctl.run(&["create", "job", "--from", "nightly"]).await;
     assert!(out.stderr.contains("expected schedule/NAME"), "{out}");
 }
+
+/// A Model and a service that cannot be placed: the cluster has no nodelet.
+const UNPLACEABLE: &str = "apiVersion: tb/v1
+kind: Model
+metadata:
+  name: tiny
+spec:
+  format: gguf
+  source:
+    path: /models/tiny.gguf
+  layers: 4
+  totalBytes: 64Mi
+---
+apiVersion: tb/v1
+kind: InferenceService
+metadata:
+  name: chat
+spec:
+  model: tiny
+  executor: builtin
+";
+
+#[tokio::test]
+async fn apply_wait_says_what_it_waits_for_and_why_it_timed_out() {
+    let s = Setup::new("cli-apply-wait", 1).await;
+    let file = s.write("chat.yaml", UNPLACEABLE);
+    let file = file.to_str().expect("utf-8 path");
+
+    let started = std::time::Instant::now();
+    let out = s
+        .tbctl
+        .run(&["--timeout", "4s", "apply", "--wait", "-f", file])
+        .await;
+    out.expect_code(1);
+    assert_eq!(
+        lines(&out.stdout),
+        ["model/tiny created", "inferenceservice/chat created"],
+        "{out}"
+    );
+    for want in [
+        // Before waiting: the object and the condition.
+        "waiting for inferenceservice/chat to be Ready (condition Ready=True) (--timeout 4s)",
+        // After: the timeout, where the object stands, and its events.
+        "timed out after 4s waiting for inferenceservice/chat to be Ready",
+        "inferenceservice/chat after 4s:\n  phase: Pending",
+        "  conditions:\n    Scheduled=False Unschedulable: model tiny: the cluster has no Macs",
+        "`tbctl describe inferenceservice chat`",
+    ] {
+        assert!(out.stderr.contains(want), "missing {want:?} in {out}");
+    }
+    assert!(
+        out.stderr.contains("  last events (oldest first):\n    ")
+            && out.stderr.contains("FailedScheduling"),
+        "{out}"
+    );
+    assert!(
+        out.stderr.trim_end().ends_with("error: timed out after 4s waiting for inferenceservice/chat to be Ready (condition Ready=True)"),
+        "the error comes last, on one line: {out}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the wait overran its timeout: {:?}",
+        started.elapsed()
+    );
+
+    // Only a Model: nothing to wait for, said so, exit 0.
+    let model = s.write("model.yaml", &manifest("/models/a.gguf"));
+    let out = s
+        .tbctl
+        .run(&["apply", "--wait", "-f", model.to_str().expect("utf-8 path")])
+        .await;
+    out.expect_code(0);
+    assert!(out.stderr.contains("nothing to wait for"), "{out}");
+}

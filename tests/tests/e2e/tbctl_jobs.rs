@@ -5,9 +5,10 @@
 //! wait` on a job that cannot run gives up at once with the job's failure, exit 1.
 //!
 //! `tbctl up` runs the controller with its default timings and gives node-N the rank ports
-//! 32323+100·(N-1) ..= +99; the jobs here never listen on them. Its processes are detached (a
-//! session each), so the test's guard kills whatever `down` did not stop, rank processes
-//! included, and prints the logs when the test fails.
+//! 32323+100·(N-1) ..= +99 (the jobs here never listen on them), or, with `--port-range`, every
+//! port from that range: two clusters started at once that way must not collide. Its processes
+//! are detached (a session each), so the test's guard kills whatever `down` did not stop, rank
+//! processes included, and prints the logs when the test fails.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -393,6 +394,107 @@ spec:
     );
     let again = local.ok(&["down", "--data-dir", &data]).await;
     assert!(again.stdout.contains("no local cluster"), "{again}");
+}
+
+/// Two `tbctl up` at once on one machine, each with `--port-range` of its own (and its own data
+/// directory and config): both come up, every port each took is inside its range, and a job's
+/// ranks in each get rank ports from their cluster's range.
+#[tokio::test]
+async fn two_local_clusters_with_port_ranges_do_not_collide() {
+    ensure_binaries();
+    // 1 controller + 2 nodelet endpoints + 2 × 18 rank ports.
+    let ranges = [
+        tb_tests::ports::free_range(39),
+        tb_tests::ports::free_range(39),
+    ];
+    let clusters = [
+        Local::new("tbctl-up-range-a"),
+        Local::new("tbctl-up-range-b"),
+    ];
+    let args: Vec<[String; 7]> = clusters
+        .iter()
+        .zip(&ranges)
+        .map(|(c, (lo, hi))| {
+            [
+                "up".into(),
+                "--nodelets".into(),
+                "2".into(),
+                "--data-dir".into(),
+                c.data_arg(),
+                "--port-range".into(),
+                format!("{lo}-{hi}"),
+            ]
+        })
+        .collect();
+    let argv = |i: usize| args[i].iter().map(String::as_str).collect::<Vec<_>>();
+    let (a_args, b_args) = (argv(0), argv(1));
+    let started = Instant::now();
+    let (a, b) = tokio::join!(clusters[0].tbctl(&a_args), clusters[1].tbctl(&b_args));
+    step!("both up in {:?}:\n{a}\n{b}", started.elapsed());
+    for (i, (out, (lo, hi))) in [a, b].iter().zip(&ranges).enumerate() {
+        assert!(out.success(), "cluster {i}: {out}");
+        let config = std::fs::read_to_string(&clusters[i].config).expect("config");
+        assert!(
+            config.contains(&format!("127.0.0.1:{lo}")),
+            "the controller serves on the first port of {lo}-{hi}:\n{config}"
+        );
+        // The table lists each process's address and rank ports: all inside the range.
+        for line in out.stdout.lines().filter(|l| l.starts_with("node-")) {
+            let ports: Vec<u16> = line
+                .split(|c: char| !c.is_ascii_digit())
+                .filter_map(|w| w.parse().ok())
+                .filter(|p| *p > 1000)
+                .collect();
+            assert!(
+                ports.len() >= 3 && ports.iter().skip(1).all(|p| (lo..=hi).contains(&p)),
+                "cluster {i}: {line} (range {lo}-{hi})"
+            );
+        }
+    }
+    for (i, c) in clusters.iter().enumerate() {
+        assert_eq!(
+            ready_nodes(&c.get_json(&["nodes"]).await),
+            ["node-1", "node-2"],
+            "cluster {i}"
+        );
+    }
+
+    // A job in each: its ranks' MLX ring hostfile names ports of that cluster's range.
+    for c in &clusters {
+        c.apply("echo", ECHO).await;
+    }
+    for (i, c) in clusters.iter().enumerate() {
+        let (lo, hi) = ranges[i];
+        c.ok(&[
+            "wait",
+            "tj/echo",
+            "--for=condition=Complete",
+            "--timeout",
+            "60s",
+        ])
+        .await;
+        let logs = c.ok(&["logs", "echo"]).await;
+        let hostfile = rank_lines(&logs.stdout, 0)
+            .get(1)
+            .cloned()
+            .unwrap_or_else(|| panic!("no hostfile line: {logs}"));
+        let ring: Vec<Vec<String>> = serde_json::from_str(&hostfile)
+            .unwrap_or_else(|e| panic!("not a ring hostfile ({e}): {logs}"));
+        for addr in ring.iter().flatten() {
+            let port: u16 = addr
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("{addr}: no port"));
+            assert!(
+                (lo..=hi).contains(&port),
+                "cluster {i}: rank address {addr} outside {lo}-{hi}"
+            );
+        }
+    }
+    for c in &clusters {
+        c.ok(&["down", "--data-dir", &c.data_arg()]).await;
+    }
 }
 
 /// `tbctl wait --for=condition=Complete` on a job whose command does not exist exits 1 at once
