@@ -491,17 +491,15 @@ async fn a_stale_pid_file_never_kills_a_stranger() {
     lab.kill_nodelet(0);
     lab.restart_nodelet(0);
     // The nodelet reads and removes every pid file before it runs anything.
-    tb_tests::wait::expect("the pid files to be handled", JOB_TIMEOUT, || {
-        let (old, new) = (old.clone(), new.clone());
-        async move {
-            if old.join("pid").exists() || new.join("pid").exists() {
-                Err("pid files still there")
-            } else {
-                Ok(())
-            }
-        }
-    })
-    .await;
+    let deadline = std::time::Instant::now() + JOB_TIMEOUT;
+    while old.join("pid").exists() || new.join("pid").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restarted nodelet left the pid files for {JOB_TIMEOUT:?}:\n{}",
+            lab.nodelet_log(0)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     lab.wait_node_ready("node-1", true, JOB_TIMEOUT).await;
     let alive = process_alive(i64::from(pid));
     let _ = stranger.kill();

@@ -1,0 +1,108 @@
+//! Staging a built-in rank's model shard from the nodes that hold the model, with progress in
+//! the allocation's status.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tb_api::specs::{AllocationPhase, AllocationSpec, AllocationStatus};
+
+use super::Supervisor;
+
+pub(super) fn staging_status(model: &str, have: u64, need: u64) -> AllocationStatus {
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    AllocationStatus {
+        phase: AllocationPhase::Pending,
+        reason: "Staging".into(),
+        message: format!(
+            "staging {model}: {:.1}/{:.1} MiB ({}%)",
+            mib(have),
+            mib(need),
+            (have * 100).checked_div(need).unwrap_or(100)
+        ),
+        staged_bytes: have,
+        stage_bytes: need,
+        ..Default::default()
+    }
+}
+
+impl Supervisor {
+    /// Stages a built-in rank's shard from the nodes that hold the model, reporting progress in
+    /// the allocation's status (Pending, reason `Staging`) about once a second.
+    pub(super) async fn stage(
+        &self,
+        namespace: &str,
+        name: &str,
+        spec: &AllocationSpec,
+        b: &tb_api::specs::BuiltinAssignment,
+    ) -> Result<(PathBuf, u64), String> {
+        let sources: Vec<std::net::SocketAddr> =
+            b.sources.iter().filter_map(|s| s.parse().ok()).collect();
+        if sources.is_empty() {
+            return Err(format!("no usable staging source in {:?}", b.sources));
+        }
+        let job = crate::staging::fetch::Job {
+            sources,
+            path: b.model_path.clone(),
+            first: spec.layers.map_or(0, |l| l.first as usize),
+            count: spec.layers.map(|l| l.count as usize),
+            cache_root: self.data_dir.join("models"),
+            timeout: Duration::from_secs(3600),
+        };
+        let progress = Arc::new(Mutex::new(None::<crate::staging::fetch::Progress>));
+        let seen = progress.clone();
+        let mut work = tokio::task::spawn_blocking(move || {
+            crate::staging::fetch::stage(&job, &|p| {
+                *seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+            })
+        });
+        let mut reported = None;
+        let outcome = loop {
+            tokio::select! {
+                r = &mut work => break r,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            let now = *progress.lock().unwrap_or_else(|e| e.into_inner());
+            if now != reported
+                && let Some(p) = now
+            {
+                reported = now;
+                let status = staging_status(&b.model, p.have, p.need);
+                self.report(namespace, name, &status).await;
+            }
+        };
+        match outcome {
+            Ok(Ok(s)) => {
+                tracing::info!(
+                    alloc = %format!("{namespace}/{name}"),
+                    fetched = s.fetched,
+                    needed = s.needed,
+                    file = s.file_len,
+                    "model staged"
+                );
+                self.report(
+                    namespace,
+                    name,
+                    &staging_status(&b.model, s.needed, s.needed),
+                )
+                .await;
+                Ok((s.path, s.needed))
+            }
+            Ok(Err(e)) => Err(format!("staging {}: {e}", b.model)),
+            Err(e) => Err(format!("staging {} stopped: {e}", b.model)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    pub(super) fn staging_progress_reads_as_a_percentage() {
+        let s = staging_status("smollm2", 5 << 20, 20 << 20);
+        assert_eq!(s.reason, "Staging");
+        assert_eq!(s.message, "staging smollm2: 5.0/20.0 MiB (25%)");
+        assert_eq!((s.staged_bytes, s.stage_bytes), (5 << 20, 20 << 20));
+    }
+}
