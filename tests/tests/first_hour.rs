@@ -219,8 +219,7 @@ async fn every_command_of_the_first_hour_runs() {
     );
     let last_block = stderr
         .lines()
-        .filter(|l| l.starts_with("### docs/first-hour.md"))
-        .next_back()
+        .rfind(|l| l.starts_with("### docs/first-hour.md"))
         .unwrap_or("before the first block");
     assert!(
         out.status.success(),
