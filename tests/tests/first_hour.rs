@@ -22,7 +22,8 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(900);
 const UP_PORT: u16 = 7400;
 
 /// The doc's build block, which the test replaces when it is given binaries.
-const BUILD_BLOCK: &str = "cargo build -p tb-controller -p tb-nodelet -p tbctl\nexport PATH=\"$PWD/target/debug:$PATH\"\n";
+const BUILD_BLOCK: &str =
+    "cargo build --workspace --bins\nexport PATH=\"$PWD/target/debug:$PATH\"\n";
 
 /// A fenced block of the doc: its first line number (1-based) and its text.
 #[derive(Debug)]
@@ -159,11 +160,6 @@ async fn every_command_of_the_first_hour_runs() {
     let doc = std::fs::read_to_string(doc_path()).expect("docs/first-hour.md");
     let blocks = sh_blocks(&doc);
     let bin_dir = std::env::var_os("TB_TEST_BIN_DIR").map(PathBuf::from);
-    if bin_dir.is_none() {
-        // Builds tb-controller and tbctl the harness's way; the doc's own build then finds
-        // little to do.
-        let _ = tb_tests::bins::tbctl();
-    }
     let script = script(&blocks, bin_dir.as_deref());
     let scratch = tempfile::tempdir().expect("temp dir");
     let home = scratch.path().join("home");
