@@ -87,7 +87,7 @@ fn kind_headers(kind: Kind) -> &'static [&'static str] {
         Kind::TrainingJob => &[
             "RANKS", "EXECUTOR", "STATUS", "RESTARTS", "NODES", "QUEUE", "POSITION",
         ],
-        Kind::Schedule => &["SCHEDULE", "SUSPEND", "LAST SCHEDULE"],
+        Kind::Schedule => &["SCHEDULE", "SUSPEND", "LAST SCHEDULE", "NEXT SCHEDULE"],
         Kind::Queue => &["PRIORITY", "WEIGHT"],
         Kind::Node => &["READY", "FREE/TOTAL", "CHIP"],
         Kind::Link => &["A", "B", "RDMA", "BANDWIDTH", "LATENCY"],
@@ -136,6 +136,7 @@ fn kind_cells(kind: Kind, o: &Object) -> Vec<String> {
                 .and_then(Value::as_str)
                 .map(|t| age(t, Utc::now()))
                 .unwrap_or_else(|| NONE.into()),
+            next_schedule(spec, Utc::now()),
         ],
         Kind::Queue => vec![cell(at(spec, &["priority"])), cell(at(spec, &["weight"]))],
         Kind::Node => {
@@ -428,6 +429,16 @@ pub fn cell(v: Option<&Value>) -> String {
     }
 }
 
+/// When a Schedule starts its next run (UTC, to the second), computed here with the scheduler's
+/// own slot rule; `<none>` when suspended or invalid.
+pub fn next_schedule(spec: &Value, now: DateTime<Utc>) -> String {
+    tb_api::specs::parse_spec::<tb_api::specs::ScheduleSpec>(spec)
+        .ok()
+        .and_then(|s| tb_core::scheduler::schedules::next_run(&s, now))
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        .unwrap_or_else(|| NONE.into())
+}
+
 /// How long ago an RFC 3339 timestamp was, kubectl style; `<unknown>` if it cannot be read.
 pub fn age(timestamp: &str, now: DateTime<Utc>) -> String {
     match DateTime::parse_from_rfc3339(timestamp) {
@@ -524,6 +535,16 @@ mod tests {
             assert_eq!(human_duration(TimeDelta::seconds(secs)), want, "{secs}s");
         }
         assert_eq!(human_duration(TimeDelta::seconds(-5)), "<invalid>");
+    }
+
+    #[test]
+    fn next_schedule_in_the_schedules_zone() {
+        let spec = json!({"schedule": "0 2 * * *", "timeZone": "Europe/Paris",
+            "jobTemplate": {"spec": {"command": ["true"]}}});
+        assert_eq!(next_schedule(&spec, now()), "2025-06-02T00:00:00Z");
+        let suspended = json!({"schedule": "0 2 * * *", "suspend": true,
+            "jobTemplate": {"spec": {"command": ["true"]}}});
+        assert_eq!(next_schedule(&suspended, now()), NONE);
     }
 
     #[test]

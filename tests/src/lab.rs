@@ -61,6 +61,9 @@ pub struct LabOptions {
     pub isolated: bool,
     /// More arguments for every nodelet (e.g. `--run-as NS=ACCOUNT`).
     pub nodelet_args: Vec<String>,
+    /// More environment for every nodelet (e.g. a `HOME` of the test's own, where a Model's
+    /// `~/...` path points).
+    pub nodelet_env: Vec<(String, String)>,
 }
 
 impl LabOptions {
@@ -75,6 +78,7 @@ impl LabOptions {
             topology: None,
             isolated: false,
             nodelet_args: Vec::new(),
+            nodelet_env: Vec::new(),
         }
     }
 }
@@ -267,6 +271,7 @@ pub struct Proc {
     args: Vec<String>,
     log_path: PathBuf,
     cwd: Option<PathBuf>,
+    env: Vec<(String, String)>,
     child: Option<Child>,
     starts: u32,
 }
@@ -285,12 +290,25 @@ impl Proc {
         log_path: PathBuf,
         cwd: Option<PathBuf>,
     ) -> Proc {
+        Proc::start_with_env(name, bin, args, log_path, cwd, Vec::new())
+    }
+
+    /// Like [`Proc::start_in`], with `env` added to the process's environment.
+    pub fn start_with_env(
+        name: &str,
+        bin: &Path,
+        args: Vec<String>,
+        log_path: PathBuf,
+        cwd: Option<PathBuf>,
+        env: Vec<(String, String)>,
+    ) -> Proc {
         let mut p = Proc {
             name: name.to_string(),
             bin: bin.to_path_buf(),
             args,
             log_path,
             cwd,
+            env,
             child: None,
             starts: 0,
         };
@@ -333,6 +351,7 @@ impl Proc {
                 cmd.env_remove(k);
             }
         }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let child = crate::controller::spawn_child(cmd)
             .unwrap_or_else(|e| panic!("starting {} ({}): {e}", self.name, self.bin.display()));
         self.child = Some(child);
@@ -621,7 +640,7 @@ impl Lab {
             let cwd = opts
                 .relative_data_dirs
                 .then(|| lab.dir.path().to_path_buf());
-            let proc = Proc::start_in(&name, &bin, args, log, cwd);
+            let proc = Proc::start_with_env(&name, &bin, args, log, cwd, opts.nodelet_env.clone());
             lab.nodelets.push(Nodelet {
                 name,
                 data_dir,

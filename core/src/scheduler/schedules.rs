@@ -64,6 +64,49 @@ pub fn slots_between(
     (latest, count)
 }
 
+/// How far ahead [`next_slot`] looks: four years and a day, so a schedule of 29 February is found.
+pub const LOOKAHEAD: TimeDelta = TimeDelta::days(4 * 365 + 2);
+
+/// The first slot strictly after `after` (within [`LOOKAHEAD`]): the next run a Schedule will
+/// start, unless it is suspended or a run it forbids overlapping is still going.
+pub fn next_slot(
+    cron: &CronSchedule,
+    tz: chrono_tz::Tz,
+    after: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    let mut t = after
+        .with_second(0)
+        .and_then(|t| t.with_nanosecond(0))
+        .unwrap_or(after)
+        + TimeDelta::minutes(1);
+    let end = after + LOOKAHEAD;
+    while t <= end {
+        let local = t.with_timezone(&tz);
+        if cron.matches(
+            local.minute(),
+            local.hour(),
+            local.day(),
+            local.month(),
+            local.weekday().num_days_from_sunday(),
+        ) {
+            return Some(t);
+        }
+        t += TimeDelta::minutes(1);
+    }
+    None
+}
+
+/// The next run of a Schedule after `now`: `None` when it is suspended, its cron expression or
+/// time zone is invalid, or no slot comes within [`LOOKAHEAD`].
+pub fn next_run(spec: &ScheduleSpec, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    if spec.suspend {
+        return None;
+    }
+    let cron = spec.cron().ok()?;
+    let tz: chrono_tz::Tz = spec.time_zone.as_deref().unwrap_or("UTC").parse().ok()?;
+    next_slot(&cron, tz, now)
+}
+
 /// The job a slot creates: deterministic, so a slot can be created once only.
 pub fn job_name(schedule: &str, slot: DateTime<Utc>) -> String {
     format!("{schedule}-{}", slot.timestamp() / 60)
@@ -336,6 +379,34 @@ mod tests {
             at("2026-01-12T02:30:00Z"),
         );
         assert_eq!((latest, count), (None, 0), "the bound is exclusive below");
+    }
+
+    #[test]
+    fn next_slot_is_the_first_wall_clock_match_after() {
+        let daily_2am = CronSchedule::parse("0 2 * * *").expect("cron");
+        // Winter: 02:00 Paris is 01:00 UTC; summer: 00:00 UTC.
+        assert_eq!(
+            next_slot(
+                &daily_2am,
+                chrono_tz::Europe::Paris,
+                at("2026-12-03T14:25:00Z")
+            ),
+            Some(at("2026-12-04T01:00:00Z"))
+        );
+        assert_eq!(
+            next_slot(
+                &daily_2am,
+                chrono_tz::Europe::Paris,
+                at("2026-07-01T00:00:00Z")
+            ),
+            Some(at("2026-07-02T00:00:00Z")),
+            "strictly after"
+        );
+        let leap_day = CronSchedule::parse("0 0 29 2 *").expect("cron");
+        assert_eq!(
+            next_slot(&leap_day, chrono_tz::UTC, at("2026-03-01T00:00:00Z")),
+            Some(at("2028-02-29T00:00:00Z"))
+        );
     }
 
     #[test]
