@@ -2,10 +2,27 @@
 //! InferenceServices, and what a nodelet reports on its Node. Shared by the controller (which
 //! writes and reads them), the nodelet and tbctl (which show them).
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::meta::Condition;
+
+/// The status fields every kind shares, as `tbctl explain KIND.status` shows them. Each kind's
+/// status type (JobStatus, NodeStatus, QueueStatus, ...) has these two among its own.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
+pub struct StatusSummary {
+    /// The metadata.generation this status describes.
+    #[serde(default)]
+    #[schemars(extend("x-explain-note" = "set by tb"))]
+    pub observed_generation: u64,
+    /// Observations about the object, latest state of each type.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-explain-note" = "set by tb"))]
+    pub conditions: Vec<Condition>,
+}
 
 /// Where a job is in its life.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
