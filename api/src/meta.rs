@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::timestamp::Timestamp;
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -43,9 +44,14 @@ pub struct ObjectMeta {
     #[schemars(extend("x-explain-note" = "set by tb"))]
     pub generation: u64,
     /// When the object was created (RFC 3339).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<Timestamp>")]
     #[schemars(extend("x-explain-note" = "set by tb"))]
-    pub creation_timestamp: String,
+    pub creation_timestamp: Option<Timestamp>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -99,6 +105,11 @@ pub struct Condition {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
     /// When status last changed (RFC 3339).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub last_transition_time: String,
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<Timestamp>")]
+    pub last_transition_time: Option<Timestamp>,
 }

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::timestamp::Timestamp;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -229,10 +230,18 @@ pub struct AllocationStatus {
     pub signal: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub started_at: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub finished_at: String,
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub started_at: Option<Timestamp>,
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub finished_at: Option<Timestamp>,
     /// Where the rank serves requests (rank 0 of a built-in service), e.g. `http://ip:port/v1`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub endpoint: String,

@@ -1,6 +1,7 @@
 //! Event: something that happened to an object (scheduled, started, failed, re-placed), written
 //! by tb's components and shown by `tbctl events` and `tbctl describe`.
 
+use crate::timestamp::Timestamp;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -55,11 +56,13 @@ pub struct EventSpec {
     #[serde(default = "one")]
     pub count: u32,
     /// First time (RFC 3339).
-    #[serde(default)]
-    pub first_timestamp: String,
+    #[serde(default, with = "crate::timestamp::optional")]
+    #[schemars(with = "Option<Timestamp>")]
+    pub first_timestamp: Option<Timestamp>,
     /// Latest time (RFC 3339).
-    #[serde(default)]
-    pub last_timestamp: String,
+    #[serde(default, with = "crate::timestamp::optional")]
+    #[schemars(with = "Option<Timestamp>")]
+    pub last_timestamp: Option<Timestamp>,
     /// The component that saw it, e.g. scheduler or nodelet/mac-studio-1.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub source: String,
@@ -73,8 +76,8 @@ impl Default for EventSpec {
             message: String::new(),
             involved_object: ObjectRef::default(),
             count: 1,
-            first_timestamp: String::new(),
-            last_timestamp: String::new(),
+            first_timestamp: None,
+            last_timestamp: None,
             source: String::new(),
         }
     }

@@ -2,6 +2,7 @@
 //! nodelets report. The controller writes the spec; the nodelet at end `a` probes the link and
 //! writes what it measured into the status. Cluster-scoped, like the Nodes it joins.
 
+use crate::timestamp::Timestamp;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -119,8 +120,12 @@ pub struct LinkStatus {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub transport: String,
     /// When the figures were measured (RFC 3339).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub measured_at: String,
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub measured_at: Option<Timestamp>,
     /// The node that measured them.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub measured_by: String,

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::timestamp::Timestamp;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -121,10 +122,18 @@ impl ScheduleSpec {
 #[serde(rename_all = "camelCase")]
 pub struct ScheduleStatus {
     /// The last slot handled (run, skipped or missed), RFC 3339.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub last_schedule_time: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub last_successful_time: String,
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_schedule_time: Option<Timestamp>,
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_successful_time: Option<Timestamp>,
     /// The TrainingJobs it started that have not finished.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub active: Vec<String>,

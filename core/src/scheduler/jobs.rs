@@ -15,11 +15,11 @@ use tb_api::specs::{
     parse_spec,
 };
 use tb_api::status::{JobPhase, JobStatus, PlacementSummary, RankPlacement};
-use tb_api::{Kind, Object, ObjectKey, ObjectMeta};
+use tb_api::{Kind, Object, ObjectKey, ObjectMeta, Timestamp};
 
 use super::placement::{GangRequest, RankSlot, place};
 use super::view::{Alloc, ClusterView, JobFacts};
-use super::{Clock, SchedulerConfig, event, parse_time, preemption};
+use super::{Clock, SchedulerConfig, event, preemption, time_of};
 use crate::placement::{self as model_placement, Options, Topology, Workload, live};
 use crate::store::{Plan, PlanWrite};
 
@@ -169,7 +169,7 @@ pub fn reconcile_job(
 
     // Place when nothing of the current epoch is meant to run and any backoff has passed.
     let running_wanted = live && !plan_stops_all(&plan, &current);
-    let backoff_over = parse_time(&status.next_retry_time).is_none_or(|t| clock.now >= t);
+    let backoff_over = time_of(&status.next_retry_time).is_none_or(|t| clock.now >= t);
     if !running_wanted && backoff_over && status.phase == JobPhase::Pending {
         match admit_and_place(job, shape, parsed.fields.queue.clone(), view) {
             Ok((placed, queue)) => {
@@ -229,7 +229,7 @@ fn end_of_life(
     }
     let (Some(ttl), Some(done)) = (
         shape.ttl_seconds_after_finished,
-        parse_time(&status.completion_time),
+        time_of(&status.completion_time),
     ) else {
         return;
     };
@@ -266,10 +266,9 @@ fn past_deadline(
     clock: &Clock,
     plan: &mut Plan,
 ) -> bool {
-    let (Some(deadline), Some(start)) = (
-        shape.active_deadline_seconds,
-        parse_time(&status.start_time),
-    ) else {
+    let (Some(deadline), Some(start)) =
+        (shape.active_deadline_seconds, time_of(&status.start_time))
+    else {
         return false;
     };
     if clock.now < start + chrono::TimeDelta::seconds(deadline as i64) {
@@ -343,7 +342,7 @@ fn back_to_pending(status: &mut JobStatus, reason: Reason, message: String, cloc
     status.phase = JobPhase::Pending;
     status.reason = reason.into();
     status.message = message;
-    status.next_retry_time.clear();
+    status.next_retry_time = None;
 }
 
 /// Admission and placement: the job's queue (if any) must exist and take it, the gang must fit
@@ -404,10 +403,10 @@ fn scheduled(
     status.phase = JobPhase::Scheduled;
     status.reason = Reason::Scheduled.into();
     status.message = String::new();
-    status.next_retry_time.clear();
+    status.next_retry_time = None;
     status.observed_generation = job.metadata.generation;
-    if status.start_time.is_empty() {
-        status.start_time = clock.stamp.clone();
+    if status.start_time.is_none() {
+        status.start_time = Some(clock.stamp.clone());
     }
     status.placement = slots
         .iter()
@@ -522,7 +521,7 @@ fn gang_progress(
                 "rank {} lost with node {}; placing the gang again",
                 a.spec.rank, a.spec.node
             );
-            status.next_retry_time.clear();
+            status.next_retry_time = None;
             plan.events
                 .push(event(job, true, Reason::NodeLost, &status.message.clone()));
             return;
@@ -551,7 +550,7 @@ fn gang_progress(
             delay.num_milliseconds() as f64 / 1000.0,
             status.restarts
         );
-        status.next_retry_time = super::stamp(clock.now + delay);
+        status.next_retry_time = Some(Timestamp::from_datetime(clock.now + delay));
         plan.events
             .push(event(job, true, Reason::BackOff, &status.message.clone()));
         return;
@@ -564,7 +563,7 @@ fn gang_progress(
         status.phase = JobPhase::Succeeded;
         status.reason = Reason::Succeeded.into();
         status.message = format!("all {world} rank(s) exited 0");
-        status.completion_time = clock.stamp.clone();
+        status.completion_time = Some(clock.stamp.clone());
         status.set_condition(
             "Complete",
             true,
@@ -658,8 +657,8 @@ fn fail(status: &mut JobStatus, reason: impl AsRef<str>, message: &str, clock: &
     status.phase = JobPhase::Failed;
     status.reason = reason.to_string();
     status.message = message.to_string();
-    status.completion_time = clock.stamp.clone();
-    status.next_retry_time.clear();
+    status.completion_time = Some(clock.stamp.clone());
+    status.next_retry_time = None;
     status.set_condition("Failed", true, reason, message, &clock.stamp);
 }
 
@@ -825,7 +824,7 @@ fn preempt(
             by.kind, by.metadata.name, v.priority
         )
     };
-    status.next_retry_time.clear();
+    status.next_retry_time = None;
     status.set_condition(
         "Scheduled",
         false,

@@ -202,7 +202,7 @@ impl Supervisor {
                     "the nodelet on {} restarted and killed the process it could no longer supervise",
                     self.node
                 ),
-                finished_at: now(),
+                finished_at: Some(now()),
                 ..Default::default()
             };
             self.report(&namespace, &name, &status).await;
@@ -306,7 +306,7 @@ impl Supervisor {
                     phase: AllocationPhase::Failed,
                     reason: "NoJobAccount".into(),
                     message,
-                    finished_at: now(),
+                    finished_at: Some(now()),
                     ..Default::default()
                 };
                 self.report(&namespace, &name, &status).await;
@@ -339,7 +339,7 @@ impl Supervisor {
                         used.iter().sum::<u64>(),
                         self.allocatable_bytes
                     ),
-                    finished_at: now(),
+                    finished_at: Some(now()),
                     ..Default::default()
                 })
             }
@@ -484,7 +484,7 @@ impl Supervisor {
             phase: AllocationPhase::Failed,
             reason: reason.into(),
             message,
-            finished_at: now(),
+            finished_at: Some(now()),
             ..Default::default()
         };
         // A built-in rank whose node lacks the model file stages its shard first.
@@ -535,7 +535,7 @@ impl Supervisor {
         let running_status = AllocationStatus {
             phase: AllocationPhase::Running,
             pid: Some(pid),
-            started_at: started_at.clone(),
+            started_at: Some(started_at.clone()),
             staged_bytes,
             stage_bytes: staged_bytes,
             ..Default::default()
@@ -565,8 +565,8 @@ impl Supervisor {
         let _ = std::fs::remove_file(dir.join("pid"));
         let mut status = AllocationStatus {
             pid: Some(pid),
-            started_at,
-            finished_at: now(),
+            started_at: Some(started_at),
+            finished_at: Some(now()),
             ..Default::default()
         };
         match ended {
@@ -1010,8 +1010,9 @@ fn kill_group(pid: i32) {
     }
 }
 
-pub fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+/// The current time, as statuses carry it.
+pub fn now() -> tb_api::Timestamp {
+    tb_api::Timestamp::now()
 }
 
 #[cfg(test)]
