@@ -23,6 +23,7 @@ pub mod selector;
 mod serde_util;
 pub mod specs;
 pub mod status;
+pub mod timestamp;
 pub mod tls_failure;
 pub mod validate;
 
@@ -46,4 +47,5 @@ pub use object::{API_VERSION, Object, ObjectKey};
 pub use quantity::{Quantity, QuantityError};
 pub use selector::LabelSelector;
 pub use specs::{Spec, TypedSpec, parse_spec};
+pub use timestamp::{Timestamp, TimestampError};
 pub use validate::{DEFAULT_NAMESPACE, ValidationError, validate_object, validate_status};

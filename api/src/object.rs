@@ -3,6 +3,7 @@
 //! The store and the wire deal in this shape so that they need no change when a kind grows a
 //! field; typed views of each kind's spec live in `specs` and are checked by `validate`.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -12,15 +13,22 @@ use crate::meta::ObjectMeta;
 pub const API_VERSION: &str = "tb/v1";
 
 /// Any tb object.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct Object {
+    /// Always tb/v1.
     pub api_version: String,
+    /// The kind of object, as named above.
     pub kind: String,
+    /// Name, namespace, labels and annotations; the rest is set by tb.
     pub metadata: ObjectMeta,
+    /// What you want.
     #[serde(default, skip_serializing_if = "Value::is_null")]
     pub spec: Value,
+    /// What tb observes; written by tb's components, not by users.
     #[serde(default, skip_serializing_if = "Value::is_null")]
+    #[schemars(extend("x-explain-note" = "set by tb"))]
     pub status: Value,
 }
 

@@ -186,6 +186,21 @@ impl Serialize for Quantity {
     }
 }
 
+/// In a schema (and `tbctl explain`), a quantity is a string of format `quantity`.
+impl schemars::JsonSchema for Quantity {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Quantity".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "string", "format": "quantity"})
+    }
+}
+
 impl<'de> Deserialize<'de> for Quantity {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_any(QuantityVisitor)

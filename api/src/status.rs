@@ -2,10 +2,28 @@
 //! InferenceServices, and what a nodelet reports on its Node. Shared by the controller (which
 //! writes and reads them), the nodelet and tbctl (which show them).
 
+use crate::timestamp::Timestamp;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::meta::Condition;
+
+/// The status fields every kind shares, as `tbctl explain KIND.status` shows them. Each kind's
+/// status type (JobStatus, NodeStatus, QueueStatus, ...) has these two among its own.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
+pub struct StatusSummary {
+    /// The metadata.generation this status describes.
+    #[serde(default)]
+    #[schemars(extend("x-explain-note" = "set by tb"))]
+    pub observed_generation: u64,
+    /// Observations about the object, latest state of each type.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-explain-note" = "set by tb"))]
+    pub conditions: Vec<Condition>,
+}
 
 /// Where a job is in its life.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -95,19 +113,35 @@ pub struct JobStatus {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub failure_streak: u32,
     /// When every rank of the current gang was first seen running (cleared when it stops).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub running_since: String,
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub running_since: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub start_time: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub completion_time: String,
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub start_time: Option<Timestamp>,
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub completion_time: Option<Timestamp>,
     /// Not before this time will a failed gang be placed again.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub next_retry_time: String,
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub next_retry_time: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub placement: Vec<RankPlacement>,
     /// The Macs it runs on, in rank order.
@@ -144,7 +178,7 @@ impl JobStatus {
         status: bool,
         reason: impl AsRef<str>,
         message: &str,
-        now: &str,
+        now: &Timestamp,
     ) {
         set_condition(&mut self.conditions, type_, status, reason, message, now);
     }
@@ -157,14 +191,14 @@ pub fn set_condition(
     status: bool,
     reason: impl AsRef<str>,
     message: &str,
-    now: &str,
+    now: &Timestamp,
 ) {
     let reason = reason.as_ref();
     let status = if status { "True" } else { "False" };
     match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(c) => {
             if c.status != status {
-                c.last_transition_time = now.to_string();
+                c.last_transition_time = Some(now.clone());
             }
             c.status = status.to_string();
             c.reason = reason.to_string();
@@ -175,7 +209,7 @@ pub fn set_condition(
             status: status.to_string(),
             reason: reason.to_string(),
             message: message.to_string(),
-            last_transition_time: now.to_string(),
+            last_transition_time: Some(now.clone()),
         }),
     }
 }
@@ -267,8 +301,12 @@ pub struct NodeStatus {
     pub probe_port: u16,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub nodelet_version: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub last_heartbeat_time: String,
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_heartbeat_time: Option<Timestamp>,
     /// Allocations running here, by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allocations: Vec<String>,
@@ -313,20 +351,22 @@ mod tests {
 
     #[test]
     fn conditions_keep_transition_time_while_unchanged() {
+        let t = |s: &str| Timestamp::parse(s).unwrap();
+        let (t1, t2, t3) = (
+            t("2026-06-01T00:00:01Z"),
+            t("2026-06-01T00:00:02Z"),
+            t("2026-06-01T00:00:03Z"),
+        );
         let mut s = JobStatus::default();
-        s.set_condition("Complete", false, "Running", "", "t1");
-        s.set_condition("Complete", false, "Running", "still", "t2");
-        assert_eq!(
+        s.set_condition("Complete", false, "Running", "", &t1);
+        s.set_condition("Complete", false, "Running", "still", &t2);
+        let changed = |s: &JobStatus| {
             s.condition("Complete")
-                .map(|c| c.last_transition_time.as_str()),
-            Some("t1")
-        );
-        s.set_condition("Complete", true, "Succeeded", "", "t3");
-        assert_eq!(
-            s.condition("Complete")
-                .map(|c| c.last_transition_time.as_str()),
-            Some("t3")
-        );
+                .and_then(|c| c.last_transition_time.clone())
+        };
+        assert_eq!(changed(&s), Some(t1));
+        s.set_condition("Complete", true, "Succeeded", "", &t3);
+        assert_eq!(changed(&s), Some(t3));
     }
 
     #[test]

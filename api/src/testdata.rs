@@ -205,6 +205,15 @@ spec:
     coordinator: "10.0.0.1:32323"
     ibvDevices: [[null, rdma_en3], [rdma_en3, null]]
   layers: {first: 0, count: 40}
+  builtin:
+    model: llama
+    modelPath: /models/llama.gguf
+    hosts: [10.0.0.1, 10.0.0.2]
+    coordinator: "10.0.0.1:32400"
+    endpointPort: 8000
+    context: 4096
+    batch: 4
+    sources: ["10.0.0.1:7602"]
 "#
         }
         Kind::Event => {

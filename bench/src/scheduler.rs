@@ -282,7 +282,7 @@ pub fn run(setup: Setup) -> Results {
             let queue = spec.job.name.split('-').next().unwrap_or("").to_string();
             *held.entry(queue).or_default() += spec.memory_bytes as f64;
             let born =
-                tb_core::scheduler::parse_time(&o.metadata.creation_timestamp).unwrap_or(sim.now);
+                tb_core::scheduler::time_of(&o.metadata.creation_timestamp).unwrap_or(sim.now);
             let due = runs.get(&spec.job.name).copied().unwrap_or(60);
             let mut next = status.clone();
             if (sim.now - born).num_seconds() >= due {

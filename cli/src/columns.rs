@@ -55,7 +55,7 @@ impl View {
         }
         r.push(o.metadata.name.clone());
         r.extend(kind_cells(self.kind, o));
-        r.push(age(&o.metadata.creation_timestamp, now));
+        r.push(age_of(o.metadata.creation_timestamp.as_ref(), now));
         if self.wide {
             r.extend(kind_wide_cells(self.kind, o));
             r.push(labels(o));
@@ -444,6 +444,14 @@ pub fn age(timestamp: &str, now: DateTime<Utc>) -> String {
     match DateTime::parse_from_rfc3339(timestamp) {
         Ok(t) => human_duration(now.signed_duration_since(t.with_timezone(&Utc))),
         Err(_) => "<unknown>".into(),
+    }
+}
+
+/// How long ago a typed timestamp was; `<unknown>` when it is unset.
+pub fn age_of(timestamp: Option<&tb_api::Timestamp>, now: DateTime<Utc>) -> String {
+    match timestamp {
+        Some(t) => human_duration(now.signed_duration_since(t.at())),
+        None => "<unknown>".into(),
     }
 }
 

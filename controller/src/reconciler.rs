@@ -58,7 +58,7 @@ pub async fn run(node: Arc<RaftNode>, cfg: SchedulerConfig, time: SchedulerClock
         let mut outcomes = futures::stream::iter(plans.into_iter().map(|plan| {
             let cmd = Command {
                 request_id: String::new(),
-                now: clock.stamp.clone(),
+                now: clock.stamp.to_string(),
                 op: Op::Plan(plan),
                 user: String::new(),
             };

@@ -8,7 +8,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::json;
 use tb_api::specs::{AllocationPhase, AllocationSpec, AllocationStatus, Desired, parse_spec};
 use tb_api::status::{NodeCapacity, NodeStatus, PortRange, set_condition};
-use tb_api::{Kind, Object, ObjectKey, ObjectMeta};
+use tb_api::{Kind, Object, ObjectKey, ObjectMeta, Timestamp};
 
 use crate::scheduler::{Clock, SchedulerConfig, reconcile, stamp};
 use crate::store::{Command, Op, Response, State};
@@ -127,7 +127,7 @@ impl Sim {
             true,
             "NodeletReady",
             "",
-            &stamp(self.now),
+            &Timestamp::from_datetime(self.now),
         );
         let node = Object {
             api_version: "tb/v1".into(),
@@ -220,8 +220,8 @@ impl Sim {
             status.phase = phase;
             status.exit_code = exit;
             status.reason = reason.into();
-            if phase.is_terminal() && status.finished_at.is_empty() {
-                status.finished_at = stamp(self.now);
+            if phase.is_terminal() && status.finished_at.is_none() {
+                status.finished_at = Some(tb_api::Timestamp::from_datetime(self.now));
             }
             let r = self.commit(Op::UpdateStatus {
                 key: obj.key(),

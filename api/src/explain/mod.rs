@@ -1,35 +1,34 @@
 //! `tbctl explain isvc.spec.nodes`: documentation of every field, by kind and path.
 //!
-//! The tables (in `fields`) are written by hand; a test checks that every field of a fully
-//! populated object is documented and every documented field exists.
+//! Generated from the api types: their JSON schemas (derived with schemars, which follows the
+//! serde renames and defaults) give each field's name, type, default and, from its `///` doc
+//! comment, its description. There is no table to keep in step with the types.
 
-// One field per line reads as a table; rustfmt would spread each over six lines.
-#[rustfmt::skip]
-mod fields;
+mod order;
+mod schema;
 
 use crate::kind::Kind;
 use crate::object::API_VERSION;
-use fields::{Field, kind_doc, top_level};
+pub use order::declaration_order;
+pub use schema::NOTE;
+use schema::{Field, kind_doc};
 
 /// Documentation of `field_path` (e.g. `spec.nodes`; empty for the whole kind) of `kind`.
 pub fn explain(kind: Kind, field_path: &str) -> Result<String, String> {
-    let root = top_level(kind);
+    let doc = kind_doc(kind);
     let path = field_path.trim().trim_matches('.');
     let mut out = format!("KIND:     {kind}\nVERSION:  {API_VERSION}\n\n");
     if path.is_empty() {
-        out.push_str(&format!(
-            "DESCRIPTION:\n    {}\n\nFIELDS:\n",
-            kind_doc(kind).0
-        ));
-        list_fields(&mut out, &root);
+        out.push_str(&format!("DESCRIPTION:\n    {}\n\nFIELDS:\n", doc.doc));
+        list_fields(&mut out, &doc.fields);
         return Ok(out);
     }
-    let mut fields: &[Field] = &root;
+    let mut fields: &[Field] = &doc.fields;
     let mut found: Option<&Field> = None;
     let mut walked = String::new();
     for segment in path.split('.') {
         let field = fields.iter().find(|fd| fd.name == segment).ok_or_else(|| {
-            let names: Vec<&str> = fields.iter().map(|fd| fd.name).collect();
+            let names: Vec<&str> = fields.iter().map(|fd| fd.name.as_str()).collect();
             if fields.is_empty() {
                 format!("{kind} field {walked} has no sub-fields")
             } else if walked.is_empty() {
@@ -47,8 +46,8 @@ pub fn explain(kind: Kind, field_path: &str) -> Result<String, String> {
         if !walked.is_empty() {
             walked.push('.');
         }
-        walked.push_str(field.name);
-        fields = field.fields;
+        walked.push_str(&field.name);
+        fields = &field.fields;
         found = Some(field);
     }
     // The loop ran at least once because `path` is not empty.
@@ -60,7 +59,7 @@ pub fn explain(kind: Kind, field_path: &str) -> Result<String, String> {
     out.push_str(&format!("\n\nDESCRIPTION:\n    {}\n", field.doc));
     if !field.fields.is_empty() {
         out.push_str("\nFIELDS:\n");
-        list_fields(&mut out, field.fields);
+        list_fields(&mut out, &field.fields);
     }
     Ok(out)
 }
@@ -88,18 +87,21 @@ fn list_fields(out: &mut String, fields: &[Field]) {
     }
 }
 
-/// Every documented path under `spec` for a kind, for the completeness test.
+/// Every documented path under `spec` for a kind, with its description, for the
+/// completeness test.
 #[cfg(test)]
-fn spec_paths(kind: Kind) -> Vec<String> {
-    fn walk(prefix: &str, fields: &[Field], out: &mut Vec<String>) {
+fn spec_paths(kind: Kind) -> Vec<(String, String)> {
+    fn walk(prefix: &str, fields: &[Field], out: &mut Vec<(String, String)>) {
         for fd in fields {
             let path = format!("{prefix}.{}", fd.name);
-            walk(&path, fd.fields, out);
-            out.push(path);
+            walk(&path, &fd.fields, out);
+            out.push((path, fd.doc.clone()));
         }
     }
     let mut out = Vec::new();
-    walk("spec", kind_doc(kind).1, &mut out);
+    let doc = kind_doc(kind);
+    let spec = doc.fields.iter().find(|fd| fd.name == "spec");
+    walk("spec", spec.map_or(&[][..], |fd| &fd.fields), &mut out);
     out
 }
 
@@ -166,8 +168,8 @@ mod tests {
         );
     }
 
-    /// Every field a fully populated spec has is documented, and every documented spec field
-    /// appears in the fully populated spec.
+    /// Every field a fully populated spec has is documented (has a doc comment), and every
+    /// field the spec types declare appears in the fully populated spec.
     #[test]
     fn documents_every_spec_field() {
         for kind in Kind::ALL {
@@ -177,15 +179,33 @@ mod tests {
             let documented = spec_paths(kind);
             for path in &actual {
                 assert!(
-                    documented.contains(path),
-                    "{kind}: {path} is not documented"
+                    documented.iter().any(|(p, _)| p == path),
+                    "{kind}: {path} is not in the schema"
                 );
             }
-            for path in &documented {
+            for (path, doc) in &documented {
+                assert!(!doc.is_empty(), "{kind}: {path} has no doc comment");
                 assert!(
                     actual.contains(path),
-                    "{kind}: documented {path} is missing from the full example"
+                    "{kind}: {path} is missing from the full example"
                 );
+            }
+        }
+    }
+
+    /// The fields every kind has are documented too.
+    #[test]
+    fn documents_metadata_and_status() {
+        for kind in Kind::ALL {
+            for (path, note) in [
+                ("metadata.name", "(required)"),
+                ("metadata.creationTimestamp", "(set by tb)"),
+                ("status.conditions.lastTransitionTime", ""),
+            ] {
+                let text = explain(kind, path).unwrap();
+                assert!(text.contains(note), "{kind} {path}: {text}");
+                let description = text.split("DESCRIPTION:").nth(1).unwrap_or("").trim();
+                assert!(!description.is_empty(), "{kind} {path}: {text}");
             }
         }
     }

@@ -7,6 +7,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::timestamp::Timestamp;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::{CheckResult, Executor};
@@ -24,7 +26,7 @@ pub const LABEL_NODE: &str = "tb/node";
 pub const ANNOTATION_MANIFEST_DIR: &str = "tb/manifest-dir";
 
 /// What the scheduler wants of the allocation.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Desired {
     #[default]
@@ -34,23 +36,29 @@ pub enum Desired {
 }
 
 /// The job an allocation belongs to (same namespace).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct JobRef {
+    /// TrainingJob or InferenceService.
     pub kind: String,
+    /// The job's name (same namespace).
     pub name: String,
+    /// The job's uid, telling apart jobs that reused a name.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub uid: String,
 }
 
 /// How the ranks find each other through MLX's distributed backends.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct MlxAssignment {
+    /// ring, jaccl or jaccl-ring.
     pub backend: Backend,
-    /// `ip:port` each rank listens on, in rank order (= ring order).
+    /// ip:port each rank listens on, in rank order (= ring order).
     pub hosts: Vec<String>,
-    /// Rank 0's `ip:port` for JACCL's all-gather.
+    /// Rank 0's ip:port for JACCL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coordinator: Option<String>,
     /// JACCL's device matrix: row i, column j = RDMA device on rank i cabled to rank j.
@@ -60,8 +68,9 @@ pub struct MlxAssignment {
 
 /// What a rank of the built-in executor runs: its share of a model, and where the other
 /// ranks of the pipeline are.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct BuiltinAssignment {
     /// The Model object's name (also the model id the endpoint serves).
     pub model: String,
@@ -87,43 +96,59 @@ pub struct BuiltinAssignment {
 }
 
 /// The model layers a rank holds: `[first, first + count)`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct LayerRange {
+    /// The first layer held, from 0.
     pub first: u32,
+    /// How many consecutive layers.
     pub count: u32,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// One rank of a job placed on one Mac; created by the scheduler, run by that Mac's nodelet.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct AllocationSpec {
+    /// The job this rank belongs to.
     pub job: JobRef,
+    /// The Node that runs it.
     pub node: String,
+    /// This rank, from 0.
     pub rank: u32,
+    /// How many ranks the job has.
     pub world_size: u32,
-    /// Bumped each time the job's gang is (re)placed.
+    /// Which placement of the job this is; bumped on every restart or re-placement.
     pub epoch: u64,
+    /// run or stop: a nodelet stops processes whose allocation says stop or is gone.
     #[serde(default)]
     pub desired: Desired,
-    /// Memory reserved on the node, in bytes.
+    /// Memory reserved on the node.
     #[serde(default)]
     pub memory_bytes: u64,
+    /// builtin or exec.
     pub executor: Executor,
+    /// The process to run (exec).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
+    /// Environment beyond the TB_* and MLX_* variables tb sets.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// The job's workingDir: absolute, or relative to the allocation's work dir.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub working_dir: Option<String>,
+    /// The MLX distributed setup computed by the scheduler.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mlx: Option<MlxAssignment>,
-    /// The layers this rank holds, when placement split a model (pipeline).
+    /// The model layers this rank holds, when placement split a model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layers: Option<LayerRange>,
-    /// Set for the built-in executor.
+    /// What a rank of the built-in executor runs: the model, its file and the other ranks
+    /// (builtin only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub builtin: Option<BuiltinAssignment>,
-    /// Seconds between SIGTERM and SIGKILL when stopping.
+    /// Seconds between SIGTERM and SIGKILL.
     #[serde(default = "default_grace")]
     pub stop_grace_seconds: u64,
 }
@@ -210,10 +235,18 @@ pub struct AllocationStatus {
     pub signal: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub started_at: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub finished_at: String,
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub started_at: Option<Timestamp>,
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub finished_at: Option<Timestamp>,
     /// Where the rank serves requests (rank 0 of a built-in service), e.g. `http://ip:port/v1`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub endpoint: String,

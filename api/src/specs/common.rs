@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::name::{validate_label_key, validate_label_value, validate_name};
@@ -10,7 +11,7 @@ use crate::quantity::Quantity;
 use crate::validate::ValidationError;
 
 /// How a workload runs on each Mac.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Executor {
     /// tb's own engine runs the model shards.

@@ -1,13 +1,15 @@
 //! Event: something that happened to an object (scheduled, started, failed, re-placed), written
 //! by tb's components and shown by `tbctl events` and `tbctl describe`.
 
+use crate::timestamp::Timestamp;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::CheckResult;
 use crate::kind::Kind;
 use crate::validate::ValidationError;
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum EventType {
     #[default]
     Normal,
@@ -15,14 +17,18 @@ pub enum EventType {
 }
 
 /// Which object an event, or anything else, is about.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct ObjectRef {
+    /// Kind of the object.
     pub kind: String,
+    /// Its namespace (none for cluster-scoped kinds).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub namespace: String,
+    /// Its name.
     pub name: String,
-    /// Tells apart two objects that had the same name at different times.
+    /// Its uid, telling apart objects that had the same name.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub uid: String,
 }
@@ -31,25 +37,33 @@ fn one() -> u32 {
     1
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Something that happened to an object, written by tb.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct EventSpec {
+    /// Normal or Warning.
     #[serde(rename = "type", default)]
     pub type_: EventType,
-    /// A short CamelCase cause, e.g. `Scheduled`, `BackOff`, `NodeLost`.
+    /// A short CamelCase cause, e.g. Scheduled, BackOff, NodeLost.
     pub reason: String,
+    /// What happened, for people.
     #[serde(default)]
     pub message: String,
+    /// The object the event is about.
     pub involved_object: ObjectRef,
-    /// How many times the same event happened (repeats are folded together).
+    /// How many times it happened.
     #[serde(default = "one")]
     pub count: u32,
-    /// RFC 3339.
-    #[serde(default)]
-    pub first_timestamp: String,
-    #[serde(default)]
-    pub last_timestamp: String,
-    /// The component that saw it, e.g. `scheduler` or `nodelet/mac-studio-1`.
+    /// First time (RFC 3339).
+    #[serde(default, with = "crate::timestamp::optional")]
+    #[schemars(with = "Option<Timestamp>")]
+    pub first_timestamp: Option<Timestamp>,
+    /// Latest time (RFC 3339).
+    #[serde(default, with = "crate::timestamp::optional")]
+    #[schemars(with = "Option<Timestamp>")]
+    pub last_timestamp: Option<Timestamp>,
+    /// The component that saw it, e.g. scheduler or nodelet/mac-studio-1.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub source: String,
 }
@@ -62,8 +76,8 @@ impl Default for EventSpec {
             message: String::new(),
             involved_object: ObjectRef::default(),
             count: 1,
-            first_timestamp: String::new(),
-            last_timestamp: String::new(),
+            first_timestamp: None,
+            last_timestamp: None,
             source: String::new(),
         }
     }

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::{self, CheckResult, Executor};
@@ -10,7 +11,7 @@ use crate::quantity::Quantity;
 use crate::validate::ValidationError;
 
 /// How the model is split across Macs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Parallelism {
     /// Consecutive layers on consecutive Macs; activations flow along the chain.
@@ -23,7 +24,7 @@ pub enum Parallelism {
 }
 
 /// What placement optimises when it has a choice of Macs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Objective {
     #[default]
@@ -32,12 +33,14 @@ pub enum Objective {
 }
 
 /// How many Macs the service may span.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct NodeRange {
+    /// The fewest Macs to use.
     #[serde(default = "common::one")]
     pub min: u32,
-    /// No upper bound when absent: placement uses as many as help.
+    /// The most Macs to use (no limit when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max: Option<u32>,
 }
@@ -64,10 +67,11 @@ impl NodeRange {
 }
 
 /// Where the service listens.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct Endpoint {
-    /// TCP port on the first Mac of the placement; tb picks one when absent.
+    /// TCP port of the OpenAI-compatible endpoint, 1-65535 (tb picks one when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
 }
@@ -76,13 +80,19 @@ fn builtin() -> Executor {
     Executor::Builtin
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Serves a Model on one or more Macs behind an OpenAI-compatible endpoint; re-placed when a Mac
+/// fails.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct InferenceServiceSpec {
-    /// Name of a Model in the same namespace.
+    /// Name of the Model to serve, in the same namespace.
     pub model: String,
+    /// pipeline (layers split along a chain of Macs), tensor (every layer split; needs RDMA) or
+    /// auto.
     #[serde(default)]
     pub parallelism: Parallelism,
+    /// How many Macs the service may span.
     #[serde(default)]
     pub nodes: NodeRange,
     /// Tokens of context to reserve KV-cache memory for (the model's full context when absent).
@@ -91,23 +101,34 @@ pub struct InferenceServiceSpec {
     /// Concurrent sequences to reserve KV-cache memory for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<u32>,
+    /// builtin (tb's engine runs the model) or exec (tb runs command).
     #[serde(default = "builtin")]
     pub executor: Executor,
+    /// Program and arguments to run on each Mac (exec only); found as a TrainingJob's command is.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-explain-note" = "required with exec"))]
     pub command: Vec<String>,
+    /// Extra environment variables; TB_* are set by tb.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
-    /// Memory each rank needs, for exec services (built-in ones are sized from the Model).
+    /// Memory each rank needs (exec only; built-in services are sized from the Model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<Quantity>,
+    /// Where the service listens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<Endpoint>,
+    /// Only place on Nodes carrying all these labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// The Queue whose quota this service counts against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<String>,
+    /// Order within the queue; higher first, may preempt lower. At most the queue's maxPriority (0
+    /// outside a queue); a higher value is refused at apply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-explain-note" = "default: the queue's priority"))]
     pub priority: Option<i32>,
+    /// What placement optimises: latency or throughput.
     #[serde(default)]
     pub objective: Objective,
 }

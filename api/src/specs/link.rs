@@ -2,43 +2,52 @@
 //! nodelets report. The controller writes the spec; the nodelet at end `a` probes the link and
 //! writes what it measured into the status. Cluster-scoped, like the Nodes it joins.
 
+use crate::timestamp::Timestamp;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::{self, CheckResult};
 use crate::validate::ValidationError;
 
 /// One end of a link: a port of a Mac.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct LinkEnd {
+    /// The Mac at this end.
     pub node: String,
-    /// The port's name on that Mac (`tb3`, or the name a topology file gives it).
+    /// The port's name on that Mac (tb3, or the name a topology file gives it).
     pub port: String,
-    /// The network interface of the port (`en3`).
+    /// The port's network interface (en3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interface: Option<String>,
-    /// The IPv4 address on that interface: where probes and data-plane traffic go.
+    /// The IPv4 address on that interface, where probes and data go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
-    /// The RDMA device on the port (`rdma_en3`), when RDMA is on.
+    /// The RDMA device on the port (rdma_en3) when RDMA is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rdma_device: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// A cable between two Macs, joined from the ports their nodelets report; the status holds measured
+/// bandwidth and latency. Cluster-scoped.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct LinkSpec {
-    /// The end whose nodelet probes the link (the one whose node name sorts first).
+    // `a` is the end whose node name sorts first.
+    /// The end whose nodelet probes the link.
     pub a: LinkEnd,
+    /// The other end.
     pub b: LinkEnd,
-    /// What the ports negotiated (Gb/s), before any measurement.
+    /// The speed the ports negotiated, Gb/s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nominal_gbps: Option<f64>,
     /// RDMA devices on both ends.
     #[serde(default)]
     pub rdma: bool,
-    /// Raised by `tbctl topology probe`: the nodelet probes again when its last measurement
-    /// answered a lower number.
+    // The nodelet probes again when its last measurement answered a lower number.
+    /// Raised by tbctl topology probe to have the link measured again.
     #[serde(default)]
     pub probe_request: u64,
 }
@@ -111,8 +120,12 @@ pub struct LinkStatus {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub transport: String,
     /// When the figures were measured (RFC 3339).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub measured_at: String,
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub measured_at: Option<Timestamp>,
     /// The node that measured them.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub measured_by: String,

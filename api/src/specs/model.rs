@@ -1,5 +1,6 @@
 //! Model: where a model's weights are and the shape facts placement needs to split it.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::{self, CheckResult};
@@ -7,7 +8,7 @@ use crate::quantity::Quantity;
 use crate::validate::ValidationError;
 
 /// The file format of the weights.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelFormat {
     #[default]
@@ -17,42 +18,54 @@ pub enum ModelFormat {
 }
 
 /// Where the weights are: a path every node can read, and/or the nodes that hold a copy.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct ModelSource {
-    /// A file or directory; `~` is the home directory of the user the nodelet runs as.
+    /// A file or directory every listed node can read; ~ is the nodelet's home.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
-    /// Names of the Nodes that hold the weights at `path` (all of them, when empty).
+    /// Names of the Nodes that hold the weights (all nodes, when empty).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Where a model's weights are and its shape, which placement uses to split it across Macs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct ModelSpec {
+    /// gguf, mlx or safetensors.
     pub format: ModelFormat,
+    /// Where the weights are: source.path and/or source.nodes.
     #[serde(default)]
+    #[schemars(extend("x-explain-note" = "required"))]
     pub source: ModelSource,
-    /// e.g. `llama`, `qwen3`, `deepseek2`.
+    /// Model family, e.g. llama, qwen3, deepseek2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub architecture: Option<String>,
-    /// Transformer blocks; the unit placement splits across Macs.
+    /// Transformer blocks; placement splits these across Macs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layers: Option<u32>,
+    /// Weight bytes of one block, e.g. 3Gi.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes_per_layer: Option<Quantity>,
+    /// Weight bytes in all, e.g. 98Mi or 1.2Ti.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_bytes: Option<Quantity>,
+    /// Width of the hidden state; sizes the activations passed between Macs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hidden_size: Option<u32>,
+    /// Attention heads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heads: Option<u32>,
-    /// Key/value heads (fewer than `heads` with grouped-query attention); sizes the KV cache.
+    /// Key/value heads (fewer than heads with grouped-query attention); sizes the KV cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_heads: Option<u32>,
+    /// Longest context the model supports, in tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_length: Option<u32>,
+    /// Tokens in the vocabulary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vocab_size: Option<u32>,
 }

@@ -3,6 +3,7 @@
 //! so they also carry the priority policy: the highest priority a job of the queue may ask for
 //! (`maxPriority`) and whose running work its jobs may preempt (`preemption`).
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::{self, CheckResult};
@@ -13,13 +14,14 @@ use crate::quantity::Quantity;
 use crate::validate::ValidationError;
 
 /// Limits on what a queue's running work may hold at once; absent means unlimited.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct QueueQuota {
-    /// Unified memory summed over every rank.
+    /// Unified memory, summed over the running ranks (unlimited when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<Quantity>,
-    /// Macs used (a Mac counts once however many ranks it runs).
+    /// Macs in use (unlimited when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub macs: Option<u32>,
 }
@@ -34,7 +36,7 @@ impl QueueQuota {
 pub const UNQUEUED_MAX_PRIORITY: i32 = 0;
 
 /// Whether a pending job may stop running work of lower priority to make room.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum PreemptionPolicy {
     /// Gangs of strictly lower priority may be stopped.
     #[default]
@@ -55,13 +57,16 @@ impl PreemptionPolicy {
 
 /// Whose running work the queue's pending jobs may preempt (reclaiming borrowed capacity is
 /// not preemption and is not limited here).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct QueuePreemption {
-    /// Work of the pending job's own namespace.
+    /// LowerPriority: a pending job may stop running gangs of strictly lower priority in its own
+    /// namespace; Never: it may not.
     #[serde(default)]
     pub within_namespace: PreemptionPolicy,
-    /// Work of every other namespace.
+    /// LowerPriority: a pending job may also stop lower-priority gangs of other namespaces; Never:
+    /// it may not. Reclaiming borrowed capacity is not limited by this.
     #[serde(default = "PreemptionPolicy::never")]
     pub other_namespaces: PreemptionPolicy,
 }
@@ -90,31 +95,40 @@ impl QueuePreemption {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A share of the cluster with a quota, a priority, a fair-share weight and the priority policy of
+/// its jobs (maxPriority, preemption). Cluster-scoped; written by admins.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct QueueSpec {
+    /// What the queue's running work may hold at once.
     #[serde(default, skip_serializing_if = "QueueQuota::is_empty")]
     pub quota: QueueQuota,
-    /// Higher runs first and may preempt lower; the priority of jobs that name none.
+    /// Queues with higher priority are served first and may preempt lower ones; the priority of the
+    /// queue's jobs that name none.
     #[serde(default)]
     pub priority: i32,
-    /// The highest priority a job of this queue may ask for; `priority` when absent.
+    /// The highest spec.priority a job of this queue may ask for; a higher one is refused at apply,
+    /// and a job stored before the ceiling was lowered is scheduled at the ceiling. Must be at
+    /// least priority. A job in no queue may ask for at most 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-explain-note" = "default: priority"))]
     pub max_priority: Option<i32>,
-    /// Whose running work this queue's jobs may preempt.
+    /// Whose running work the queue's pending jobs may preempt.
     #[serde(default, skip_serializing_if = "QueuePreemption::is_default")]
     pub preemption: QueuePreemption,
     /// Share of idle capacity relative to other queues.
     #[serde(default = "common::one")]
     pub weight: u32,
-    /// Namespaces whose work may use this queue; any namespace when empty.
+    /// Namespaces whose work may use this queue (any, when empty).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<String>,
-    /// How far beyond its quota the queue may borrow idle capacity; no borrowing when absent.
+    /// How far beyond quota the queue may borrow idle capacity (none when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub borrowing_limit: Option<QueueQuota>,
-    /// How quickly past usage is forgotten in fair-share ordering (`1h`, `7d`).
+    /// How quickly past usage is forgotten in fair sharing, e.g. 1h or 7d.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "duration"))]
     pub fair_share_half_life: Option<String>,
 }
 

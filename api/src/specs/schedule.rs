@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::timestamp::Timestamp;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::CheckResult;
@@ -10,7 +12,7 @@ use crate::cron::CronSchedule;
 use crate::validate::{ValidationError, validate_annotations, validate_labels};
 
 /// What to do when a run is due while the previous one is still going.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum ConcurrencyPolicy {
     /// Start the new run alongside.
     #[default]
@@ -22,20 +24,26 @@ pub enum ConcurrencyPolicy {
 }
 
 /// Labels and annotations copied onto every TrainingJob the Schedule creates.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct TemplateMetadata {
+    /// Labels for each TrainingJob created.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Annotations for each TrainingJob created.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct JobTemplate {
+    /// Labels and annotations for the jobs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<TemplateMetadata>,
+    /// The spec of each TrainingJob created.
     pub spec: TrainingJobSpec,
 }
 
@@ -43,25 +51,35 @@ pub struct JobTemplate {
 pub const DEFAULT_SUCCESSFUL_HISTORY: u32 = 3;
 pub const DEFAULT_FAILED_HISTORY: u32 = 1;
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// Creates TrainingJobs from a template on a cron schedule.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct ScheduleSpec {
-    /// Five-field cron (`0 2 * * *`) or a macro (`@daily`).
+    /// Cron: minute hour day-of-month month day-of-week ("0 2 * * *"), or @hourly, @daily, @weekly,
+    /// @monthly, @yearly.
     pub schedule: String,
-    /// IANA time zone the schedule is read in (`Europe/Paris`); the controller's when absent.
+    /// IANA time zone the schedule is read in, e.g. Europe/Paris (the controller's when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_zone: Option<String>,
+    /// When a run is due and the last is still going: Allow, Forbid (skip) or Replace.
     #[serde(default)]
     pub concurrency_policy: ConcurrencyPolicy,
-    /// A run that could not start within this many seconds of its time is skipped.
+    /// Skip a run that could not start within this many seconds of its time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub starting_deadline_seconds: Option<u64>,
+    /// Create no new runs while true.
     #[serde(default)]
     pub suspend: bool,
+    /// Finished jobs to keep.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = DEFAULT_SUCCESSFUL_HISTORY))]
     pub successful_jobs_history_limit: Option<u32>,
+    /// Failed jobs to keep.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = DEFAULT_FAILED_HISTORY))]
     pub failed_jobs_history_limit: Option<u32>,
+    /// The TrainingJob to create at each run.
     pub job_template: JobTemplate,
 }
 
@@ -104,10 +122,18 @@ impl ScheduleSpec {
 #[serde(rename_all = "camelCase")]
 pub struct ScheduleStatus {
     /// The last slot handled (run, skipped or missed), RFC 3339.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub last_schedule_time: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub last_successful_time: String,
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_schedule_time: Option<Timestamp>,
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_successful_time: Option<Timestamp>,
     /// The TrainingJobs it started that have not finished.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub active: Vec<String>,

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -16,7 +17,7 @@ pub const MAX_RANKS: u32 = 1024;
 pub const DEFAULT_BACKOFF_LIMIT: u32 = 3;
 
 /// The MLX distributed backend the ranks talk over.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Backend {
     /// TCP ring; works on any network.
@@ -51,7 +52,7 @@ impl std::fmt::Display for Backend {
 }
 
 /// How the ranks share the work.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TrainingParallelism {
     /// Every rank holds the whole model and all-reduces gradients.
@@ -63,10 +64,13 @@ pub enum TrainingParallelism {
 }
 
 /// Where and how often a job saves its progress, so a retry resumes instead of restarting.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct Checkpoints {
+    /// Directory the job saves checkpoints in and resumes from.
     pub dir: String,
+    /// Save every this many steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub every_steps: Option<u64>,
 }
@@ -75,51 +79,81 @@ fn exec() -> Executor {
     Executor::Exec
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Runs ranks of a program together to completion (fine-tuning); all ranks or none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
 pub struct TrainingJobSpec {
-    /// Name of a Model in the same namespace (required by the built-in executor).
+    /// Name of the Model to train, in the same namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-explain-note" = "required with builtin"))]
     pub model: Option<String>,
     /// A path or URL the program understands.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dataset: Option<String>,
+    /// Passed to the program (builtin: learning rate, steps, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub hyperparameters: BTreeMap<String, Value>,
+    /// builtin (tb's engine runs the model) or exec (tb runs command).
     #[serde(default = "exec")]
     pub executor: Executor,
+    /// Program and arguments each rank runs. `python` and `python3` run the nodelet's --python
+    /// (TB_PYTHON) when it has one, else the first on the PATH (env.PATH, else the nodelet's).
+    /// A relative program or script (`python3 train.py`) is looked for in the working
+    /// directory, then in the directory of the manifest `tbctl apply -f` read (annotation
+    /// tb/manifest-dir) if the Mac has that directory; a rank that finds it nowhere fails with
+    /// ExecNotFound, listing every path tried.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-explain-note" = "required with exec"))]
     pub command: Vec<String>,
+    /// Extra environment variables; TB_RANK, TB_WORLD_SIZE and the other TB_* are set by tb.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// Directory the command runs in, and the first place a relative program or script is
+    /// looked for. Absolute: used as is (a single-user nodelet makes it; under per-namespace
+    /// accounts it must exist and be enterable by the job's account). Relative: made under the
+    /// rank's own work dir (no '..'). Default: that work dir (the rank's HOME) under the
+    /// nodelet's data dir.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub working_dir: Option<String>,
-    /// Processes started together (all or none), each with TB_RANK and TB_WORLD_SIZE set.
+    /// Processes started together, all or none (gang scheduling).
     #[serde(default = "common::one")]
     pub ranks: u32,
-    /// Memory each rank needs.
+    /// Memory each rank needs, e.g. 48Gi.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<Quantity>,
+    /// MLX distributed backend: ring (TCP), jaccl (RDMA, fully connected) or jaccl-ring (RDMA
+    /// ring).
     #[serde(default)]
     pub backend: Backend,
+    /// data (each rank holds the model), pipeline (ranks hold consecutive layers) or auto.
     #[serde(default)]
     pub parallelism: TrainingParallelism,
-    /// Retries before the job is marked Failed (3 when absent).
+    /// Retries before the job is marked Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = DEFAULT_BACKOFF_LIMIT))]
     pub backoff_limit: Option<u32>,
+    /// Stop the job and mark it Failed after this long.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_deadline_seconds: Option<u64>,
+    /// Delete the finished job after this long.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds_after_finished: Option<u64>,
+    /// Where and how often the job saves progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoints: Option<Checkpoints>,
+    /// Only place ranks on Nodes carrying all these labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// The Queue whose quota this job counts against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<String>,
+    /// Order within the queue; higher first, may preempt lower. At most the queue's maxPriority (0
+    /// outside a queue); a higher value is refused at apply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-explain-note" = "default: the queue's priority"))]
     pub priority: Option<i32>,
-    /// Give each rank a Mac of its own, sharing it with nothing else.
+    /// Give each rank a Mac of its own.
     #[serde(default)]
     pub exclusive: bool,
 }

@@ -352,13 +352,9 @@ impl TbCluster {
         };
         let started = allocs
             .values()
-            .filter_map(|s| chrono::DateTime::parse_from_rfc3339(&s.started_at).ok())
+            .filter_map(|s| s.started_at.as_ref().map(tb_api::Timestamp::at))
             .max()
-            .map(|t| {
-                (t.with_timezone(&chrono::Utc) - wall0)
-                    .to_std()
-                    .unwrap_or(Duration::ZERO)
-            });
+            .map(|t| (t - wall0).to_std().unwrap_or(Duration::ZERO));
 
         let td = Instant::now();
         self.delete(name).await?;

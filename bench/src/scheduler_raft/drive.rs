@@ -146,9 +146,8 @@ pub(super) async fn drive(
                 Some(Ev::Admitted { mac, job, at, created }) => {
                     last_progress = at;
                     open.insert((mac, job.clone()), held.len());
-                    let pass = chrono::DateTime::parse_from_rfc3339(&created)
-                        .ok()
-                        .and_then(|c| (c.with_timezone(&chrono::Utc) - t0_wall).to_std().ok());
+                    let pass = created
+                        .and_then(|c| (c.at() - t0_wall).to_std().ok());
                     held.push(Held { mac, queue: queue_of(&job).to_string(), admitted: at, pass, ended: None });
                     if held.len() == fill_target && fill_at.is_none() {
                         fill_at = Some(at.saturating_duration_since(t0));

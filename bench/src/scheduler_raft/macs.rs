@@ -28,7 +28,7 @@ pub(super) enum Ev {
         at: Instant,
         /// The allocation's creationTimestamp: the clock of the reconcile pass that made it
         /// (every plan of a pass carries the same one).
-        created: String,
+        created: Option<tb_api::Timestamp>,
     },
     Ended {
         mac: usize,
@@ -62,8 +62,8 @@ pub(super) struct Mac {
     seen: Mutex<HashSet<String>>,
 }
 
-fn now_stamp() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+fn now_stamp() -> tb_api::Timestamp {
+    tb_api::Timestamp::now()
 }
 
 fn node_status(address: &str, capacity: u64, range: PortRange, ready: bool) -> NodeStatus {
@@ -348,7 +348,7 @@ impl Mac {
             phase: AllocationPhase::Running,
             reason: "Started".into(),
             pid: Some(1),
-            started_at: started_at.clone(),
+            started_at: Some(started_at.clone()),
             ..Default::default()
         };
         self.report(&namespace, &name, &running).await;
@@ -371,8 +371,8 @@ impl Mac {
             reason: reason.into(),
             exit_code: Some(0),
             pid: Some(1),
-            started_at,
-            finished_at: now_stamp(),
+            started_at: Some(started_at),
+            finished_at: Some(now_stamp()),
             ..Default::default()
         };
         let acknowledged = self.report(&namespace, &name, &ended).await;

@@ -11,7 +11,7 @@ use tb_api::{Kind, Object};
 
 use super::{Ctx, Reported, parse_kind, parse_object, print_error};
 use crate::args::DescribeArgs;
-use crate::columns::{age, at, cell};
+use crate::columns::{age, age_of, at, cell};
 use crate::output::{Table, emit};
 
 /// How many of an object's events describe shows (the most recent).
@@ -126,11 +126,13 @@ pub fn sort_events(events: &mut [Object]) {
 pub fn last_seen(e: &Object) -> Option<DateTime<Utc>> {
     let t = at(&e.spec, &["lastTimestamp"])
         .or_else(|| at(&e.spec, &["firstTimestamp"]))
-        .and_then(Value::as_str)
-        .unwrap_or(&e.metadata.creation_timestamp);
-    DateTime::parse_from_rfc3339(t)
-        .ok()
-        .map(|t| t.with_timezone(&Utc))
+        .and_then(Value::as_str);
+    match t {
+        Some(t) => DateTime::parse_from_rfc3339(t)
+            .ok()
+            .map(|t| t.with_timezone(&Utc)),
+        None => e.metadata.creation_timestamp.as_ref().map(|t| t.at()),
+    }
 }
 
 pub fn render(o: &Object, events: &Result<Vec<Object>, String>, now: DateTime<Utc>) -> String {
@@ -151,14 +153,9 @@ pub fn render(o: &Object, events: &Result<Vec<Object>, String>, now: DateTime<Ut
         &o.metadata.resource_version.to_string(),
     );
     field(&mut out, "Generation", &o.metadata.generation.to_string());
-    let created = if o.metadata.creation_timestamp.is_empty() {
-        "<unknown>".to_string()
-    } else {
-        format!(
-            "{} ({} ago)",
-            o.metadata.creation_timestamp,
-            age(&o.metadata.creation_timestamp, now)
-        )
+    let created = match &o.metadata.creation_timestamp {
+        None => "<unknown>".to_string(),
+        Some(t) => format!("{t} ({} ago)", age_of(Some(t), now)),
     };
     field(&mut out, "Created", &created);
 

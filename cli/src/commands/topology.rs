@@ -23,7 +23,7 @@ use tb_api::{Kind, Object};
 
 use super::{Ctx, parse_object, request_id};
 use crate::args::{TopologyArgs, TopologyCommand, TopologyOutput};
-use crate::columns::{age, human_bytes, node_ready};
+use crate::columns::{age_of, human_bytes, node_ready};
 use crate::output::{Table, emit};
 
 async fn list(ctx: &mut Ctx, kind: Kind) -> Result<Vec<Object>> {
@@ -144,10 +144,10 @@ pub fn render_tables(nodes: &[Object], links: &[Object]) -> String {
             micros(status.latency_us_p99),
             if !status.error.is_empty() {
                 format!("failed: {}", status.error)
-            } else if status.measured_at.is_empty() {
-                "never".into()
+            } else if let Some(at) = &status.measured_at {
+                format!("{} ago", age_of(Some(at), now))
             } else {
-                format!("{} ago", age(&status.measured_at, now))
+                "never".into()
             },
         ]);
     }

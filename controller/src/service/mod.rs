@@ -86,7 +86,7 @@ pub(crate) async fn commit(
 /// The time a command is stamped with: RFC 3339, UTC, milliseconds — one format everywhere, so
 /// that the store may compare timestamps as strings.
 pub(crate) fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    tb_api::Timestamp::now().to_string()
 }
 
 pub(crate) fn unavailable(e: Unavailable) -> Status {

@@ -15,11 +15,11 @@ use tb_api::specs::{
     parse_spec,
 };
 use tb_api::status::{JobPhase, JobStatus, PlacementSummary, RankPlacement};
-use tb_api::{Kind, Object, ObjectKey, ObjectMeta};
+use tb_api::{Kind, Object, ObjectKey, ObjectMeta, Timestamp};
 
 use super::placement::{GangRequest, RankSlot, place};
 use super::view::{Alloc, ClusterView, JobFacts};
-use super::{Clock, SchedulerConfig, event, parse_time, preemption};
+use super::{Clock, SchedulerConfig, event, preemption, time_of};
 use crate::placement::{self as model_placement, Options, Topology, Workload, live};
 use crate::store::{Plan, PlanWrite};
 
@@ -182,7 +182,7 @@ pub fn reconcile_job(
 
     // Place when nothing of the current epoch is meant to run and any backoff has passed.
     let running_wanted = live && !plan_stops_all(&plan, &current);
-    let backoff_over = parse_time(&status.next_retry_time).is_none_or(|t| clock.now >= t);
+    let backoff_over = time_of(&status.next_retry_time).is_none_or(|t| clock.now >= t);
     if !running_wanted && backoff_over && status.phase == JobPhase::Pending {
         match admit_and_place(job, shape, parsed.fields.queue.clone(), view) {
             Ok((placed, queue)) => {
@@ -242,7 +242,7 @@ fn end_of_life(
     }
     let (Some(ttl), Some(done)) = (
         shape.ttl_seconds_after_finished,
-        parse_time(&status.completion_time),
+        time_of(&status.completion_time),
     ) else {
         return;
     };
@@ -279,10 +279,9 @@ fn past_deadline(
     clock: &Clock,
     plan: &mut Plan,
 ) -> bool {
-    let (Some(deadline), Some(start)) = (
-        shape.active_deadline_seconds,
-        parse_time(&status.start_time),
-    ) else {
+    let (Some(deadline), Some(start)) =
+        (shape.active_deadline_seconds, time_of(&status.start_time))
+    else {
         return false;
     };
     if clock.now < start + chrono::TimeDelta::seconds(deadline as i64) {
@@ -356,7 +355,7 @@ fn back_to_pending(status: &mut JobStatus, reason: Reason, message: String, cloc
     status.phase = JobPhase::Pending;
     status.reason = reason.into();
     status.message = message;
-    status.next_retry_time.clear();
+    status.next_retry_time = None;
 }
 
 /// Admission and placement: the job's queue (if any) must exist and take it, the gang must fit
@@ -415,14 +414,14 @@ fn scheduled(
     let slots = &placed.slots;
     status.epoch = epoch;
     // A new gang: it has not run yet, whatever its predecessor did.
-    status.running_since.clear();
+    status.running_since = None;
     status.phase = JobPhase::Scheduled;
     status.reason = Reason::Scheduled.into();
     status.message = String::new();
-    status.next_retry_time.clear();
+    status.next_retry_time = None;
     status.observed_generation = job.metadata.generation;
-    if status.start_time.is_empty() {
-        status.start_time = clock.stamp.clone();
+    if status.start_time.is_none() {
+        status.start_time = Some(clock.stamp.clone());
     }
     status.placement = slots
         .iter()
@@ -530,9 +529,9 @@ fn gang_progress(
             stop(c, plan);
         }
         not_ready(status, Reason::RankEnded, clock);
-        let ran_healthy = super::parse_time(&status.running_since)
+        let ran_healthy = time_of(&status.running_since)
             .is_some_and(|t| clock.now.signed_duration_since(t) >= cfg.backoff_reset);
-        status.running_since.clear();
+        status.running_since = None;
         let lost = a.status.phase == AllocationPhase::Lost;
         let what = describe_end(a);
         if Reason::of(&a.status.reason).is_some_and(Reason::is_permanent) {
@@ -550,7 +549,7 @@ fn gang_progress(
                 "rank {} lost with node {}; placing the gang again",
                 a.spec.rank, a.spec.node
             );
-            status.next_retry_time.clear();
+            status.next_retry_time = None;
             plan.events
                 .push(event(job, true, Reason::NodeLost, &status.message.clone()));
             return;
@@ -586,7 +585,7 @@ fn gang_progress(
             delay.num_milliseconds() as f64 / 1000.0,
             status.restarts
         );
-        status.next_retry_time = super::stamp(clock.now + delay);
+        status.next_retry_time = Some(Timestamp::from_datetime(clock.now + delay));
         plan.events
             .push(event(job, true, Reason::BackOff, &status.message.clone()));
         return;
@@ -599,7 +598,7 @@ fn gang_progress(
         status.phase = JobPhase::Succeeded;
         status.reason = Reason::Succeeded.into();
         status.message = format!("all {world} rank(s) exited 0");
-        status.completion_time = clock.stamp.clone();
+        status.completion_time = Some(clock.stamp.clone());
         status.set_condition(
             "Complete",
             true,
@@ -616,8 +615,8 @@ fn gang_progress(
         return;
     }
     let running = phase_count(AllocationPhase::Running) + phase_count(AllocationPhase::Succeeded);
-    if running == world && status.running_since.is_empty() {
-        status.running_since = clock.stamp.clone();
+    if running == world && status.running_since.is_none() {
+        status.running_since = Some(clock.stamp.clone());
     }
     if running == world && status.phase != JobPhase::Running {
         status.phase = JobPhase::Running;
@@ -696,8 +695,8 @@ fn fail(status: &mut JobStatus, reason: impl AsRef<str>, message: &str, clock: &
     status.phase = JobPhase::Failed;
     status.reason = reason.to_string();
     status.message = message.to_string();
-    status.completion_time = clock.stamp.clone();
-    status.next_retry_time.clear();
+    status.completion_time = Some(clock.stamp.clone());
+    status.next_retry_time = None;
     status.set_condition("Failed", true, reason, message, &clock.stamp);
 }
 
@@ -728,7 +727,7 @@ fn waits_for_the_culprit(
     // The peer's Mac is found lost a node grace after its last heartbeat, which came before
     // the peer went; half a grace more covers the pass that finds it.
     let wait = cfg.node_grace + cfg.node_grace / 2;
-    let recent = super::parse_time(&blamed.status.finished_at)
+    let recent = time_of(&blamed.status.finished_at)
         .is_some_and(|t| clock.now.signed_duration_since(t) < wait);
     others_running && recent
 }
@@ -896,7 +895,7 @@ fn preempt(
             by.kind, by.metadata.name, v.priority
         )
     };
-    status.next_retry_time.clear();
+    status.next_retry_time = None;
     status.set_condition(
         "Scheduled",
         false,

@@ -22,7 +22,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::json;
 use tb_api::reason::Reason;
 use tb_api::specs::Desired;
-use tb_api::{Kind, Object, ObjectMeta};
+use tb_api::{Kind, Object, ObjectMeta, Timestamp};
 
 use crate::store::{Plan, PlanWrite, State};
 use memo::Memo;
@@ -67,7 +67,7 @@ impl Default for SchedulerConfig {
 pub struct Clock {
     pub now: DateTime<Utc>,
     /// `now` as stored in statuses.
-    pub stamp: String,
+    pub stamp: Timestamp,
     /// When this controller became leader.
     pub leader_since: DateTime<Utc>,
 }
@@ -76,15 +76,21 @@ impl Clock {
     pub fn new(now: DateTime<Utc>, leader_since: DateTime<Utc>) -> Clock {
         Clock {
             now,
-            stamp: stamp(now),
+            stamp: Timestamp::from_datetime(now),
             leader_since,
         }
     }
 }
 
-/// RFC 3339, UTC, milliseconds: the one time format in the store.
+/// RFC 3339, UTC, milliseconds: the one time format in the store (as [`Timestamp`] writes it),
+/// for the times kept in strings (annotations, messages, the usage ledger).
 pub fn stamp(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    Timestamp::from_datetime(t).to_string()
+}
+
+/// The instant of an optional timestamp field.
+pub fn time_of(t: &Option<Timestamp>) -> Option<DateTime<Utc>> {
+    t.as_ref().map(Timestamp::at)
 }
 
 pub fn parse_time(s: &str) -> Option<DateTime<Utc>> {
@@ -145,7 +151,7 @@ fn without_fresh_events(state: &State, clock: &Clock, plans: Vec<Plan>) -> Vec<P
         .into_iter()
         .filter_map(|mut plan| {
             plan.events
-                .retain(|e| !state.event_is_fresh(e, &clock.stamp));
+                .retain(|e| !state.event_is_fresh(e, clock.stamp.as_str()));
             (!plan.writes.is_empty() || !plan.events.is_empty()).then_some(plan)
         })
         .collect()

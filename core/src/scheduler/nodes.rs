@@ -2,12 +2,13 @@
 //! allocations it was running are marked Lost, so their jobs are placed again elsewhere.
 
 use chrono::{DateTime, Utc};
+use tb_api::Timestamp;
 use tb_api::reason::Reason;
 use tb_api::specs::AllocationPhase;
 use tb_api::status::{NodeStatus, set_condition};
 
 use super::view::ClusterView;
-use super::{Clock, SchedulerConfig, event, parse_time};
+use super::{Clock, SchedulerConfig, event, time_of};
 use crate::store::{Plan, PlanWrite};
 
 pub fn reconcile_nodes(view: &ClusterView, clock: &Clock, cfg: &SchedulerConfig) -> Vec<Plan> {
@@ -17,7 +18,7 @@ pub fn reconcile_nodes(view: &ClusterView, clock: &Clock, cfg: &SchedulerConfig)
     let trusted_since = clock.leader_since + cfg.node_grace;
     for node in view.nodes.values() {
         let mut plan = Plan::default();
-        let stale = match parse_time(&node.status.last_heartbeat_time) {
+        let stale = match time_of(&node.status.last_heartbeat_time) {
             Some(t) => {
                 clock.now.signed_duration_since(t) > cfg.node_grace && clock.now >= trusted_since
             }
@@ -55,7 +56,7 @@ pub fn reconcile_nodes(view: &ClusterView, clock: &Clock, cfg: &SchedulerConfig)
                 status.phase = AllocationPhase::Lost;
                 status.reason = Reason::NodeLost.into();
                 status.message = format!("node {} is not Ready", node.name);
-                status.finished_at = clock.stamp.clone();
+                status.finished_at = Some(clock.stamp.clone());
                 plan.guards
                     .push((a.object.key(), a.object.metadata.resource_version));
                 plan.writes.push(PlanWrite::Status {
@@ -71,8 +72,8 @@ pub fn reconcile_nodes(view: &ClusterView, clock: &Clock, cfg: &SchedulerConfig)
     plans
 }
 
-fn since(stamp: &str, now: DateTime<Utc>) -> String {
-    match parse_time(stamp) {
+fn since(stamp: &Option<Timestamp>, now: DateTime<Utc>) -> String {
+    match time_of(stamp) {
         Some(t) => format!("{}s", now.signed_duration_since(t).num_seconds()),
         None => "ever".into(),
     }

@@ -23,9 +23,9 @@ use tb_api::specs::{
     job_from_template, parse_spec,
 };
 use tb_api::status::{JobPhase, JobStatus};
-use tb_api::{CronSchedule, Kind, Object};
+use tb_api::{CronSchedule, Kind, Object, Timestamp};
 
-use super::{Clock, event, parse_time, stamp};
+use super::{Clock, event, stamp, time_of};
 use crate::store::{Plan, PlanWrite, State};
 
 /// How far back slots are looked for after downtime: older ones are neither run nor counted.
@@ -185,7 +185,7 @@ fn reconcile_schedule(
 
     let due = due_slot(schedule, spec, &before, clock, &mut plan);
     if let Some(slot) = due {
-        status.last_schedule_time = stamp(slot);
+        status.last_schedule_time = Some(Timestamp::from_datetime(slot));
         run_slot(schedule, spec, slot, &active, clock, &mut status, &mut plan);
     }
 
@@ -222,8 +222,8 @@ fn due_slot(
             return None;
         }
     };
-    let after = parse_time(&status.last_schedule_time)
-        .or_else(|| parse_time(&schedule.metadata.creation_timestamp))
+    let after = time_of(&status.last_schedule_time)
+        .or_else(|| time_of(&schedule.metadata.creation_timestamp))
         .unwrap_or(clock.now);
     let (latest, count) = slots_between(&cron, tz, after, clock.now);
     let slot = latest?;

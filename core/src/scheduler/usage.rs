@@ -169,7 +169,7 @@ pub fn tick(
         None if rates.is_empty() => return None,
         None => UsageTick {
             revision: ledger.revision,
-            until: clock.stamp.clone(),
+            until: clock.stamp.to_string(),
             rates: rates.into_iter().collect(),
             ..Default::default()
         },
@@ -203,7 +203,7 @@ pub fn tick(
                 .collect();
             UsageTick {
                 revision: ledger.revision,
-                until: clock.stamp.clone(),
+                until: clock.stamp.to_string(),
                 deltas: deltas(
                     ledger,
                     until.timestamp_millis(),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tb_api::{Kind, Object, ObjectKey};
+use tb_api::{Kind, Object, ObjectKey, Timestamp};
 
 use super::command::{ApplyResult, Command, Op, Outcome, Plan, PlanWrite, Response, StoreError};
 use super::join_tokens::JoinToken;
@@ -37,6 +37,14 @@ fn within_repeat_interval(last: &str, now: &str) -> bool {
         _ => false,
     }
 }
+/// The creationTimestamp of an object created by a command stamped `now`. The proposing
+/// controller stamps commands as `Timestamp` writes them, so this reads; a command with an
+/// unreadable time (none has one) creates an object without a creationTimestamp rather than
+/// one that cannot be read back.
+fn creation_stamp(now: &str) -> Option<Timestamp> {
+    Timestamp::parse(now).ok()
+}
+
 /// How many idempotency keys (and their answers) the store remembers.
 pub const MAX_DEDUP: usize = 20_000;
 
@@ -339,7 +347,7 @@ impl State {
                     obj.metadata.uid = derive_uid(index, i);
                     obj.metadata.resource_version = index;
                     obj.metadata.generation = 1;
-                    obj.metadata.creation_timestamp = now.to_string();
+                    obj.metadata.creation_timestamp = creation_stamp(now);
                     obj.status = Value::Null;
                     // Who created it, for usage accounting (set by the store, never the user).
                     if !user.is_empty() {
@@ -546,7 +554,7 @@ impl State {
             obj.metadata.uid = derive_uid(index, 0);
             obj.metadata.resource_version = index;
             obj.metadata.generation = 1;
-            obj.metadata.creation_timestamp = now.to_string();
+            obj.metadata.creation_timestamp = creation_stamp(now);
             if let Value::Object(spec) = &mut obj.spec {
                 spec.insert("count".into(), 1.into());
                 spec.insert("firstTimestamp".into(), now.into());
@@ -615,7 +623,7 @@ impl State {
                         }
                         None => {
                             obj.metadata.uid = derive_uid(index, i);
-                            obj.metadata.creation_timestamp = now.to_string();
+                            obj.metadata.creation_timestamp = creation_stamp(now);
                             obj.metadata.generation = 1;
                             ChangeKind::Added
                         }
@@ -686,7 +694,7 @@ impl State {
             }
             None => {
                 obj.metadata.uid = derive_uid(index, 0);
-                obj.metadata.creation_timestamp = now.to_string();
+                obj.metadata.creation_timestamp = creation_stamp(now);
                 obj.metadata.generation = 1;
             }
         }

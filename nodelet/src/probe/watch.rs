@@ -201,7 +201,7 @@ impl Prober {
         let result = match outcome {
             Ok(m) => {
                 m.fill(&mut status);
-                status.measured_at = now();
+                status.measured_at = Some(now());
                 status.measured_by = self.node.clone();
                 status.probe_request = spec.probe_request;
                 tracing::info!(

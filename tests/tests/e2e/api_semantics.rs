@@ -156,7 +156,7 @@ async fn generation_bumps_only_on_spec_change() {
         "the server sets a uid"
     );
     assert!(
-        !created.object.metadata.creation_timestamp.is_empty(),
+        created.object.metadata.creation_timestamp.is_some(),
         "the server sets creationTimestamp"
     );
     let rv = created.object.metadata.resource_version;

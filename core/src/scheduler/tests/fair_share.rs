@@ -9,7 +9,7 @@ use tb_api::status::JobPhase;
 
 use super::{GI, Sim, apply_queue, exec_job};
 use crate::scheduler::view::ClusterView;
-use crate::scheduler::{order, parse_time, usage};
+use crate::scheduler::{order, time_of, usage};
 use crate::store::usage::Amount;
 
 /// Nodelets run what they are given and end each rank once it has run `duration(job)`.
@@ -21,7 +21,7 @@ fn play_nodelets(sim: &mut Sim, duration: impl Fn(&str) -> i64) {
         if spec.desired != Desired::Run || status.phase.is_terminal() {
             continue;
         }
-        let born = parse_time(&obj.metadata.creation_timestamp).unwrap_or(now);
+        let born = time_of(&obj.metadata.creation_timestamp).unwrap_or(now);
         if (now - born).num_seconds() >= duration(&spec.job.name) {
             end.push(spec.job.name.clone());
         } else if status.phase == AllocationPhase::Pending {

@@ -155,7 +155,7 @@ impl Supervisor {
                     "the nodelet on {} restarted and killed the process it could no longer supervise",
                     self.node
                 ),
-                finished_at: now(),
+                finished_at: Some(now()),
                 ..Default::default()
             };
             self.report(&namespace, &name, &status).await;
@@ -258,7 +258,7 @@ impl Supervisor {
                     phase: AllocationPhase::Failed,
                     reason: "NoJobAccount".into(),
                     message,
-                    finished_at: now(),
+                    finished_at: Some(now()),
                     ..Default::default()
                 };
                 self.report(&namespace, &name, &status).await;
@@ -291,7 +291,7 @@ impl Supervisor {
                         used.iter().sum::<u64>(),
                         self.allocatable_bytes
                     ),
-                    finished_at: now(),
+                    finished_at: Some(now()),
                     ..Default::default()
                 })
             }
@@ -341,6 +341,7 @@ impl Supervisor {
     }
 }
 
-pub fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+/// The current time, as statuses carry it.
+pub fn now() -> tb_api::Timestamp {
+    tb_api::Timestamp::now()
 }

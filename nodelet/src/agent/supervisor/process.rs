@@ -37,7 +37,7 @@ impl Supervisor {
             phase: AllocationPhase::Failed,
             reason: reason.into(),
             message,
-            finished_at: now(),
+            finished_at: Some(now()),
             ..Default::default()
         };
         // A built-in rank whose node lacks the model file stages its shard first.
@@ -99,7 +99,7 @@ impl Supervisor {
         let running_status = AllocationStatus {
             phase: AllocationPhase::Running,
             pid: Some(pid),
-            started_at: started_at.clone(),
+            started_at: Some(started_at.clone()),
             staged_bytes,
             stage_bytes: staged_bytes,
             ..Default::default()
@@ -129,8 +129,8 @@ impl Supervisor {
         let _ = std::fs::remove_file(dir.join("pid"));
         let mut status = AllocationStatus {
             pid: Some(pid),
-            started_at,
-            finished_at: now(),
+            started_at: Some(started_at),
+            finished_at: Some(now()),
             ..Default::default()
         };
         match ended {
