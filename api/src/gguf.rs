@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Cursor, Read};
 use std::path::{Path, PathBuf};
 
 /// The four bytes every GGUF file starts with.
@@ -195,6 +195,19 @@ impl GgufHeader {
             inner: BufReader::new(file),
             pos: 0,
             len,
+        };
+        r.header()
+    }
+
+    /// Reads a header from bytes already in memory (`path` only names them in errors): what
+    /// the fuzz targets and tests feed. The bytes may be a prefix of a file; tensors whose data
+    /// lies past them are then reported by [`GgufHeader::missing_data`].
+    pub fn parse(path: &Path, bytes: &[u8]) -> Result<GgufHeader, GgufError> {
+        let mut r = Reader {
+            path,
+            inner: Cursor::new(bytes),
+            pos: 0,
+            len: bytes.len() as u64,
         };
         r.header()
     }
@@ -437,14 +450,35 @@ fn min_value_bytes(ty: u32) -> Option<u64> {
     })
 }
 
-struct Reader<'a> {
+/// Where the reader's bytes come from: a buffered file or bytes in memory. `skip_forward`
+/// moves on without reading (a buffered file keeps its buffer, unlike `Seek::seek`).
+trait Source: Read {
+    fn skip_forward(&mut self, n: u64) -> std::io::Result<()>;
+}
+
+impl Source for BufReader<File> {
+    fn skip_forward(&mut self, n: u64) -> std::io::Result<()> {
+        let step = i64::try_from(n).map_err(std::io::Error::other)?;
+        self.seek_relative(step)
+    }
+}
+
+impl Source for Cursor<&[u8]> {
+    fn skip_forward(&mut self, n: u64) -> std::io::Result<()> {
+        let to = self.position().saturating_add(n);
+        self.set_position(to);
+        Ok(())
+    }
+}
+
+struct Reader<'a, R> {
     path: &'a Path,
-    inner: BufReader<File>,
+    inner: R,
     pos: u64,
     len: u64,
 }
 
-impl Reader<'_> {
+impl<R: Source> Reader<'_, R> {
     fn truncated(&self, n: u64, expected: &str) -> GgufError {
         GgufError::Truncated {
             path: self.path.to_path_buf(),
@@ -497,9 +531,8 @@ impl Reader<'_> {
 
     fn skip(&mut self, n: u64, what: &str) -> Result<(), GgufError> {
         self.need(n, what)?;
-        let step = i64::try_from(n).map_err(|_| self.truncated(n, what))?;
         self.inner
-            .seek_relative(step)
+            .skip_forward(n)
             .map_err(|source| GgufError::Io {
                 path: self.path.to_path_buf(),
                 source,

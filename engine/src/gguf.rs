@@ -236,6 +236,16 @@ pub(crate) fn read_content(path: &Path) -> Result<(Content, u64)> {
     Ok((content, file_len))
 }
 
+/// Parses a GGUF header held in memory (`path` names it in errors), as [`read_content`] does
+/// for a file: the fuzz targets' way in.
+pub fn parse_content(path: &Path, bytes: &[u8]) -> Result<Content> {
+    let mut reader = std::io::Cursor::new(bytes);
+    Content::read(&mut reader).map_err(|e| EngineError::NotGguf {
+        path: path.to_path_buf(),
+        detail: format!("cannot parse the header ({} bytes): {e}", bytes.len()),
+    })
+}
+
 impl GgufIndex {
     /// Parses the header of the GGUF file at `path` (reads only the header, not tensor data).
     pub fn open(path: &Path) -> Result<Self> {
