@@ -60,7 +60,9 @@ impl std::fmt::Display for Failure {
 /// Runs `target` on `data` once: its outcome, or why the input is a finding.
 pub fn execute(target: Target, data: &[u8]) -> Result<String, Failure> {
     let started = Instant::now();
+    IN_TARGET.with(|t| t.set(true));
     let (result, usage) = alloc::measure(|| catch_unwind(AssertUnwindSafe(|| target(data))));
+    IN_TARGET.with(|t| t.set(false));
     let outcome = result.map_err(|p| {
         let msg = p
             .downcast_ref::<&str>()
@@ -79,10 +81,20 @@ pub fn execute(target: Target, data: &[u8]) -> Result<String, Failure> {
     Ok(outcome)
 }
 
-/// Silences the default panic message (a finding is reported once, by the driver), keeping the
-/// location for the report.
+thread_local! {
+    /// Whether this thread is inside a target (whose panics are findings, reported once).
+    static IN_TARGET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Silences the default panic message inside targets (a finding is reported once, by the
+/// driver), keeping the location for the report; other panics are reported as usual.
 pub fn quiet_panics() {
-    std::panic::set_hook(Box::new(|info| {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !IN_TARGET.with(|t| t.get()) {
+            default(info);
+            return;
+        }
         if let Some(loc) = info.location() {
             *LAST_PANIC_AT.lock().unwrap_or_else(|e| e.into_inner()) =
                 format!("{}:{}", loc.file(), loc.line());

@@ -1,7 +1,8 @@
 //! `tb-fuzz TARGET|all [--seconds N] [--findings DIR] [--seed S]`: fuzzes targets for N seconds
 //! each (default 60) and prints a table of executions, executions per second and findings;
 //! exits 1 when anything was found. `tb-fuzz list` names the targets; `tb-fuzz seed` rewrites
-//! the made seeds of the corpus (tiny GGUF, transport frames).
+//! the made seeds of the corpus (tiny GGUF, transport frames); `tb-fuzz replay` runs the corpus
+//! and regressions once, with each input's outcome and time.
 
 use std::path::PathBuf;
 
@@ -43,6 +44,7 @@ fn main() -> anyhow::Result<()> {
             return Ok(());
         }
         "seed" => return write_seeds(),
+        "replay" => return replay(),
         _ => {}
     }
     let chosen: Vec<_> = if what == "all" {
@@ -78,6 +80,31 @@ fn main() -> anyhow::Result<()> {
     }
     if total_findings > 0 {
         std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// Runs every corpus file and regression once, printing each one's outcome and time.
+fn replay() -> anyhow::Result<()> {
+    tb_fuzz::quiet_panics();
+    let dir = fuzz_dir();
+    for (name, t) in TARGETS {
+        let mut inputs = tb_fuzz::files(&dir.join("corpus").join(name));
+        inputs.extend(tb_fuzz::files(&dir.join("regressions").join(name)));
+        for path in inputs {
+            let data = std::fs::read(&path)?;
+            let started = std::time::Instant::now();
+            let outcome = tb_fuzz::execute(*t, &data);
+            println!(
+                "{:>9.1} ms  {name}/{}: {}",
+                started.elapsed().as_secs_f64() * 1e3,
+                path.file_name().unwrap_or_default().to_string_lossy(),
+                match outcome {
+                    Ok(o) => o,
+                    Err(f) => format!("FAILED: {f}"),
+                }
+            );
+        }
     }
     Ok(())
 }
