@@ -286,7 +286,12 @@ impl GgufHeader {
             context_length: self.arch_u64(a, "context_length"),
             vocab_size: vocab,
             quantization: self.quantization(),
-            tensor_bytes: self.tensors.iter().filter_map(TensorInfo::bytes).sum(),
+            // Saturating: a hostile table's sizes may add up past u64.
+            tensor_bytes: self
+                .tensors
+                .iter()
+                .filter_map(TensorInfo::bytes)
+                .fold(0u64, u64::saturating_add),
             bytes_per_layer: self.bytes_per_layer(),
             architecture,
         }
@@ -303,7 +308,8 @@ impl GgufHeader {
         let mut by_type: BTreeMap<u32, u64> = BTreeMap::new();
         for t in &self.tensors {
             if t.name.starts_with("blk.") && t.dims.len() >= 2 {
-                *by_type.entry(t.ggml_type).or_default() += t.bytes().unwrap_or(0);
+                let sum = by_type.entry(t.ggml_type).or_default();
+                *sum = sum.saturating_add(t.bytes().unwrap_or(0));
             }
         }
         let (ty, _) = by_type.into_iter().max_by_key(|&(_, bytes)| bytes)?;
@@ -322,7 +328,8 @@ impl GgufHeader {
                 continue;
             };
             // A tensor of unknown size would make the figure a guess: give none.
-            *per_block.entry(block).or_default() += t.bytes()?;
+            let sum = per_block.entry(block).or_default();
+            *sum = sum.saturating_add(t.bytes()?);
         }
         per_block.into_values().max()
     }
