@@ -51,11 +51,12 @@ const INTERESTING_64: [u64; 16] = [
     u64::MAX,
 ];
 /// Tokens of the text formats tb parses.
-const TOKENS: [&[u8]; 34] = [
+const TOKENS: [&[u8]; 41] = [
     b"\n", b": ", b"- ", b"{", b"}", b"[", b"]", b",", b"\"", b"'", b"*", b"/", b"-", b"@daily",
     b"&a ", b"*a", b"!!binary ", b"<<: ", b"---\n", b"\\u0000", b"\\ud800", b"1e999", b"-1",
     b"18446744073709551616", b"null", b"true", b"NaN", b"0x10", b"~", b"#", b"  ", b"\t", b"?",
-    b"\xff",
+    b"\xff", b"4294967295", b"4294967296", b"2147483648", b"65535", b"9223372036854775807",
+    b"60", b"0",
 ];
 
 /// Mutates `data` in place, stacking 1 to 4 mutations; `other` is a second seed to splice from.

@@ -54,8 +54,13 @@ pub fn outcome<E: std::fmt::Display>(r: Result<impl Sized, E>) -> String {
 fn shape(text: &str) -> String {
     let mut out = String::new();
     let mut quote: Option<char> = None;
+    let mut escaped = false;
     for c in text.chars() {
+        if std::mem::take(&mut escaped) {
+            continue;
+        }
         match quote {
+            Some(_) if c == '\\' => escaped = true,
             Some(q) if c == q => quote = None,
             Some(_) => {}
             None if matches!(c, '"' | '`' | '\'') => quote = Some(c),
