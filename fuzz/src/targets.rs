@@ -84,7 +84,19 @@ pub fn lab(data: &[u8]) -> String {
     let Ok(text) = std::str::from_utf8(data) else {
         return "not utf".into();
     };
-    let strict = LabFile::parse("fuzz-lab.yaml", text).map(|l| l.check_capacity());
+    let strict = LabFile::parse("fuzz-lab.yaml", text).map(|l| {
+        // What the nodelet (`--topology`) and the planner read from a lab.
+        for m in &l.macs {
+            let _ = l.mac(&m.name);
+            let _ = l.ports_of(&m.name);
+            let _ = (m.memory_bytes(), m.allocatable_bytes(), m.free_bytes());
+            let _ = m.memory_bandwidth_gbs();
+        }
+        for link in &l.links {
+            let _ = link.ends();
+        }
+        l.check_capacity()
+    });
     let planning = LabFile::parse_for_planning("fuzz-lab.yaml", text);
     format!("{} / {}", outcome(strict), outcome(planning))
 }
