@@ -538,12 +538,10 @@ impl<R: Source> Reader<'_, R> {
 
     fn skip(&mut self, n: u64, what: &str) -> Result<(), GgufError> {
         self.need(n, what)?;
-        self.inner
-            .skip_forward(n)
-            .map_err(|source| GgufError::Io {
-                path: self.path.to_path_buf(),
-                source,
-            })?;
+        self.inner.skip_forward(n).map_err(|source| GgufError::Io {
+            path: self.path.to_path_buf(),
+            source,
+        })?;
         self.pos += n;
         Ok(())
     }

@@ -33,7 +33,12 @@ pub fn fuzz_dir() -> PathBuf {
 /// The files of `dir`, sorted (none when it does not exist).
 pub fn files(dir: &Path) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_file()).collect())
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.is_file())
+                .collect()
+        })
         .unwrap_or_default();
     out.sort();
     out
@@ -113,14 +118,18 @@ fn save_on_abort(size: usize) {
         let _ = std::fs::create_dir_all(&dir);
         let path = dir.join(format!("oom-{:016x}", hash(&data)));
         let _ = std::fs::write(&path, &data);
-        eprintln!("allocation of {size} bytes refused; input saved to {}", path.display());
+        eprintln!(
+            "allocation of {size} bytes refused; input saved to {}",
+            path.display()
+        );
     }
 }
 
 /// FNV-1a, to name findings by their content.
 pub fn hash(data: &[u8]) -> u64 {
-    data.iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// One run's numbers.
@@ -193,7 +202,10 @@ pub fn run(name: &str, target: Target, seconds: f64, rng_seed: u64, findings: &P
                     let _ = std::fs::create_dir_all(&out_dir);
                     let path = out_dir.join(format!("{:016x}", hash(&input)));
                     let _ = std::fs::write(&path, &input);
-                    eprintln!("{name}: FINDING ({kind}) {failure}: saved {}", path.display());
+                    eprintln!(
+                        "{name}: FINDING ({kind}) {failure}: saved {}",
+                        path.display()
+                    );
                     found.push((path, failure));
                 }
             }

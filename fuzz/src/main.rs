@@ -52,7 +52,10 @@ fn main() -> anyhow::Result<()> {
     } else {
         let t = target(what).with_context(|| {
             let names: Vec<&str> = TARGETS.iter().map(|(n, _)| *n).collect();
-            format!("unknown target {what}; expected one of {}", names.join(", "))
+            format!(
+                "unknown target {what}; expected one of {}",
+                names.join(", ")
+            )
         })?;
         vec![(what.as_str(), t)]
     };

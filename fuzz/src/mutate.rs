@@ -11,7 +11,7 @@ impl Rng {
         Rng(seed | 1)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -20,7 +20,7 @@ impl Rng {
 
     /// Uniform in `0..n` (`n` > 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.next_u64() % n as u64) as usize
     }
 
     pub fn chance(&mut self, one_in: usize) -> bool {
@@ -52,11 +52,47 @@ const INTERESTING_64: [u64; 16] = [
 ];
 /// Tokens of the text formats tb parses.
 const TOKENS: [&[u8]; 41] = [
-    b"\n", b": ", b"- ", b"{", b"}", b"[", b"]", b",", b"\"", b"'", b"*", b"/", b"-", b"@daily",
-    b"&a ", b"*a", b"!!binary ", b"<<: ", b"---\n", b"\\u0000", b"\\ud800", b"1e999", b"-1",
-    b"18446744073709551616", b"null", b"true", b"NaN", b"0x10", b"~", b"#", b"  ", b"\t", b"?",
-    b"\xff", b"4294967295", b"4294967296", b"2147483648", b"65535", b"9223372036854775807",
-    b"60", b"0",
+    b"\n",
+    b": ",
+    b"- ",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b",",
+    b"\"",
+    b"'",
+    b"*",
+    b"/",
+    b"-",
+    b"@daily",
+    b"&a ",
+    b"*a",
+    b"!!binary ",
+    b"<<: ",
+    b"---\n",
+    b"\\u0000",
+    b"\\ud800",
+    b"1e999",
+    b"-1",
+    b"18446744073709551616",
+    b"null",
+    b"true",
+    b"NaN",
+    b"0x10",
+    b"~",
+    b"#",
+    b"  ",
+    b"\t",
+    b"?",
+    b"\xff",
+    b"4294967295",
+    b"4294967296",
+    b"2147483648",
+    b"65535",
+    b"9223372036854775807",
+    b"60",
+    b"0",
 ];
 
 /// Mutates `data` in place, stacking 1 to 4 mutations; `other` is a second seed to splice from.
@@ -82,7 +118,7 @@ fn mutate_once(rng: &mut Rng, data: &mut Vec<u8>, other: &[u8]) {
             data[i] = if rng.chance(2) {
                 INTERESTING_8[rng.below(INTERESTING_8.len())]
             } else {
-                rng.next() as u8
+                rng.next_u64() as u8
             };
         }
         // Insert bytes.
@@ -90,7 +126,7 @@ fn mutate_once(rng: &mut Rng, data: &mut Vec<u8>, other: &[u8]) {
             let i = rng.below(len + 1);
             let k = 1 + rng.below(8);
             for _ in 0..k {
-                data.insert(i, rng.next() as u8);
+                data.insert(i, rng.next_u64() as u8);
             }
         }
         // Overwrite 1, 2, 4 or 8 bytes with a boundary integer (little-endian, as GGUF and the
@@ -151,6 +187,6 @@ fn mutate_once(rng: &mut Rng, data: &mut Vec<u8>, other: &[u8]) {
             let chunk = data[from..from + k].to_vec();
             data[to..to + k].copy_from_slice(&chunk);
         }
-        _ => data.push(rng.next() as u8),
+        _ => data.push(rng.next_u64() as u8),
     }
 }

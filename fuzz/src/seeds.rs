@@ -62,10 +62,27 @@ pub fn tiny_gguf() -> Vec<u8> {
     const FFN: u64 = 16;
     // GPT-2's byte alphabet: printable ASCII stands for itself; enough for a tokenizer to build.
     let mut tokens: Vec<String> = (0x21u8..=0x7e).map(|b| (b as char).to_string()).collect();
-    tokens.extend(["Ġ", "Ċ", "He", "ll", "llo", "Hello", "<|im_start|>", "<|im_end|>"].map(String::from));
+    tokens.extend(
+        [
+            "Ġ",
+            "Ċ",
+            "He",
+            "ll",
+            "llo",
+            "Hello",
+            "<|im_start|>",
+            "<|im_end|>",
+        ]
+        .map(String::from),
+    );
     let vocab = tokens.len() as u64;
     let types = vec![1i32; tokens.len()];
-    let merges = vec!["H e".to_string(), "l l".to_string(), "ll o".to_string(), "He llo".to_string()];
+    let merges = vec![
+        "H e".to_string(),
+        "l l".to_string(),
+        "ll o".to_string(),
+        "He llo".to_string(),
+    ];
     let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
     let meta: Vec<(&str, Meta)> = vec![
         ("general.architecture", Meta::Str("llama")),
@@ -88,7 +105,8 @@ pub fn tiny_gguf() -> Vec<u8> {
         ("tokenizer.ggml.eos_token_id", Meta::U32(vocab as u32 - 1)),
         ("tokenizer.chat_template", Meta::Str(template)),
     ];
-    let mut tensors: Vec<(String, Vec<u64>)> = vec![("token_embd.weight".into(), vec![HIDDEN, vocab])];
+    let mut tensors: Vec<(String, Vec<u64>)> =
+        vec![("token_embd.weight".into(), vec![HIDDEN, vocab])];
     for b in 0..2 {
         tensors.push((format!("blk.{b}.attn_norm.weight"), vec![HIDDEN]));
         tensors.push((format!("blk.{b}.attn_q.weight"), vec![HIDDEN, HIDDEN]));
@@ -123,30 +141,74 @@ pub fn tiny_gguf() -> Vec<u8> {
 /// Encoded transport messages, by target: what a well-behaved peer sends.
 pub fn transport_seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     let mut seeds = Vec::new();
-    let hello = Hello { rank: 1, world: 4, rail: 0, rails: 2 };
+    let hello = Hello {
+        rank: 1,
+        world: 4,
+        rail: 0,
+        rails: 2,
+    };
     seeds.push(("wire", "hello", hello.encode().to_vec()));
-    let frame = FrameHeader { seq: 7, offset: 0, stripe_len: 64, total_len: 128 };
+    let frame = FrameHeader {
+        seq: 7,
+        offset: 0,
+        stripe_len: 64,
+        total_len: 128,
+    };
     seeds.push(("wire", "frame", frame.encode().to_vec()));
-    let tensor = TensorHeader { dtype: DType::F32, shape: vec![2, 3] };
+    let tensor = TensorHeader {
+        dtype: DType::F32,
+        shape: vec![2, 3],
+    };
     let mut msg = vec![0u8; tensor.len() + 24];
     tensor.encode_into(&mut msg);
     seeds.push(("wire", "tensor-f32-2x3", msg));
-    let scalar = TensorHeader { dtype: DType::U8, shape: vec![] };
+    let scalar = TensorHeader {
+        dtype: DType::U8,
+        shape: vec![],
+    };
     let mut msg = vec![0u8; scalar.len() + 1];
     scalar.encode_into(&mut msg);
     seeds.push(("wire", "tensor-u8-scalar", msg));
 
-    let data = Header { kind: KIND_DATA, flags: FLAG_FIRST | FLAG_LAST, credits: 3, seq: 9, payload: 16, msg: 2, total: 16 };
+    let data = Header {
+        kind: KIND_DATA,
+        flags: FLAG_FIRST | FLAG_LAST,
+        credits: 3,
+        seq: 9,
+        payload: 16,
+        msg: 2,
+        total: 16,
+    };
     let mut send = vec![0u8; 24 + 16];
     data.encode(&mut send);
     seeds.push(("rdma_header", "data", send));
-    let credit = Header { kind: KIND_CREDIT, flags: 0, credits: 8, seq: 10, payload: 0, msg: 0, total: 0 };
+    let credit = Header {
+        kind: KIND_CREDIT,
+        flags: 0,
+        credits: 8,
+        seq: 10,
+        payload: 0,
+        msg: 0,
+        total: 0,
+    };
     let mut send = vec![0u8; 24];
     credit.encode(&mut send);
     seeds.push(("rdma_header", "credit", send));
 
-    let endpoint = QpEndpoint { qpn: 0x1234, psn: 0x42, lid: 1, gid: [0xfe; 16], qp_type: QpType::Rc };
-    let info = QpInfo { rank: 1, world: 3, chunk: 65536, recv_depth: 64, endpoints: vec![Some(endpoint), None, Some(endpoint)] };
+    let endpoint = QpEndpoint {
+        qpn: 0x1234,
+        psn: 0x42,
+        lid: 1,
+        gid: [0xfe; 16],
+        qp_type: QpType::Rc,
+    };
+    let info = QpInfo {
+        rank: 1,
+        world: 3,
+        chunk: 65536,
+        recv_depth: 64,
+        endpoints: vec![Some(endpoint), None, Some(endpoint)],
+    };
     seeds.push(("qpinfo", "rank1-of-3", info.encode()));
 
     // A greeting (rank 1 of 2, a 3-byte blob) and an answer for a world of 2.

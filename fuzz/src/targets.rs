@@ -127,7 +127,12 @@ pub fn gguf_engine(data: &[u8]) -> String {
         Err(e) => return shape(&e.to_string()),
     };
     let layers = index.config().n_layers;
-    for (first, count) in [(0, 1), (0, layers), (layers.saturating_sub(1), 1), (layers, 2)] {
+    for (first, count) in [
+        (0, 1),
+        (0, layers),
+        (layers.saturating_sub(1), 1),
+        (layers, 2),
+    ] {
         let _ = index.tensors_for_blocks(first, count, layers);
         if let Ok(entries) = index.shard_tensors(first, count) {
             for e in entries {
@@ -141,7 +146,11 @@ pub fn gguf_engine(data: &[u8]) -> String {
     });
     let template = ChatTemplate::from_gguf(index.content())
         .map(|t| t.render(&[ChatMessage::new("user", "hi")], true));
-    format!("index ok, tokenizer {}, template {}", outcome(tokenizer), outcome(template))
+    format!(
+        "index ok, tokenizer {}, template {}",
+        outcome(tokenizer),
+        outcome(template)
+    )
 }
 
 /// The TCP data plane's decoders: the hello, a frame header and a tensor header, each fed the
@@ -206,12 +215,17 @@ pub fn pipeline_step(data: &[u8]) -> String {
 
 /// The body of `POST /v1/chat/completions`.
 pub fn openai_chat(data: &[u8]) -> String {
-    outcome(parse_chat_request(data, "smollm2").map_err(|e| format!("{e:?}")))
+    outcome(
+        parse_chat_request(data, "smollm2").map_err(|e| format!("{} {}", e.code(), e.message())),
+    )
 }
 
 /// The body of `POST /v1/completions`.
 pub fn openai_completions(data: &[u8]) -> String {
-    outcome(parse_completion_request(data, "smollm2").map_err(|e| format!("{e:?}")))
+    outcome(
+        parse_completion_request(data, "smollm2")
+            .map_err(|e| format!("{} {}", e.code(), e.message())),
+    )
 }
 
 /// Cron expressions of Schedule objects, then matched against a few minutes.

@@ -13,7 +13,10 @@ fn every_corpus_file_and_regression_passes_its_target() {
     let mut ran = 0;
     for (name, target) in TARGETS {
         let mut inputs = files(&dir.join("corpus").join(name));
-        assert!(!inputs.is_empty(), "target {name} has no corpus in fuzz/corpus/{name}");
+        assert!(
+            !inputs.is_empty(),
+            "target {name} has no corpus in fuzz/corpus/{name}"
+        );
         inputs.extend(files(&dir.join("regressions").join(name)));
         for path in inputs {
             let data = std::fs::read(&path).expect("read a corpus file");
@@ -23,7 +26,12 @@ fn every_corpus_file_and_regression_passes_its_target() {
             }
         }
     }
-    assert!(failures.is_empty(), "{} of {ran} inputs failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {ran} inputs failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]

@@ -111,7 +111,11 @@ mod tests {
     fn deep_flow_nesting_is_found_where_it_passes_the_bound() {
         let text = format!("spec: {}{}\n", "[".repeat(10_000), "]".repeat(10_000));
         assert_eq!(too_deep(&text), Some((1, 6 + MAX_FLOW_DEPTH + 1)));
-        let ok = format!("spec: {}{}\n", "[".repeat(MAX_FLOW_DEPTH), "]".repeat(MAX_FLOW_DEPTH));
+        let ok = format!(
+            "spec: {}{}\n",
+            "[".repeat(MAX_FLOW_DEPTH),
+            "]".repeat(MAX_FLOW_DEPTH)
+        );
         assert_eq!(too_deep(&ok), None);
     }
 

@@ -86,6 +86,16 @@ impl ApiError {
         }
     }
 
+    /// OpenAI's error code, e.g. `invalid_json`, `invalid_value`, `model_not_found`.
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
+    /// What the client is told.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     fn body(&self) -> Value {
         json!({"error": {
             "message": self.message,
@@ -158,9 +168,7 @@ fn unknown_model(model: &str, asked: &str) -> ApiError {
         kind: "invalid_request_error",
         code: "model_not_found",
         param: Some("model"),
-        message: format!(
-            "the model `{asked}` does not exist here; this endpoint serves `{model}`"
-        ),
+        message: format!("the model `{asked}` does not exist here; this endpoint serves `{model}`"),
     }
 }
 
