@@ -225,7 +225,11 @@ fn parse_field(text: &str, field: &Field) -> Result<u64, String> {
         let mut v = lo;
         while v <= hi {
             set |= 1 << v;
-            v += step;
+            // A step near u32::MAX overflowed here (`5/4294967295`): past the end is done.
+            let Some(next) = v.checked_add(step) else {
+                break;
+            };
+            v = next;
         }
     }
     Ok(set)
@@ -352,6 +356,14 @@ mod tests {
         for fires in ["0 0 29 2 *", "0 0 31 2 mon", "0 0 31 1-2 *", "0 0 */31 2 *"] {
             assert!(CronSchedule::parse(fires).is_ok(), "{fires}");
         }
+    }
+
+    #[test]
+    fn a_step_larger_than_the_field_fires_once() {
+        let s = CronSchedule::parse("5/4294967295 * * * *").unwrap();
+        assert!(s.matches(5, 0, 1, 1, 0));
+        assert!(!s.matches(4, 0, 1, 1, 0));
+        assert!(!s.matches(0, 0, 1, 1, 0));
     }
 
     #[test]

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Cursor, Read};
 use std::path::{Path, PathBuf};
 
 /// The four bytes every GGUF file starts with.
@@ -199,6 +199,19 @@ impl GgufHeader {
         r.header()
     }
 
+    /// Reads a header from bytes already in memory (`path` only names them in errors): what
+    /// the fuzz targets and tests feed. The bytes may be a prefix of a file; tensors whose data
+    /// lies past them are then reported by [`GgufHeader::missing_data`].
+    pub fn parse(path: &Path, bytes: &[u8]) -> Result<GgufHeader, GgufError> {
+        let mut r = Reader {
+            path,
+            inner: Cursor::new(bytes),
+            pos: 0,
+            len: bytes.len() as u64,
+        };
+        r.header()
+    }
+
     /// The tensor whose data ends furthest past the end of the file, if any does: the file
     /// was cut short (an interrupted download or copy).
     pub fn missing_data(&self) -> Option<MissingData> {
@@ -273,7 +286,12 @@ impl GgufHeader {
             context_length: self.arch_u64(a, "context_length"),
             vocab_size: vocab,
             quantization: self.quantization(),
-            tensor_bytes: self.tensors.iter().filter_map(TensorInfo::bytes).sum(),
+            // Saturating: a hostile table's sizes may add up past u64.
+            tensor_bytes: self
+                .tensors
+                .iter()
+                .filter_map(TensorInfo::bytes)
+                .fold(0u64, u64::saturating_add),
             bytes_per_layer: self.bytes_per_layer(),
             architecture,
         }
@@ -290,7 +308,8 @@ impl GgufHeader {
         let mut by_type: BTreeMap<u32, u64> = BTreeMap::new();
         for t in &self.tensors {
             if t.name.starts_with("blk.") && t.dims.len() >= 2 {
-                *by_type.entry(t.ggml_type).or_default() += t.bytes().unwrap_or(0);
+                let sum = by_type.entry(t.ggml_type).or_default();
+                *sum = sum.saturating_add(t.bytes().unwrap_or(0));
             }
         }
         let (ty, _) = by_type.into_iter().max_by_key(|&(_, bytes)| bytes)?;
@@ -309,7 +328,8 @@ impl GgufHeader {
                 continue;
             };
             // A tensor of unknown size would make the figure a guess: give none.
-            *per_block.entry(block).or_default() += t.bytes()?;
+            let sum = per_block.entry(block).or_default();
+            *sum = sum.saturating_add(t.bytes()?);
         }
         per_block.into_values().max()
     }
@@ -437,14 +457,35 @@ fn min_value_bytes(ty: u32) -> Option<u64> {
     })
 }
 
-struct Reader<'a> {
+/// Where the reader's bytes come from: a buffered file or bytes in memory. `skip_forward`
+/// moves on without reading (a buffered file keeps its buffer, unlike `Seek::seek`).
+trait Source: Read {
+    fn skip_forward(&mut self, n: u64) -> std::io::Result<()>;
+}
+
+impl Source for BufReader<File> {
+    fn skip_forward(&mut self, n: u64) -> std::io::Result<()> {
+        let step = i64::try_from(n).map_err(std::io::Error::other)?;
+        self.seek_relative(step)
+    }
+}
+
+impl Source for Cursor<&[u8]> {
+    fn skip_forward(&mut self, n: u64) -> std::io::Result<()> {
+        let to = self.position().saturating_add(n);
+        self.set_position(to);
+        Ok(())
+    }
+}
+
+struct Reader<'a, R> {
     path: &'a Path,
-    inner: BufReader<File>,
+    inner: R,
     pos: u64,
     len: u64,
 }
 
-impl Reader<'_> {
+impl<R: Source> Reader<'_, R> {
     fn truncated(&self, n: u64, expected: &str) -> GgufError {
         GgufError::Truncated {
             path: self.path.to_path_buf(),
@@ -497,13 +538,10 @@ impl Reader<'_> {
 
     fn skip(&mut self, n: u64, what: &str) -> Result<(), GgufError> {
         self.need(n, what)?;
-        let step = i64::try_from(n).map_err(|_| self.truncated(n, what))?;
-        self.inner
-            .seek_relative(step)
-            .map_err(|source| GgufError::Io {
-                path: self.path.to_path_buf(),
-                source,
-            })?;
+        self.inner.skip_forward(n).map_err(|source| GgufError::Io {
+            path: self.path.to_path_buf(),
+            source,
+        })?;
         self.pos += n;
         Ok(())
     }

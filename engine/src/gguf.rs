@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::{self, Content, Value};
 
+use tb_api::gguf::{GgufError, GgufHeader};
+
 use crate::error::{EngineError, Result};
 
 /// Architectures whose block tb-engine implements (llama block; qwen2 adds q/k/v biases and
@@ -205,18 +207,30 @@ pub struct GgufIndex {
     tensors: BTreeMap<String, TensorEntry>,
 }
 
+/// The bytes of a tensor's data, or None when its element count overflows (a hostile shape) or
+/// is not a whole number of blocks.
 fn tensor_len(info: &gguf_file::TensorInfo) -> Option<u64> {
-    let elems = info.shape.elem_count();
+    let elems = element_count(info)?;
     let block = info.ggml_dtype.block_size();
     if block == 0 || !elems.is_multiple_of(block) {
         return None;
     }
-    u64::try_from(elems / block * info.ggml_dtype.type_size()).ok()
+    let bytes = (elems / block).checked_mul(info.ggml_dtype.type_size())?;
+    u64::try_from(bytes).ok()
+}
+
+/// The product of a tensor's dimensions, checked (candle's `Shape::elem_count` overflows).
+fn element_count(info: &gguf_file::TensorInfo) -> Option<usize> {
+    info.shape
+        .dims()
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
 }
 
 /// Reads the GGUF header of `path`. Errors: [`EngineError::Io`] when the file cannot be opened,
 /// [`EngineError::NotGguf`] when the header is not GGUF or is truncated/corrupt.
 pub(crate) fn read_content(path: &Path) -> Result<(Content, u64)> {
+    guard(path, GgufHeader::read(path))?;
     let file = File::open(path).map_err(|source| EngineError::Io {
         path: path.to_path_buf(),
         source,
@@ -236,6 +250,46 @@ pub(crate) fn read_content(path: &Path) -> Result<(Content, u64)> {
     Ok((content, file_len))
 }
 
+/// Parses a GGUF header held in memory (`path` names it in errors), as [`read_content`] does
+/// for a file: the fuzz targets' way in.
+pub fn parse_content(path: &Path, bytes: &[u8]) -> Result<Content> {
+    guard(path, GgufHeader::parse(path, bytes))?;
+    let mut reader = std::io::Cursor::new(bytes);
+    Content::read(&mut reader).map_err(|e| EngineError::NotGguf {
+        path: path.to_path_buf(),
+        detail: format!("cannot parse the header ({} bytes): {e}", bytes.len()),
+    })
+}
+
+/// Checks a header with tb-api's bounded reader before candle's reader sees it: candle's
+/// allocates as the header's counts say and divides by `general.alignment` unchecked (a zero
+/// there panics). Files that pass have every count backed by bytes in the file and an alignment
+/// that is a power of two (as llama.cpp requires).
+fn guard(path: &Path, header: std::result::Result<GgufHeader, GgufError>) -> Result<()> {
+    let not_gguf = |detail: String| EngineError::NotGguf {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let header = header.map_err(|e| match e {
+        GgufError::Io { path, source } => EngineError::Io { path, source },
+        other => {
+            let text = other.to_string();
+            let prefix = format!("{}: ", path.display());
+            not_gguf(text.strip_prefix(&prefix).unwrap_or(&text).to_string())
+        }
+    })?;
+    if let Some(align) = header
+        .get("general.alignment")
+        .and_then(tb_api::gguf::MetaValue::as_u64)
+        && !align.is_power_of_two()
+    {
+        return Err(not_gguf(format!(
+            "general.alignment is {align}; expected a power of two"
+        )));
+    }
+    Ok(())
+}
+
 impl GgufIndex {
     /// Parses the header of the GGUF file at `path` (reads only the header, not tensor data).
     pub fn open(path: &Path) -> Result<Self> {
@@ -250,11 +304,16 @@ impl GgufIndex {
         for (name, info) in &content.tensor_infos {
             let len = tensor_len(info).ok_or_else(|| EngineError::NotGguf {
                 path: path.to_path_buf(),
-                detail: format!(
-                    "tensor {name}: {} elements are not a multiple of the {:?} block size",
-                    info.shape.elem_count(),
-                    info.ggml_dtype
-                ),
+                detail: match element_count(info) {
+                    Some(n) => format!(
+                        "tensor {name}: {n} elements are not a multiple of the {:?} block size",
+                        info.ggml_dtype
+                    ),
+                    None => format!(
+                        "tensor {name}: its shape {:?} holds more elements than a machine can",
+                        info.shape.dims()
+                    ),
+                },
             })?;
             let offset = content
                 .tensor_data_offset

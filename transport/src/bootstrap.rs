@@ -124,33 +124,16 @@ pub fn serve(
             tracing::warn!(%from, error = %e, "bootstrap: connection without a greeting");
             continue;
         }
-        let (magic, r, w, len) = (
-            u32_at(&head, 0),
-            u32_at(&head, 4) as usize,
-            u32_at(&head, 8) as usize,
-            u32_at(&head, 12) as usize,
-        );
-        if magic != MAGIC {
-            tracing::warn!(%from, "bootstrap: connection with a wrong magic, ignored");
-            continue;
-        }
-        if w != world {
-            return Err(fail(format!(
-                "rank {r} (from {from}) says the world has {w} ranks, expected {world}"
-            )));
-        }
-        if r == 0 || r >= world {
-            return Err(fail(format!(
-                "a peer at {from} claims rank {r}, expected 1..{world}"
-            )));
-        }
+        let (r, len) = match parse_greeting(&head, world) {
+            Ok(Some(x)) => x,
+            Ok(None) => {
+                tracing::warn!(%from, "bootstrap: connection with a wrong magic, ignored");
+                continue;
+            }
+            Err(what) => return Err(fail(format!("{what} (from {from})"))),
+        };
         if blobs[r].is_some() {
             return Err(fail(format!("rank {r} joined twice (again from {from})")));
-        }
-        if len > MAX_BLOB {
-            return Err(fail(format!(
-                "rank {r} sent a {len}-byte blob, at most {MAX_BLOB} allowed"
-            )));
         }
         let mut b = vec![0u8; len];
         s.read_exact(&mut b)
@@ -220,30 +203,86 @@ fn join(
         }
         _ => fail(format!("reading rank 0's answer: {e}")),
     };
+    let out = read_answer(&mut s, world).map_err(|e| match e {
+        AnswerError::Io(e) => read_err(e),
+        AnswerError::Bad(what) => fail(what),
+    })?;
+    if out[rank] != blob {
+        return Err(fail("rank 0 relayed a different blob for this rank".into()));
+    }
+    Ok(out)
+}
+
+/// Checks a joining rank's 16-byte greeting (`TBB1, rank, world, len`) against this world:
+/// `Ok(None)` for a wrong magic (a stray connection, ignored), `Ok(Some((rank, blob length)))`,
+/// or why the greeting is unacceptable.
+pub fn parse_greeting(head: &[u8; 16], world: usize) -> Result<Option<(usize, usize)>, String> {
+    let (magic, r, w, len) = (
+        u32_at(head, 0),
+        u32_at(head, 4) as usize,
+        u32_at(head, 8) as usize,
+        u32_at(head, 12) as usize,
+    );
+    if magic != MAGIC {
+        return Ok(None);
+    }
+    if w != world {
+        return Err(format!(
+            "rank {r} says the world has {w} ranks, expected {world}"
+        ));
+    }
+    if r == 0 || r >= world {
+        return Err(format!("a peer claims rank {r}, expected 1..{world}"));
+    }
+    if len > MAX_BLOB {
+        return Err(format!(
+            "rank {r} sent a {len}-byte blob, at most {MAX_BLOB} allowed"
+        ));
+    }
+    Ok(Some((r, len)))
+}
+
+/// Why rank 0's answer could not be read.
+#[derive(Debug)]
+pub enum AnswerError {
+    /// The connection failed (or ended) while reading.
+    Io(std::io::Error),
+    /// The bytes are not a valid answer.
+    Bad(String),
+}
+
+/// Reads rank 0's answer (`TBB1, world, (len, blob) × world`) for a world of `world` ranks.
+/// A blob's buffer grows only with the bytes that arrive, so a length claim alone allocates
+/// nothing.
+pub fn read_answer(s: &mut impl Read, world: usize) -> Result<Vec<Vec<u8>>, AnswerError> {
     let mut head = [0u8; 8];
-    s.read_exact(&mut head).map_err(read_err)?;
+    s.read_exact(&mut head).map_err(AnswerError::Io)?;
     if u32_at(&head, 0) != MAGIC || u32_at(&head, 4) as usize != world {
-        return Err(fail(format!(
+        return Err(AnswerError::Bad(format!(
             "rank 0 answered with a bad header {:?} (expected magic TBB1 and world {world})",
             head
         )));
     }
-    let mut out = Vec::with_capacity(world);
+    let mut out = Vec::new();
     for r in 0..world {
         let mut l = [0u8; 4];
-        s.read_exact(&mut l).map_err(read_err)?;
+        s.read_exact(&mut l).map_err(AnswerError::Io)?;
         let len = u32::from_le_bytes(l) as usize;
         if len > MAX_BLOB {
-            return Err(fail(format!(
+            return Err(AnswerError::Bad(format!(
                 "rank 0 relayed a {len}-byte blob for rank {r}, at most {MAX_BLOB} allowed"
             )));
         }
-        let mut b = vec![0u8; len];
-        s.read_exact(&mut b).map_err(read_err)?;
+        let mut b = Vec::new();
+        let got = s
+            .by_ref()
+            .take(len as u64)
+            .read_to_end(&mut b)
+            .map_err(AnswerError::Io)?;
+        if got != len {
+            return Err(AnswerError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
         out.push(b);
-    }
-    if out[rank] != blob {
-        return Err(fail("rank 0 relayed a different blob for this rank".into()));
     }
     Ok(out)
 }

@@ -149,6 +149,16 @@ fn check_syntax(errors: &DocErrors<'_>) -> Result<(), LocatedError> {
             ),
         ));
     }
+    if let Some(pos) = super::depth::too_deep(text) {
+        return Err(errors.at(
+            pos,
+            "",
+            &format!(
+                "[ and {{ nested more than {} levels deep; tb's objects need a handful",
+                super::depth::MAX_FLOW_DEPTH
+            ),
+        ));
+    }
     match serde_yaml::from_str::<serde_yaml::Value>(text) {
         Ok(_) => Ok(()),
         // serde_yaml's Value holds no integer wider than 64 bits; the typed reading says which

@@ -5,6 +5,7 @@
 //! A load is all or nothing: if any document is bad the caller gets every error and no objects,
 //! so nothing is applied from a half-good file.
 
+mod depth;
 mod document;
 mod json;
 mod locate;

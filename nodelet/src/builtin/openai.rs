@@ -86,6 +86,16 @@ impl ApiError {
         }
     }
 
+    /// OpenAI's error code, e.g. `invalid_json`, `invalid_value`, `model_not_found`.
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
+    /// What the client is told.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     fn body(&self) -> Value {
         json!({"error": {
             "message": self.message,
@@ -146,11 +156,11 @@ async fn model(
     if id == api.model {
         json_response(StatusCode::OK, &model_object(&api))
     } else {
-        unknown_model(&api, &id).into_response()
+        unknown_model(&api.model, &id).into_response()
     }
 }
 
-fn unknown_model(api: &Api, asked: &str) -> ApiError {
+fn unknown_model(model: &str, asked: &str) -> ApiError {
     // The id is echoed cut short: a request may carry anything.
     let asked: String = asked.chars().take(200).collect();
     ApiError {
@@ -158,10 +168,7 @@ fn unknown_model(api: &Api, asked: &str) -> ApiError {
         kind: "invalid_request_error",
         code: "model_not_found",
         param: Some("model"),
-        message: format!(
-            "the model `{asked}` does not exist here; this endpoint serves `{}`",
-            api.model
-        ),
+        message: format!("the model `{asked}` does not exist here; this endpoint serves `{model}`"),
     }
 }
 
@@ -266,7 +273,7 @@ struct CompletionBody {
     common: Common,
 }
 
-fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
         ApiError::bad(
             None,
@@ -283,11 +290,11 @@ fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
 /// Checks the shared fields; returns sampling parameters (max_tokens still to be fitted to
 /// the context) and whether to stream.
 fn sampling(
-    api: &Api,
+    model: &str,
     c: &Common,
 ) -> Result<(SamplingParams, Option<usize>, bool, bool), ApiError> {
-    if c.model != api.model {
-        return Err(unknown_model(api, &c.model));
+    if c.model != model {
+        return Err(unknown_model(model, &c.model));
     }
     if let Some(n) = c.n
         && n != 1
@@ -515,9 +522,24 @@ fn sse(
         .into_response()
 }
 
-async fn chat(State(api): State<Arc<Api>>, body: Bytes) -> Result<Response, ApiError> {
-    let req: ChatBody = parse(&body)?;
-    let (mut params, asked, stream, include_usage) = sampling(&api, &req.common)?;
+/// A chat request as checked, before its prompt is rendered and tokenized.
+#[derive(Debug)]
+pub struct ChatRequest {
+    /// Roles checked (`developer` is passed on as `system`), content parts joined.
+    pub messages: Vec<ChatMessage>,
+    /// `max_tokens` is 0 here: it is fitted to the context once the prompt is tokenized.
+    pub params: SamplingParams,
+    pub max_tokens: Option<usize>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub return_token_ids: bool,
+}
+
+/// Parses and checks the body of `POST /v1/chat/completions` for the model `model` (pure: no
+/// engine, no pipeline), so that every refusal is a 400 with OpenAI's error shape.
+pub fn parse_chat_request(body: &[u8], model: &str) -> Result<ChatRequest, ApiError> {
+    let req: ChatBody = parse(body)?;
+    let (params, max_tokens, stream, include_usage) = sampling(model, &req.common)?;
     if req.messages.is_empty() {
         return Err(ApiError::bad(
             Some("messages"),
@@ -557,6 +579,70 @@ async fn chat(State(api): State<Arc<Api>>, body: Bytes) -> Result<Response, ApiE
         };
         messages.push(ChatMessage::new(role, content));
     }
+    Ok(ChatRequest {
+        messages,
+        params,
+        max_tokens,
+        stream,
+        include_usage,
+        return_token_ids: req.common.return_token_ids,
+    })
+}
+
+/// A completion request as checked, before its prompt is tokenized.
+#[derive(Debug)]
+pub struct CompletionRequest {
+    /// One non-empty prompt.
+    pub prompt: String,
+    /// `max_tokens` is 0 here, as in [`ChatRequest`].
+    pub params: SamplingParams,
+    pub max_tokens: Option<usize>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub return_token_ids: bool,
+}
+
+/// Parses and checks the body of `POST /v1/completions` for the model `model` (pure).
+pub fn parse_completion_request(body: &[u8], model: &str) -> Result<CompletionRequest, ApiError> {
+    let req: CompletionBody = parse(body)?;
+    let (params, max_tokens, stream, include_usage) = sampling(model, &req.common)?;
+    let prompt = match req.prompt {
+        Prompt::One(p) => p,
+        Prompt::Many(mut v) if v.len() == 1 => v.remove(0),
+        Prompt::Many(v) => {
+            return Err(ApiError::bad(
+                Some("prompt"),
+                "invalid_value",
+                format!("one prompt per request, got {}", v.len()),
+            ));
+        }
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::bad(
+            Some("prompt"),
+            "invalid_value",
+            "the prompt is empty",
+        ));
+    }
+    Ok(CompletionRequest {
+        prompt,
+        params,
+        max_tokens,
+        stream,
+        include_usage,
+        return_token_ids: req.common.return_token_ids,
+    })
+}
+
+async fn chat(State(api): State<Arc<Api>>, body: Bytes) -> Result<Response, ApiError> {
+    let ChatRequest {
+        messages,
+        mut params,
+        max_tokens: asked,
+        stream,
+        include_usage,
+        return_token_ids,
+    } = parse_chat_request(&body, &api.model)?;
     let text = api
         .template
         .render(&messages, true)
@@ -594,33 +680,21 @@ async fn chat(State(api): State<Arc<Api>>, body: Bytes) -> Result<Response, ApiE
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
             "finish_reason": finish_reason(f.reason), "logprobs": null}],
         "usage": usage(&f)});
-    if req.common.return_token_ids {
+    if return_token_ids {
         answer["choices"][0]["token_ids"] = json!(f.token_ids);
     }
     Ok(json_response(StatusCode::OK, &answer))
 }
 
 async fn completions(State(api): State<Arc<Api>>, body: Bytes) -> Result<Response, ApiError> {
-    let req: CompletionBody = parse(&body)?;
-    let (mut params, asked, stream, include_usage) = sampling(&api, &req.common)?;
-    let prompt = match req.prompt {
-        Prompt::One(p) => p,
-        Prompt::Many(mut v) if v.len() == 1 => v.remove(0),
-        Prompt::Many(v) => {
-            return Err(ApiError::bad(
-                Some("prompt"),
-                "invalid_value",
-                format!("one prompt per request, got {}", v.len()),
-            ));
-        }
-    };
-    if prompt.is_empty() {
-        return Err(ApiError::bad(
-            Some("prompt"),
-            "invalid_value",
-            "the prompt is empty",
-        ));
-    }
+    let CompletionRequest {
+        prompt,
+        mut params,
+        max_tokens: asked,
+        stream,
+        include_usage,
+        return_token_ids,
+    } = parse_completion_request(&body, &api.model)?;
     let tokens = api
         .tokenizer
         .encode(&prompt)
@@ -647,7 +721,7 @@ async fn completions(State(api): State<Arc<Api>>, body: Bytes) -> Result<Respons
         "choices": [{"index": 0, "text": text, "finish_reason": finish_reason(f.reason),
             "logprobs": null}],
         "usage": usage(&f)});
-    if req.common.return_token_ids {
+    if return_token_ids {
         answer["choices"][0]["token_ids"] = json!(f.token_ids);
     }
     Ok(json_response(StatusCode::OK, &answer))
