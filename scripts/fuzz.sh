@@ -16,7 +16,9 @@ cd "$(dirname "$0")/.."
 
 seconds="${1:-60}"
 target="${2:-all}"
-cargo build -p tb-fuzz
+# The workspace's build (the same features as scripts/test.sh's, so after the tests this is a
+# no-op; `-p tb-fuzz` alone would unify features differently and compile its dependencies again).
+cargo build --workspace --bins
 bin="${CARGO_TARGET_DIR:-$PWD/target}/debug/tb-fuzz"
 args=("$target" --seconds "$seconds")
 if [ -n "${TB_FUZZ_SEED:-}" ]; then
