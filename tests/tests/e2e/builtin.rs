@@ -441,6 +441,24 @@ links:
     let epoch = status["epoch"].as_u64().expect("epoch");
     let again = wait_ready(&lab, epoch + 1).await;
     step!("ready again: {again}");
+    // The restart is blamed on the stage that died, not on rank 0, which only saw its peer
+    // go (PeerLost) when the request above reached it.
+    let events = lab
+        .tbctl_ok(&["events", "--for", "isvc/chat", "-o", "json"])
+        .await
+        .json()["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let restarts: Vec<&str> = events
+        .iter()
+        .filter(|e| e["spec"]["reason"] == "BackOff")
+        .filter_map(|e| e["spec"]["message"].as_str())
+        .collect();
+    assert!(
+        !restarts.is_empty() && restarts.iter().all(|m| m.starts_with("rank 1 on ")),
+        "{restarts:?}"
+    );
     let endpoint = again["endpoint"].as_str().expect("endpoint");
     let addr = endpoint
         .trim_start_matches("http://")
