@@ -129,6 +129,11 @@ pub enum Command {
     Config(ConfigCommand),
     /// Print a shell completion script.
     Completion(CompletionArgs),
+    /// Install tb-controller or tb-nodelet as a service that starts at boot (launchd on macOS,
+    /// systemd on Linux); the daemon's flags follow `--`.
+    Install(InstallArgs),
+    /// Stop and remove a service `tbctl install` made.
+    Uninstall(UninstallArgs),
     /// Keep a bearer token (read from --token-file, else stdin) in the current context; with
     /// --ca-cert FILE also the cluster CA (only the CA when --token-file is not given).
     Login(LoginArgs),
@@ -676,6 +681,57 @@ pub struct CompletionArgs {
     /// The shell to complete for (source the output from its startup file).
     #[arg(value_enum)]
     pub shell: Shell,
+}
+
+/// One of tb's daemons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Daemon {
+    /// tb-controller.
+    Controller,
+    /// tb-nodelet.
+    Nodelet,
+}
+
+/// A service manager's file format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Platform {
+    /// A launchd LaunchDaemon property list.
+    Macos,
+    /// A systemd unit.
+    Linux,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct InstallArgs {
+    /// Which daemon to install.
+    #[arg(value_enum)]
+    pub daemon: Daemon,
+    /// The daemon's binary (default: the one beside tbctl, else the PATH's).
+    #[arg(long)]
+    pub binary: Option<PathBuf>,
+    /// The account the daemon runs as (default root; a nodelet must be root to run jobs under
+    /// accounts of their own).
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Where launchd writes the daemon's output (systemd keeps it in the journal).
+    #[arg(long, default_value = "/var/log/tb")]
+    pub log_dir: PathBuf,
+    /// Print the file instead of writing and loading it (needs no root).
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Render another system's file (with --dry-run).
+    #[arg(long, value_enum)]
+    pub platform: Option<Platform>,
+    /// The daemon's own flags, after `--` (secrets only as files: --join-token-file).
+    #[arg(last = true)]
+    pub daemon_args: Vec<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UninstallArgs {
+    /// Which daemon's service to remove.
+    #[arg(value_enum)]
+    pub daemon: Daemon,
 }
 
 /// `10s`, `500ms`, `2m`, `1h`, or a bare number of seconds.

@@ -19,6 +19,7 @@ pub mod events;
 pub mod explain;
 pub mod get;
 pub mod hostfile;
+pub mod install;
 pub mod logs;
 pub mod model;
 pub mod observe;
@@ -133,6 +134,8 @@ pub async fn run(cli: Cli) -> Result<u8> {
     let cmd = match cli.command {
         Command::Config(c) => return config::run(c, &g).map(|()| 0),
         Command::Completion(a) => return completion::run(a).map(|()| 0),
+        Command::Install(a) => return install::install(&a).map(|()| 0),
+        Command::Uninstall(a) => return install::uninstall(&a).map(|()| 0),
         Command::Explain(a) => return explain::run(&a).map(|()| 0),
         Command::Model(c) => return model::run(&c).map(|()| 0),
         // The local cluster is found by its data directory, not by a context.
@@ -222,6 +225,8 @@ pub async fn run(cli: Cli) -> Result<u8> {
         Command::Audit(a) => auth::audit(&mut ctx, &a).await.map(|()| 0),
         Command::Config(_)
         | Command::Completion(_)
+        | Command::Install(_)
+        | Command::Uninstall(_)
         | Command::Explain(_)
         | Command::Model(_)
         | Command::Up(_)
