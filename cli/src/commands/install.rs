@@ -275,8 +275,12 @@ pub fn uninstall(args: &UninstallArgs) -> Result<()> {
         );
         return Ok(());
     }
-    unload(platform, args.daemon, &path)?;
+    unload(platform, args.daemon)?;
     std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+    if platform == Platform::Linux {
+        // systemd forgets the unit only once it reads its directory again.
+        run(Process::new("systemctl").arg("daemon-reload"))?;
+    }
     println!("removed {}", path.display());
     Ok(())
 }
@@ -321,15 +325,21 @@ fn run(cmd: &mut Process) -> Result<()> {
     Ok(())
 }
 
+/// Whether launchd has `target` (`system/LABEL`) loaded.
+fn launchd_has(target: &str) -> bool {
+    Process::new("launchctl")
+        .args(["print", target])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Loads the service (again, when its file changed) and starts it.
 fn load(platform: Platform, daemon: Daemon, path: &Path, changed: bool) -> Result<()> {
+    let unit = label_or_unit(platform, daemon);
     match platform {
         Platform::Macos => {
-            let target = format!("system/{}", label(daemon));
-            // A changed file is loaded anew; bootout fails harmlessly when nothing is loaded.
-            let loaded = Process::new("launchctl")
-                .args(["print", &target])
-                .output()
-                .is_ok_and(|o| o.status.success());
+            let target = format!("system/{unit}");
+            let loaded = launchd_has(&target);
             if loaded && !changed {
                 return Ok(());
             }
@@ -342,37 +352,27 @@ fn load(platform: Platform, daemon: Daemon, path: &Path, changed: bool) -> Resul
                 .arg(path))
         }
         Platform::Linux => {
-            let unit = format!("tb-{}.service", daemon.short());
             run(Process::new("systemctl").arg("daemon-reload"))?;
-            run(Process::new("systemctl").args(["enable", "--now", &unit]))?;
-            if changed {
-                run(Process::new("systemctl").args(["restart", &unit]))?;
-            }
-            Ok(())
+            run(Process::new("systemctl").args(["enable", &unit]))?;
+            // A changed unit restarts the daemon; an unchanged one is only started if stopped.
+            let verb = if changed { "restart" } else { "start" };
+            run(Process::new("systemctl").args([verb, &unit]))
         }
     }
 }
 
-fn unload(platform: Platform, daemon: Daemon, path: &Path) -> Result<()> {
+/// Stops the service and forgets it (its file is removed by the caller).
+fn unload(platform: Platform, daemon: Daemon) -> Result<()> {
+    let unit = label_or_unit(platform, daemon);
     match platform {
         Platform::Macos => {
-            let _ = path;
-            let target = format!("system/{}", label(daemon));
-            let loaded = Process::new("launchctl")
-                .args(["print", &target])
-                .output()
-                .is_ok_and(|o| o.status.success());
-            if loaded {
+            let target = format!("system/{unit}");
+            if launchd_has(&target) {
                 run(Process::new("launchctl").args(["bootout", &target]))?;
             }
             Ok(())
         }
-        Platform::Linux => {
-            let unit = format!("tb-{}.service", daemon.short());
-            run(Process::new("systemctl").args(["disable", "--now", &unit]))?;
-            let _ = Process::new("systemctl").arg("daemon-reload").output();
-            Ok(())
-        }
+        Platform::Linux => run(Process::new("systemctl").args(["disable", "--now", &unit])),
     }
 }
 

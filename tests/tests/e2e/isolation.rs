@@ -491,14 +491,19 @@ async fn a_stale_pid_file_never_kills_a_stranger() {
     lab.kill_nodelet(0);
     lab.restart_nodelet(0);
     // The nodelet reads and removes every pid file before it runs anything.
-    let deadline = std::time::Instant::now() + JOB_TIMEOUT;
-    while old.join("pid").exists() || new.join("pid").exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the restarted nodelet left the pid files for {JOB_TIMEOUT:?}:\n{}",
-            lab.nodelet_log(0)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let handled = tb_tests::wait::until("the pid files to be handled", JOB_TIMEOUT, || {
+        let (old, new) = (old.clone(), new.clone());
+        async move {
+            if old.join("pid").exists() || new.join("pid").exists() {
+                Err("pid files still there")
+            } else {
+                Ok(())
+            }
+        }
+    })
+    .await;
+    if let Err(e) = handled {
+        panic!("{e}; the restarted nodelet's log:\n{}", lab.nodelet_log(0));
     }
     lab.wait_node_ready("node-1", true, JOB_TIMEOUT).await;
     let alive = process_alive(i64::from(pid));
