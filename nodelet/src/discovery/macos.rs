@@ -298,4 +298,58 @@ mod tests {
         assert_eq!(ports[0].interface, None);
         assert_eq!(ports[0].rdma_device, None);
     }
+
+    /// The fenced block right after each `<!-- MARKER... -->` line of docs/real-macs.md, with
+    /// what follows the marker's name.
+    fn guide_blocks<'a>(guide: &'a str, marker: &str) -> Vec<(&'a str, Vec<&'a str>)> {
+        let mut found = Vec::new();
+        let mut lines = guide.lines();
+        while let Some(line) = lines.next() {
+            let Some(arg) = line
+                .strip_prefix(marker)
+                .and_then(|rest| rest.strip_suffix("-->"))
+            else {
+                continue;
+            };
+            assert_eq!(lines.next().map(str::trim), Some("```text"), "{line}");
+            let block: Vec<&str> = lines.by_ref().take_while(|l| *l != "```").collect();
+            found.push((arg.trim(), block));
+        }
+        found
+    }
+
+    #[test]
+    fn the_real_macs_guide_quotes_what_tb_parses() {
+        let guide = include_str!("../../../docs/real-macs.md");
+        let fixtures =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/discovery");
+        let commands = [
+            ("rdma_ctl.txt", "rdma_ctl status"),
+            ("ibv_devices.txt", "ibv_devices"),
+            ("hardware_ports.txt", "networksetup -listallhardwareports"),
+        ];
+        let quoted = guide_blocks(guide, "<!-- fixture:");
+        assert_eq!(quoted.len(), 3, "the guide quotes three command outputs");
+        for (file, block) in quoted {
+            let fixture = std::fs::read_to_string(fixtures.join(file)).expect(file);
+            let name = file.rsplit('/').next().unwrap_or(file);
+            let command = commands
+                .iter()
+                .find(|(f, _)| *f == name)
+                .map(|(_, c)| *c)
+                .expect("a command tb runs");
+            assert_eq!(block[0], format!("$ {command}"), "{file}");
+            // `...` elides lines; every run of quoted lines appears in the fixture as it is.
+            for run in block[1..].split(|l| *l == "...") {
+                let run = run.join("\n");
+                assert!(fixture.contains(&run), "{file}: the guide quotes\n{run}");
+            }
+        }
+        let logged = guide_blocks(guide, "<!-- ports:");
+        assert_eq!(logged.len(), 1);
+        for (name, block) in logged {
+            let expected = format!("ports: {}", super::super::describe(&scenario(name)));
+            assert_eq!(block, vec![expected.as_str()], "the nodelet's log line for {name}");
+        }
+    }
 }
