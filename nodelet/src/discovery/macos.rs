@@ -349,7 +349,11 @@ mod tests {
         assert_eq!(logged.len(), 1);
         for (name, block) in logged {
             let expected = format!("ports: {}", super::super::describe(&scenario(name)));
-            assert_eq!(block, vec![expected.as_str()], "the nodelet's log line for {name}");
+            assert_eq!(
+                block,
+                vec![expected.as_str()],
+                "the nodelet's log line for {name}"
+            );
         }
     }
 }
