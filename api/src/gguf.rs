@@ -173,6 +173,15 @@ pub struct ModelFacts {
     pub tensor_bytes: u64,
     /// The bytes of one transformer block (the largest, when they differ).
     pub bytes_per_layer: Option<u64>,
+    /// Multi-head latent attention (`attention.kv_lora_rank`) and its rotary key part
+    /// (`rope.dimension_count`).
+    pub kv_lora_rank: Option<u64>,
+    pub qk_rope_head_dim: Option<u64>,
+    /// Mixture of experts: `expert_count` and `expert_used_count`.
+    pub experts: Option<u64>,
+    pub experts_per_token: Option<u64>,
+    /// `attention.sliding_window`.
+    pub sliding_window: Option<u64>,
 }
 
 impl GgufHeader {
@@ -293,6 +302,13 @@ impl GgufHeader {
                 .filter_map(TensorInfo::bytes)
                 .fold(0u64, u64::saturating_add),
             bytes_per_layer: self.bytes_per_layer(),
+            kv_lora_rank: self
+                .arch_u64(a, "attention.kv_lora_rank")
+                .filter(|r| *r > 0),
+            qk_rope_head_dim: self.arch_u64(a, "rope.dimension_count"),
+            experts: self.arch_u64(a, "expert_count").filter(|n| *n > 1),
+            experts_per_token: self.arch_u64(a, "expert_used_count"),
+            sliding_window: self.arch_u64(a, "attention.sliding_window"),
             architecture,
         }
     }

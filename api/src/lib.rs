@@ -11,6 +11,7 @@ pub mod cron;
 pub mod duration;
 pub mod explain;
 pub mod gguf;
+pub mod hf;
 pub mod kind;
 pub mod lab;
 pub mod load;

@@ -53,6 +53,14 @@ spec:
   kvHeads: 3
   contextLength: 8192
   vocabSize: 49152
+  headDim: 64
+  kvLoraRank: 512
+  qkRopeHeadDim: 64
+  slidingWindow: 4096
+  slidingWindowLayers: 15
+  experts: 8
+  expertsPerToken: 2
+  activeBytes: 40Mi
 "#
         }
         Kind::InferenceService => {

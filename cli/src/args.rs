@@ -88,7 +88,8 @@ pub enum Command {
     Wait(WaitArgs),
     /// Document a kind or one of its fields: KIND[.field.path].
     Explain(ExplainArgs),
-    /// Model files on this machine: `model inspect FILE|DIR` prints a Model manifest for a GGUF.
+    /// Model files on this machine: `model inspect FILE|DIR` prints a Model manifest for a GGUF
+    /// file or a Hugging Face / MLX model directory.
     #[command(subcommand)]
     Model(ModelCommand),
     /// Memory use of the cluster's Macs, or of each queue.
@@ -463,8 +464,8 @@ pub enum ModelCommand {
 
 #[derive(Debug, Args)]
 pub struct ModelInspectArgs {
-    /// A .gguf file, or a directory holding exactly one (GGUF only: MLX and safetensors
-    /// directories are not read).
+    /// A .gguf file, a directory holding exactly one, or a Hugging Face / MLX model directory
+    /// (config.json, and the .safetensors files when they are there).
     #[arg(value_name = "FILE|DIR")]
     pub target: PathBuf,
     /// The Model's name (default: from the file name, e.g. smollm2-135m-instruct-q4-1).

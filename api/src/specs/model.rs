@@ -68,6 +68,33 @@ pub struct ModelSpec {
     /// Tokens in the vocabulary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vocab_size: Option<u32>,
+    /// Values in one attention head's key (default hiddenSize / heads; Qwen3 and gpt-oss use
+    /// another size); sizes the KV cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<u32>,
+    /// Multi-head latent attention (DeepSeek-V3, Kimi-K2: 512): the width of the compressed
+    /// key/value latent each layer caches per token, in place of kvHeads × headDim keys and values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_lora_rank: Option<u32>,
+    /// With kvLoraRank: the rotary part of the key cached beside the latent (DeepSeek-V3: 64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qk_rope_head_dim: Option<u32>,
+    /// Tokens a sliding-window layer attends over (and caches), e.g. 128 for gpt-oss.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<u32>,
+    /// How many layers use slidingWindow (default: all; gpt-oss: every other one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window_layers: Option<u32>,
+    /// Mixture of experts: routed experts in each MoE layer (all of them are held in memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts: Option<u32>,
+    /// Mixture of experts: routed experts each token goes through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts_per_token: Option<u32>,
+    /// Weight bytes one decoded token reads (a MoE model's unused experts are not read), e.g.
+    /// 20Gi; default all of totalBytes. Sets the predicted tokens/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_bytes: Option<Quantity>,
 }
 
 impl ModelSpec {
@@ -93,6 +120,58 @@ impl ModelSpec {
         common::at_least_one("vocabSize", self.vocab_size)?;
         common::non_zero_quantity("bytesPerLayer", self.bytes_per_layer.as_ref())?;
         common::non_zero_quantity("totalBytes", self.total_bytes.as_ref())?;
+        common::at_least_one("headDim", self.head_dim)?;
+        common::at_least_one("kvLoraRank", self.kv_lora_rank)?;
+        common::at_least_one("qkRopeHeadDim", self.qk_rope_head_dim)?;
+        common::at_least_one("slidingWindow", self.sliding_window)?;
+        common::at_least_one("experts", self.experts)?;
+        common::at_least_one("expertsPerToken", self.experts_per_token)?;
+        common::non_zero_quantity("activeBytes", self.active_bytes.as_ref())?;
+        if self.qk_rope_head_dim.is_some() && self.kv_lora_rank.is_none() {
+            return Err(ValidationError::new(
+                "qkRopeHeadDim",
+                "is part of multi-head latent attention: give kvLoraRank too",
+            ));
+        }
+        if let Some(n) = self.sliding_window_layers {
+            if self.sliding_window.is_none() {
+                return Err(ValidationError::new(
+                    "slidingWindowLayers",
+                    "counts the layers that use slidingWindow: give slidingWindow too",
+                ));
+            }
+            if let Some(layers) = self.layers
+                && n > layers
+            {
+                return Err(ValidationError::new(
+                    "slidingWindowLayers",
+                    format!("must be at most layers ({layers}), got {n}"),
+                ));
+            }
+        }
+        match (self.experts, self.experts_per_token) {
+            (None, Some(_)) => {
+                return Err(ValidationError::new(
+                    "expertsPerToken",
+                    "needs experts (the routed experts of each MoE layer)",
+                ));
+            }
+            (Some(e), Some(k)) if k > e => {
+                return Err(ValidationError::new(
+                    "expertsPerToken",
+                    format!("must be at most experts ({e}), got {k}"),
+                ));
+            }
+            _ => {}
+        }
+        if let (Some(active), Some(total)) = (&self.active_bytes, &self.total_bytes)
+            && active.bytes() > total.bytes()
+        {
+            return Err(ValidationError::new(
+                "activeBytes",
+                format!("must be at most totalBytes ({total}), got {active}"),
+            ));
+        }
         if let (Some(heads), Some(kv)) = (self.heads, self.kv_heads)
             && !heads.is_multiple_of(kv)
         {

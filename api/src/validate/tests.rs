@@ -370,6 +370,44 @@ fn model_rules() {
         "must divide heads (9)",
     );
     assert_error(
+        model(
+            json!({"format": "mlx", "source": {"path": "/m"}, "experts": 8, "expertsPerToken": 9}),
+        ),
+        "spec.expertsPerToken",
+        "at most experts (8)",
+    );
+    assert_error(
+        model(json!({"format": "mlx", "source": {"path": "/m"}, "expertsPerToken": 2})),
+        "spec.expertsPerToken",
+        "needs experts",
+    );
+    assert_error(
+        model(json!({"format": "mlx", "source": {"path": "/m"}, "qkRopeHeadDim": 64})),
+        "spec.qkRopeHeadDim",
+        "give kvLoraRank too",
+    );
+    assert_error(
+        model(
+            json!({"format": "mlx", "source": {"path": "/m"}, "layers": 4,
+                     "slidingWindow": 128, "slidingWindowLayers": 5}),
+        ),
+        "spec.slidingWindowLayers",
+        "at most layers (4)",
+    );
+    assert_error(
+        model(
+            json!({"format": "mlx", "source": {"path": "/m"}, "totalBytes": "1Gi",
+                     "activeBytes": "2Gi"}),
+        ),
+        "spec.activeBytes",
+        "at most totalBytes",
+    );
+    assert_error(
+        model(json!({"format": "mlx", "source": {"path": "/m"}, "headDim": 0})),
+        "spec.headDim",
+        "at least 1",
+    );
+    assert_error(
         model(json!({"format": "mlx", "source": {"nodes": ["Mac 1"]}})),
         "spec.source.nodes[0]",
         "is not a valid name",

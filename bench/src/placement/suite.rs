@@ -188,6 +188,7 @@ impl Model {
             head_dim,
             context,
             batch,
+            ..ModelShape::default()
         }
     }
 }

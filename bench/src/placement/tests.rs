@@ -24,6 +24,7 @@ fn tiny_model(layers: u32, batch: u32) -> ModelShape {
         head_dim: 128,
         context: 8192,
         batch,
+        ..ModelShape::default()
     }
 }
 

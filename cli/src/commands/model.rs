@@ -1,7 +1,8 @@
-//! `tbctl model inspect FILE|DIR`: reads a GGUF file's header (tb-api's `gguf` reader: no ML
-//! runtime, no tensor data) and prints a Model manifest for it, ready for `tbctl apply`. The
-//! facts the Model spec has no field for (head dimension, feed-forward width, quantisation) go
-//! in annotations and a comment. Needs no server.
+//! `tbctl model inspect FILE|DIR`: reads a GGUF file's header (tb-api's `gguf` reader), or a
+//! Hugging Face / MLX directory's `config.json` and safetensors headers (tb-api's `hf` reader) —
+//! no ML runtime, no tensor data — and prints a Model manifest for it, ready for `tbctl apply`.
+//! The facts the Model spec has no field for (feed-forward width, quantisation, parameter
+//! counts) go in annotations, labels and a comment. Needs no server.
 
 use std::path::{Path, PathBuf};
 
@@ -19,8 +20,12 @@ pub fn run(cmd: &ModelCommand) -> Result<()> {
     }
 }
 
-/// The manifest text for the file (or the one .gguf file in the directory) `args` names.
+/// The manifest text for the file (or the one .gguf file in the directory, or the Hugging
+/// Face / MLX model in it) `args` names.
 pub fn inspect(args: &ModelInspectArgs) -> Result<String> {
+    if args.target.join("config.json").is_file() {
+        return inspect_dir(args);
+    }
     let file = gguf_file(&args.target)?;
     let header = GgufHeader::read(&file)?;
     if let Some(m) = header.missing_data() {
@@ -53,6 +58,11 @@ pub fn inspect(args: &ModelInspectArgs) -> Result<String> {
     };
     tb_api::name::validate_name(&name).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
     let (metadata, spec) = manifest(&name, &source_path, &facts, header.file_bytes);
+    finish(&file, metadata, spec, &comment(&absolute, &header, &facts))
+}
+
+/// Checks the manifest as `tbctl apply` would and prints it under `comment`.
+fn finish(file: &Path, metadata: ObjectMeta, spec: ModelSpec, comment: &str) -> Result<String> {
     let manifest = Manifest {
         api_version: API_VERSION,
         kind: Kind::Model.as_str(),
@@ -75,7 +85,98 @@ pub fn inspect(args: &ModelInspectArgs) -> Result<String> {
         )
     })?;
     let yaml = serde_yaml::to_string(&manifest).context("encoding the manifest")?;
-    Ok(format!("{}{yaml}", comment(&absolute, &header, &facts)))
+    Ok(format!("{comment}{yaml}"))
+}
+
+/// A Hugging Face or MLX model directory: its `config.json`, and its safetensors headers when
+/// the weights are there.
+fn inspect_dir(args: &ModelInspectArgs) -> Result<String> {
+    let dir = &args.target;
+    let facts = tb_api::hf::read_dir(dir)?;
+    let absolute =
+        std::fs::canonicalize(dir).with_context(|| format!("resolving {}", dir.display()))?;
+    let name = match &args.name {
+        Some(n) => n.clone(),
+        None => {
+            let dir_name = absolute.file_name().map(|n| n.to_string_lossy());
+            name_from(&absolute, &dir_name.unwrap_or_default())?
+        }
+    };
+    tb_api::name::validate_name(&name).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
+    let format = if facts.precision.starts_with("mlx") {
+        ModelFormat::Mlx
+    } else {
+        ModelFormat::Safetensors
+    };
+    let quantity = |b: u64| (b > 0).then(|| Quantity::from_bytes(b));
+    let spec = ModelSpec {
+        format,
+        source: ModelSource {
+            path: Some(match &args.path {
+                Some(p) => p.clone(),
+                None => absolute.display().to_string(),
+            }),
+            nodes: Vec::new(),
+        },
+        architecture: Some(facts.architecture.clone()),
+        layers: Some(facts.layers),
+        bytes_per_layer: quantity(facts.bytes_per_layer),
+        total_bytes: quantity(facts.total_bytes),
+        hidden_size: Some(facts.hidden_size),
+        heads: Some(facts.heads),
+        kv_heads: Some(facts.kv_heads),
+        context_length: facts.context_length,
+        vocab_size: Some(facts.vocab_size),
+        head_dim: (facts.head_dim != facts.hidden_size / facts.heads).then_some(facts.head_dim),
+        kv_lora_rank: facts.kv_lora_rank,
+        qk_rope_head_dim: facts.qk_rope_head_dim,
+        sliding_window: facts.sliding_window,
+        sliding_window_layers: facts.sliding_window_layers,
+        experts: facts.experts,
+        experts_per_token: facts.experts_per_token,
+        active_bytes: (facts.active_bytes < facts.total_bytes)
+            .then(|| Quantity::from_bytes(facts.active_bytes)),
+    };
+    let mut metadata = ObjectMeta {
+        name,
+        ..ObjectMeta::default()
+    };
+    let notes = [
+        ("parameters", facts.parameters.to_string()),
+        ("active-parameters", facts.active_parameters.to_string()),
+        ("precision", facts.precision.clone()),
+    ];
+    for (key, value) in notes {
+        if key != "active-parameters" || facts.active_parameters < facts.parameters {
+            metadata.annotations.insert(key.into(), value);
+        }
+    }
+    let sizes = match facts.bytes_from {
+        tb_api::hf::BytesFrom::Safetensors(n) => {
+            format!("sizes from the headers of {n} .safetensors file(s)")
+        }
+        tb_api::hf::BytesFrom::Shape => format!(
+            "no .safetensors here: sizes counted from the shape, in {}",
+            facts.precision
+        ),
+    };
+    let active = if facts.active_parameters < facts.parameters {
+        format!(
+            ", {:.2}B of them used per token",
+            facts.active_parameters as f64 / 1e9
+        )
+    } else {
+        String::new()
+    };
+    let comment = format!(
+        "# Read from {}/config.json by `tbctl model inspect`\n# ({sizes}).\n\
+         # {:.2}B parameters{active}.\n\
+         # source.path is where this machine has the directory: every node that serves the\n\
+         # model needs it there (or name the nodes that hold it in source.nodes).\n",
+        absolute.display(),
+        facts.parameters as f64 / 1e9,
+    );
+    finish(&absolute.join("config.json"), metadata, spec, &comment)
 }
 
 /// The printed manifest: fields in the order people write them (apiVersion, kind, metadata,
@@ -109,8 +210,9 @@ fn gguf_file(target: &Path) -> Result<PathBuf> {
     match found.len() {
         1 => Ok(found.remove(0)),
         0 => bail!(
-            "{}: no .gguf file in this directory; tbctl model inspect reads GGUF files (one \
-             file per model; MLX and safetensors directories are not read)",
+            "{}: no .gguf file and no config.json in this directory; tbctl model inspect \
+             reads a GGUF file, or a Hugging Face / MLX model directory (config.json and its \
+             .safetensors files)",
             target.display()
         ),
         _ => bail!(
@@ -130,10 +232,14 @@ fn gguf_file(target: &Path) -> Result<PathBuf> {
 /// An object name from the file's name: `SmolLM2-135M-Instruct.Q4_1.gguf` →
 /// `smollm2-135m-instruct-q4-1`.
 pub fn name_from_file(path: &Path) -> Result<String> {
-    let stem = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().to_ascii_lowercase())
-        .unwrap_or_default();
+    let stem = path.file_stem().map(|s| s.to_string_lossy());
+    name_from(path, &stem.unwrap_or_default())
+}
+
+/// An object name from `text` (a file's stem, a directory's name): lower case, runs of other
+/// characters made one `-`.
+fn name_from(path: &Path, text: &str) -> Result<String> {
+    let stem = text.to_ascii_lowercase();
     let mut name = String::new();
     for c in stem.chars() {
         if c.is_ascii_alphanumeric() {
@@ -183,6 +289,16 @@ fn manifest(
         kv_heads: u32_field(facts.kv_heads),
         context_length: u32_field(facts.context_length),
         vocab_size: u32_field(facts.vocab_size),
+        head_dim: match (facts.head_dim, facts.hidden_size, facts.heads) {
+            (Some(d), Some(h), Some(n)) if n > 0 && d != h / n => u32_field(Some(d)),
+            _ => None,
+        },
+        kv_lora_rank: u32_field(facts.kv_lora_rank),
+        qk_rope_head_dim: u32_field(facts.kv_lora_rank.and(facts.qk_rope_head_dim)),
+        experts: u32_field(facts.experts),
+        experts_per_token: u32_field(facts.experts.and(facts.experts_per_token)),
+        sliding_window: u32_field(facts.sliding_window),
+        ..ModelSpec::default()
     };
     let mut metadata = ObjectMeta {
         name: name.to_string(),

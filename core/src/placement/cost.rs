@@ -11,7 +11,8 @@
 //! **Pipeline** over stages 1..n (each ≥ 1 layer, layers summing to the model's, each Mac once):
 //! - memory_i = layers_i × (bytes_per_layer + kv) + overhead + other/2 on the first stage +
 //!   (other − other/2) on the last; must be ≤ the Mac's free memory.
-//! - compute_i = (layers_i × (bytes_per_layer + kv) + [last] other/2 (the output head)) / bw_i.
+//! - compute_i = (layers_i × (read_per_layer + kv) + [last] other/2 (the output head)) / bw_i, where
+//!   read_per_layer is bytes_per_layer less the experts a token does not use (MoE).
 //! - hop i→i+1 needs a direct link: L/2 + act(b) × 8 / B.
 //! - return last→first (the sampled token goes back; n ≥ 2): L/2 of the direct link if any,
 //!   else the shortest path by latency (Σ L/2) through available Macs; none → infeasible.
@@ -299,7 +300,7 @@ fn pipeline(
             .saturating_add(extra);
         let kv_bytes = l.saturating_mul(kv);
         let read = l
-            .saturating_mul(model.bytes_per_layer.saturating_add(kv))
+            .saturating_mul(model.read_bytes_per_layer().saturating_add(kv))
             .saturating_add(if last { head_read } else { 0 });
         stages.push(Stage {
             node: r.mac.name.clone(),
@@ -454,12 +455,15 @@ fn tensor(
         .saturating_add(model.other_bytes)
         .div_ceil(n64);
     let kv = model.kv_bytes().div_ceil(n64);
+    let read = (u64::from(model.layers).saturating_mul(model.read_bytes_per_layer()))
+        .saturating_add(model.other_bytes)
+        .div_ceil(n64);
     let whole = Whole {
         layers: model.layers,
         weight,
         kv,
         overhead: model.overhead_bytes(),
-        read: weight.saturating_add(kv),
+        read: read.saturating_add(kv),
         passes: 1.0,
     };
     let stages = whole_stages(ranks, &whole);

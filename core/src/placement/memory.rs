@@ -17,7 +17,7 @@ const RUNTIME_BYTES: u64 = 512 << 20;
 const PREFILL_CHUNK: u64 = 2048;
 
 /// The shape of a model, as placement needs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModelShape {
     pub name: String,
     pub layers: u32,
@@ -28,6 +28,15 @@ pub struct ModelShape {
     pub heads: u32,
     pub kv_heads: u32,
     pub head_dim: u32,
+    /// Multi-head latent attention: values cached per token and layer (kvLoraRank +
+    /// qkRopeHeadDim) in place of K and V per KV head; 0 for plain attention.
+    pub latent_kv: u32,
+    /// Tokens a sliding-window layer caches (0: no such layers) and how many layers do.
+    pub sliding_window: u32,
+    pub sliding_layers: u32,
+    /// Weight bytes of one block that one decoded token reads, when less than bytes_per_layer
+    /// (a MoE model's unused experts); `None`: all of them.
+    pub active_bytes_per_layer: Option<u64>,
     /// Tokens of context the KV cache is reserved for.
     pub context: u32,
     /// Sequences decoded together.
@@ -55,7 +64,7 @@ impl ModelShape {
         let hidden_size = spec.hidden_size.unwrap_or(DEFAULT_HIDDEN).max(1);
         let heads = spec.heads.unwrap_or(DEFAULT_HEADS).max(1);
         let kv_heads = spec.kv_heads.unwrap_or(heads).max(1);
-        let head_dim = (hidden_size / heads).max(1);
+        let head_dim = spec.head_dim.unwrap_or(hidden_size / heads).max(1);
         let vocab_estimate = spec
             .vocab_size
             .map_or(0, |v| 2 * u64::from(v) * u64::from(hidden_size) * HALF);
@@ -75,6 +84,22 @@ impl ModelShape {
                 ));
             }
         };
+        // A MoE model reads only the experts a token uses: the active share of the weights.
+        let active_bytes_per_layer = spec.active_bytes.as_ref().map(|q| {
+            let all = l
+                .saturating_mul(bytes_per_layer)
+                .saturating_add(other_bytes);
+            let fraction = (q.bytes() as f64 / all.max(1) as f64).min(1.0);
+            (bytes_per_layer as f64 * fraction).ceil() as u64
+        });
+        let latent_kv = spec
+            .kv_lora_rank
+            .map_or(0, |r| r.saturating_add(spec.qk_rope_head_dim.unwrap_or(0)));
+        let sliding_window = spec.sliding_window.unwrap_or(0);
+        let sliding_layers = match sliding_window {
+            0 => 0,
+            _ => spec.sliding_window_layers.unwrap_or(layers).min(layers),
+        };
         Ok(ModelShape {
             name: name.to_string(),
             layers,
@@ -84,12 +109,22 @@ impl ModelShape {
             heads,
             kv_heads,
             head_dim,
+            latent_kv,
+            sliding_window,
+            sliding_layers,
+            active_bytes_per_layer,
             context: context
                 .or(spec.context_length)
                 .unwrap_or(DEFAULT_CONTEXT)
                 .max(1),
             batch: batch.unwrap_or(1).max(1),
         })
+    }
+
+    /// Weight bytes of one block that one decoded token reads.
+    pub fn read_bytes_per_layer(&self) -> u64 {
+        self.active_bytes_per_layer
+            .map_or(self.bytes_per_layer, |b| b.min(self.bytes_per_layer))
     }
 
     /// All the weights: every layer plus embeddings and head.
@@ -99,14 +134,26 @@ impl ModelShape {
             .saturating_add(self.other_bytes)
     }
 
-    /// The KV cache of one layer: K and V, for every KV head, the whole context, every sequence
-    /// of the batch, in 16 bits.
+    /// The KV cache of one layer, in 16 bits, for every sequence of the batch: per token K and V
+    /// of every KV head (or, with latent attention, the one latent), for the whole context (or
+    /// the window, in sliding-window layers; averaged over the layers, as the two kinds
+    /// alternate).
     pub fn kv_bytes_per_layer(&self) -> u64 {
-        2 * u64::from(self.kv_heads)
-            * u64::from(self.head_dim)
-            * u64::from(self.context)
-            * u64::from(self.batch)
-            * HALF
+        let per_token = match self.latent_kv {
+            0 => 2 * u64::from(self.kv_heads) * u64::from(self.head_dim),
+            latent => u64::from(latent),
+        };
+        let context = u64::from(self.context);
+        let tokens = match self.sliding_window {
+            0 => context,
+            window => {
+                let sliding = u64::from(self.sliding_layers.min(self.layers));
+                let full = u64::from(self.layers) - sliding;
+                let windowed = u64::from(window).min(context);
+                (full * context + sliding * windowed).div_ceil(u64::from(self.layers.max(1)))
+            }
+        };
+        per_token * tokens * u64::from(self.batch) * HALF
     }
 
     /// The KV cache of every layer.

@@ -71,6 +71,7 @@ fn model(layers: u32, per_layer: u64) -> ModelShape {
         head_dim: 128,
         context: 4096,
         batch: 1,
+        ..ModelShape::default()
     }
 }
 
@@ -549,6 +550,74 @@ fn model_shape_from_spec() {
 }
 
 #[test]
+fn head_size_latent_attention_windows_and_experts_size_the_model() {
+    use tb_api::Quantity;
+    use tb_api::specs::ModelSpec;
+    let q = |s: &str| Some(Quantity::parse(s).expect("quantity"));
+    // Qwen3-32B: 64 heads of 128 in a 5120-wide model (not 5120 / 64 = 80).
+    let qwen = ModelSpec {
+        layers: Some(64),
+        total_bytes: q("61Gi"),
+        hidden_size: Some(5120),
+        heads: Some(64),
+        kv_heads: Some(8),
+        head_dim: Some(128),
+        ..ModelSpec::default()
+    };
+    let m = ModelShape::from_spec("qwen3", &qwen, Some(1000), None).expect("shape");
+    assert_eq!(m.kv_bytes_per_layer(), 2 * 8 * 128 * 1000 * 2);
+    // DeepSeek-V3: one latent of 512 + 64 per token and layer, whatever its 128 heads.
+    let deepseek = ModelSpec {
+        layers: Some(61),
+        total_bytes: q("640Gi"),
+        hidden_size: Some(7168),
+        heads: Some(128),
+        kv_heads: Some(128),
+        kv_lora_rank: Some(512),
+        qk_rope_head_dim: Some(64),
+        experts: Some(256),
+        experts_per_token: Some(8),
+        active_bytes: q("32Gi"),
+        ..ModelSpec::default()
+    };
+    let m = ModelShape::from_spec("deepseek", &deepseek, Some(1000), None).expect("shape");
+    assert_eq!(m.kv_bytes_per_layer(), 576 * 1000 * 2);
+    // A token reads 32/640 of the weights.
+    let read = m.read_bytes_per_layer() as f64 / m.bytes_per_layer as f64;
+    assert!((read - 0.05).abs() < 0.001, "{read}");
+    // gpt-oss: 18 of 36 layers cache 128 tokens, the others the whole 4096.
+    let gpt_oss = ModelSpec {
+        layers: Some(36),
+        total_bytes: q("60Gi"),
+        hidden_size: Some(2880),
+        heads: Some(64),
+        kv_heads: Some(8),
+        head_dim: Some(64),
+        sliding_window: Some(128),
+        sliding_window_layers: Some(18),
+        ..ModelSpec::default()
+    };
+    let m = ModelShape::from_spec("gpt-oss", &gpt_oss, Some(4096), None).expect("shape");
+    assert_eq!(m.kv_bytes_per_layer(), 2 * 8 * 64 * ((4096 + 128) / 2) * 2);
+    assert_eq!(m.read_bytes_per_layer(), m.bytes_per_layer);
+}
+
+#[test]
+fn a_mixture_of_experts_decodes_at_the_speed_of_its_active_weights() {
+    let dense = model(8, 4 * GIB);
+    let moe = ModelShape {
+        active_bytes_per_layer: Some(GIB),
+        ..model(8, 4 * GIB)
+    };
+    let topo = Topology::new(vec![m4pro("a")], vec![]);
+    let predict = |m: ModelShape| {
+        place(&topo, &work(m, Strategy::Pipeline, Objective::Latency)).tokens_per_second
+    };
+    let (d, e) = (predict(dense), predict(moe));
+    assert!(e > 3.0 * d, "dense {d} tokens/s, MoE {e}");
+}
+
+#[test]
 fn cable_order_follows_the_cables() {
     let names = ["a", "b", "c", "d", "e"];
     // The ring a–c–e–b–d–a.
@@ -655,6 +724,7 @@ fn random_case(rng: &mut Rng) -> (Topology, Workload) {
         head_dim: 128,
         context: rng.pick(&[512, 4096, 32768]),
         batch: rng.pick(&[1, 4]),
+        ..ModelShape::default()
     };
     let mut w = work(
         model,

@@ -236,3 +236,52 @@ fn smollm2_matches_the_checked_in_manifest() {
     let e = format!("{:#}", inspect(&args(&cut)).expect_err("cut"));
     assert!(e.contains("smollm2-cut.gguf: truncated: tensor"), "{e}");
 }
+
+/// The KV cache one layer reserves for 4096 tokens of one sequence, as placement sizes it from
+/// the manifest `tbctl model inspect` prints for a fixture directory.
+fn kv_per_layer(fixture: &str, context: u32) -> (Object, u64) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../api/tests/fixtures/hf")
+        .join(fixture);
+    let obj = parse_manifest(&inspect(&args(&dir)).expect("inspect"));
+    let spec: tb_api::specs::ModelSpec =
+        serde_json::from_value(obj.spec.clone()).expect("a Model spec");
+    let shape = tb_core::placement::ModelShape::from_spec(fixture, &spec, Some(context), Some(1))
+        .expect("placeable");
+    (obj, shape.kv_bytes_per_layer())
+}
+
+#[test]
+fn model_directories_become_manifests_that_size_the_kv_cache_right() {
+    // K and V (2) × KV heads × head size × tokens × 2 bytes, worked by hand from each config.
+    let cases: [(&str, u64); 7] = [
+        ("llama-3.1-8b", 2 * 8 * 128 * 4096 * 2),
+        // 128-value heads, not 5120 / 64 = 80.
+        ("qwen3-32b", 2 * 8 * 128 * 4096 * 2),
+        ("qwen3-0.6b-mlx-4bit", 2 * 8 * 128 * 4096 * 2),
+        // One latent of 512 + 64 per token, whatever the 128 heads.
+        ("deepseek-v3", (512 + 64) * 4096 * 2),
+        ("kimi-k2", (512 + 64) * 4096 * 2),
+        // Half the layers keep 128 tokens, half all 4096: 2112 on average.
+        ("gpt-oss-120b", 2 * 8 * 64 * 2112 * 2),
+        ("mistral-7b-v0.1", 2 * 8 * 128 * 4096 * 2),
+    ];
+    for (fixture, expected) in cases {
+        let (obj, kv) = kv_per_layer(fixture, 4096);
+        assert_eq!(kv, expected, "{fixture}");
+        assert_eq!(obj.metadata.name, fixture.replace('.', "-"));
+    }
+    // Mistral's window caps its cache at 4096 tokens whatever the context.
+    assert_eq!(
+        kv_per_layer("mistral-7b-v0.1", 32_768).1,
+        kv_per_layer("mistral-7b-v0.1", 4096).1
+    );
+    // The MLX conversion is an mlx Model; the others safetensors.
+    let (mlx, _) = kv_per_layer("qwen3-0.6b-mlx-4bit", 4096);
+    assert_eq!(mlx.spec["format"], "mlx");
+    let (deepseek, _) = kv_per_layer("deepseek-v3", 4096);
+    assert_eq!(deepseek.spec["format"], "safetensors");
+    assert_eq!(deepseek.spec["expertsPerToken"], 8);
+    assert!(deepseek.spec.get("activeBytes").is_some());
+    assert_eq!(deepseek.metadata.annotations["parameters"], "671026419200");
+}
