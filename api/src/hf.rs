@@ -99,13 +99,7 @@ pub enum BytesFrom {
 pub fn read_dir(dir: &Path) -> Result<HfFacts, HfError> {
     let config_path = dir.join("config.json");
     let text = read_bounded(&config_path, MAX_CONFIG)?;
-    let config: Value = serde_json::from_slice(&text).map_err(|e| {
-        invalid(
-            &config_path,
-            format!("not JSON: {e} (line {}, column {})", e.line(), e.column()),
-        )
-    })?;
-    let mut facts = facts_from_config(&config_path, &config)?;
+    let mut facts = parse_config(&config_path, &text)?;
     let mut shards = Vec::new();
     let entries = std::fs::read_dir(dir).map_err(|source| HfError::Io {
         path: dir.to_path_buf(),
@@ -126,6 +120,17 @@ pub fn read_dir(dir: &Path) -> Result<HfFacts, HfError> {
         facts.apply_tensors(&tensors, shards.len());
     }
     Ok(facts)
+}
+
+/// The facts in a `config.json` already read (`path` only names it in errors).
+pub fn parse_config(path: &Path, bytes: &[u8]) -> Result<HfFacts, HfError> {
+    let config: Value = serde_json::from_slice(bytes).map_err(|e| {
+        invalid(
+            path,
+            format!("not JSON: {e} (line {}, column {})", e.line(), e.column()),
+        )
+    })?;
+    facts_from_config(path, &config)
 }
 
 fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, HfError> {
@@ -180,6 +185,26 @@ pub fn read_safetensors_header(path: &Path) -> Result<Vec<TensorBytes>, HfError>
     parse_safetensors_header(path, &header, file_len - 8 - header_len)
 }
 
+/// The tensor table of a safetensors file (or a prefix of one) already in memory.
+pub fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<Vec<TensorBytes>, HfError> {
+    let Some((len, rest)) = bytes.split_first_chunk::<8>() else {
+        return Err(invalid(path, "shorter than a safetensors header (8 bytes)"));
+    };
+    let header_len = u64::from_le_bytes(*len);
+    if header_len > MAX_HEADER || header_len > rest.len() as u64 {
+        return Err(invalid(
+            path,
+            format!(
+                "safetensors header of {header_len} bytes in a file of {}: not a safetensors \
+                 file, or cut short",
+                bytes.len()
+            ),
+        ));
+    }
+    let (header, data) = rest.split_at(header_len as usize);
+    parse_safetensors_header(path, header, data.len() as u64)
+}
+
 /// The tensors of a header already read; `data_len` is the bytes after it.
 pub fn parse_safetensors_header(
     path: &Path,
@@ -230,6 +255,43 @@ fn int(config: &Value, key: &str) -> Option<u32> {
         .get(key)
         .and_then(Value::as_u64)
         .and_then(|n| u32::try_from(n).ok())
+}
+
+/// The largest value each dimension may take: far above any published model, low enough that
+/// counting parameters cannot overflow (in u128) and the per-layer table stays small.
+const DIMENSION_LIMITS: &[(&str, u32)] = &[
+    ("num_hidden_layers", 4096),
+    ("first_k_dense_replace", 4096),
+    ("hidden_size", 1 << 20),
+    ("intermediate_size", 1 << 22),
+    ("moe_intermediate_size", 1 << 22),
+    ("vocab_size", 1 << 24),
+    ("num_attention_heads", 1 << 16),
+    ("num_key_value_heads", 1 << 16),
+    ("head_dim", 1 << 16),
+    ("kv_lora_rank", 1 << 16),
+    ("q_lora_rank", 1 << 16),
+    ("qk_rope_head_dim", 1 << 16),
+    ("qk_nope_head_dim", 1 << 16),
+    ("v_head_dim", 1 << 16),
+    ("n_routed_experts", 1 << 16),
+    ("num_local_experts", 1 << 16),
+    ("num_experts", 1 << 16),
+    ("n_shared_experts", 1 << 16),
+    ("num_experts_per_tok", 1 << 16),
+    ("experts_per_token", 1 << 16),
+];
+
+/// A model dimension at `key` no larger than `max` (a hostile config's 4-billion-layer model
+/// would have tb allocate and count for each layer).
+fn dim(path: &Path, config: &Value, key: &str, max: u32) -> Result<Option<u32>, HfError> {
+    match int(config, key) {
+        Some(n) if n > max => Err(invalid(
+            path,
+            format!("{key}: {n} is more than any model has (at most {max})"),
+        )),
+        n => Ok(n),
+    }
 }
 
 /// The first of `keys` the config has.
@@ -338,16 +400,16 @@ fn precision(path: &Path, config: &Value) -> Result<(Precision, String), HfError
 /// Parameters of one block, split by the precision they are stored in.
 #[derive(Debug, Default, Clone, Copy)]
 struct Block {
-    linear: u64,
+    linear: u128,
     /// Routed experts, all of them.
-    routed: u64,
+    routed: u128,
     /// Shared experts (every token uses them).
-    shared: u64,
-    small: u64,
+    shared: u128,
+    small: u128,
 }
 
 impl Block {
-    fn parameters(&self) -> u64 {
+    fn parameters(&self) -> u128 {
         self.linear + self.routed + self.shared + self.small
     }
 }
@@ -368,6 +430,9 @@ fn facts_from_config(path: &Path, config: &Value) -> Result<HfFacts, HfError> {
             )
         })
     };
+    for (key, max) in DIMENSION_LIMITS {
+        dim(path, config, key, *max)?;
+    }
     let architecture = config
         .get("model_type")
         .and_then(Value::as_str)
@@ -411,26 +476,26 @@ fn facts_from_config(path: &Path, config: &Value) -> Result<HfFacts, HfError> {
     let (sliding_window, sliding_window_layers) = sliding(config, layers);
     let (precision, precision_name) = precision(path, config)?;
 
-    let (h, hd) = (u64::from(hidden), u64::from(head_dim));
-    let (nh, nkv) = (u64::from(heads), u64::from(kv_heads));
+    let (h, hd) = (u128::from(hidden), u128::from(head_dim));
+    let (nh, nkv) = (u128::from(heads), u128::from(kv_heads));
     let attention = match kv_lora_rank {
         Some(rank) => {
             // q_a (hidden→q_lora) + q_b (q_lora→heads×(nope+rope)), kv_a (hidden→rank+rope),
             // kv_b (rank→heads×(nope+v)), o (heads×v→hidden); two latent norms.
-            let rope = u64::from(int(config, "qk_rope_head_dim").unwrap_or(64));
-            let nope = u64::from(int(config, "qk_nope_head_dim").unwrap_or(128));
-            let v = u64::from(int(config, "v_head_dim").unwrap_or(128));
-            let rank = u64::from(rank);
+            let rope = u128::from(int(config, "qk_rope_head_dim").unwrap_or(64));
+            let nope = u128::from(int(config, "qk_nope_head_dim").unwrap_or(128));
+            let v = u128::from(int(config, "v_head_dim").unwrap_or(128));
+            let rank = u128::from(rank);
             let q = match int(config, "q_lora_rank") {
                 Some(q) if q > 0 => {
-                    let q = u64::from(q);
+                    let q = u128::from(q);
                     h * q + q * nh * (nope + rope)
                 }
                 _ => h * nh * (nope + rope),
             };
             Block {
                 linear: q + h * (rank + rope) + rank * nh * (nope + v) + nh * v * h,
-                small: rank + u64::from(int(config, "q_lora_rank").unwrap_or(0)),
+                small: rank + u128::from(int(config, "q_lora_rank").unwrap_or(0)),
                 ..Block::default()
             }
         }
@@ -454,23 +519,23 @@ fn facts_from_config(path: &Path, config: &Value) -> Result<HfFacts, HfError> {
         }
     };
     let norms = 2 * h;
-    let dense_mlp = 3 * h * u64::from(intermediate);
+    let dense_mlp = 3 * h * u128::from(intermediate);
     let mut blocks = Vec::with_capacity(layers as usize);
     for i in 0..layers {
         let mut block = attention;
         block.small += norms;
         match experts {
             Some(e) if i >= dense_first => {
-                let e = u64::from(e);
-                let per_expert = 3 * h * u64::from(moe_intermediate);
+                let e = u128::from(e);
+                let per_expert = 3 * h * u128::from(moe_intermediate);
                 // gpt-oss's experts have biases (gate+up and down).
                 let expert_bias = if architecture == "gpt_oss" {
-                    2 * u64::from(moe_intermediate) + h
+                    2 * u128::from(moe_intermediate) + h
                 } else {
                     0
                 };
                 block.routed += e * (per_expert + expert_bias);
-                block.shared += u64::from(shared_experts.unwrap_or(0)) * per_expert;
+                block.shared += u128::from(shared_experts.unwrap_or(0)) * per_expert;
                 // The router: hidden × experts (+ a bias or correction per expert).
                 block.small += h * e + e;
             }
@@ -478,14 +543,16 @@ fn facts_from_config(path: &Path, config: &Value) -> Result<HfFacts, HfError> {
         }
         blocks.push(block);
     }
-    let embedding = u64::from(vocab) * h;
+    let embedding = u128::from(vocab) * h;
     let head = if tied { 0 } else { embedding };
     let bits = |b: &Block| {
         b.linear as f64 * precision.linear
             + (b.routed + b.shared) as f64 * precision.experts
             + b.small as f64 * precision.small
     };
+    // Float to integer casts saturate: a count past u64 reads as u64::MAX.
     let bytes = |bits: f64| (bits / 8.0).ceil() as u64;
+    let clamp = |n: u128| u64::try_from(n).unwrap_or(u64::MAX);
     let other_bits = (embedding + head) as f64 * precision.embedding + h as f64 * precision.small;
     let total_bits = blocks.iter().map(bits).sum::<f64>() + other_bits;
     let share = match (experts, experts_per_token) {
@@ -497,11 +564,11 @@ fn facts_from_config(path: &Path, config: &Value) -> Result<HfFacts, HfError> {
         .map(|b| bits(b) - (1.0 - share) * b.routed as f64 * precision.experts)
         .sum::<f64>()
         + other_bits;
-    let parameters = blocks.iter().map(Block::parameters).sum::<u64>() + embedding + head + h;
+    let parameters = blocks.iter().map(Block::parameters).sum::<u128>() + embedding + head + h;
     let active_parameters = blocks
         .iter()
-        .map(|b| b.parameters() - b.routed + (b.routed as f64 * share).round() as u64)
-        .sum::<u64>()
+        .map(|b| b.parameters() - b.routed + (b.routed as f64 * share).round() as u128)
+        .sum::<u128>()
         + embedding
         + head
         + h;
@@ -523,8 +590,8 @@ fn facts_from_config(path: &Path, config: &Value) -> Result<HfFacts, HfError> {
         sliding_window,
         sliding_window_layers,
         precision: precision_name,
-        parameters,
-        active_parameters,
+        parameters: clamp(parameters),
+        active_parameters: clamp(active_parameters),
         total_bytes: bytes(total_bits),
         bytes_per_layer: blocks.iter().map(|b| bytes(bits(b))).max().unwrap_or(0),
         active_bytes: bytes(active_bits),

@@ -28,6 +28,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("lab", lab),
     ("gguf_header", gguf_header),
     ("gguf_engine", gguf_engine),
+    ("hf_config", hf_config),
+    ("safetensors", safetensors),
     ("wire", wire),
     ("rdma_header", rdma_header),
     ("qpinfo", qpinfo),
@@ -112,6 +114,19 @@ pub fn gguf_header(data: &[u8]) -> String {
         }
     }
     outcome(header)
+}
+
+/// tb-api's reader of a Hugging Face / MLX `config.json` (`tbctl model inspect DIR`).
+pub fn hf_config(data: &[u8]) -> String {
+    outcome(tb_api::hf::parse_config(Path::new("config.json"), data))
+}
+
+/// tb-api's reader of a `.safetensors` file's tensor table.
+pub fn safetensors(data: &[u8]) -> String {
+    outcome(tb_api::hf::parse_safetensors(
+        Path::new("model.safetensors"),
+        data,
+    ))
 }
 
 /// The engine's GGUF path: candle's header parser, the model config, the tensor index, the
