@@ -87,6 +87,13 @@ pub struct PlacementSummary {
     #[serde(default)]
     pub ring: bool,
     pub predicted_tokens_per_second: f64,
+    /// Where the prediction's compute figures come from: `engine` (measured by each Mac's
+    /// nodelet on tb's engine), `chip` (the chips' nominal bandwidth) or `mixed`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub figures: String,
+    /// Decode tokens/s the service's rank 0 observed of late (one stream), when it has served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_tokens_per_second: Option<f64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stages: Vec<PlacedStage>,
     /// Runner-up candidates and why they lost.
@@ -238,6 +245,30 @@ pub struct NodeCapacity {
     pub hardware_model: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub os: String,
+    /// How fast tb's built-in engine decodes on this Mac, measured by the nodelet; placement
+    /// prefers it to the chip's nominal bandwidth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineFigures>,
+}
+
+/// The built-in engine's decode speed on one Mac: one token costs about `tokenOverheadUs` plus
+/// the weight bytes it reads over `weightGbs`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineFigures {
+    /// `cpu` or `metal`.
+    pub backend: String,
+    /// Weight bytes (as a Q4_1 GGUF file stores them) decoded per second, GB/s.
+    pub weight_gbs: f64,
+    /// Time per token beyond reading the weights, µs.
+    pub token_overhead_us: f64,
+    /// When it was measured.
+    #[serde(
+        default,
+        with = "crate::timestamp::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub measured_at: Option<Timestamp>,
 }
 
 /// Ports a nodelet hands to ranks (MLX ring listeners, coordinators).

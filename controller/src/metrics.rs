@@ -46,6 +46,7 @@ struct LabFigures {
     jobs: Family<Labels, Gauge>,
     job_restarts: Family<Labels, Gauge>,
     predicted_tokens: Family<Labels, FloatGauge>,
+    observed_tokens: Family<Labels, FloatGauge>,
     link_bandwidth: Family<Labels, FloatGauge>,
     link_latency: Family<Labels, FloatGauge>,
 }
@@ -85,6 +86,11 @@ impl LabFigures {
             self.predicted_tokens.clone(),
         );
         registry.register(
+            "service_observed_tokens_per_second",
+            "Decode tokens/s an InferenceService's streams have seen of late",
+            self.observed_tokens.clone(),
+        );
+        registry.register(
             "link_bandwidth_gbps",
             "A cable's measured throughput (Gb/s)",
             self.link_bandwidth.clone(),
@@ -108,6 +114,7 @@ impl LabFigures {
         }
         for family in [
             &self.predicted_tokens,
+            &self.observed_tokens,
             &self.link_bandwidth,
             &self.link_latency,
         ] {
@@ -168,6 +175,11 @@ impl LabFigures {
                     self.predicted_tokens
                         .get_or_create(&labels(&object[1..]))
                         .set(placement.predicted_tokens_per_second);
+                    if let Some(observed) = placement.observed_tokens_per_second {
+                        self.observed_tokens
+                            .get_or_create(&labels(&object[1..]))
+                            .set(observed);
+                    }
                 }
             }
         }
@@ -372,6 +384,7 @@ mod tests {
         let one = labels(&[("x", "y")]);
         metrics.lab.job_restarts.get_or_create(&one).set(1);
         metrics.lab.predicted_tokens.get_or_create(&one).set(1.0);
+        metrics.lab.observed_tokens.get_or_create(&one).set(1.0);
         metrics.lab.link_bandwidth.get_or_create(&one).set(1.0);
         metrics.lab.link_latency.get_or_create(&one).set(1.0);
         metrics.raft.get_or_create(&one).set(1);

@@ -98,6 +98,11 @@ struct Args {
     /// nodelet's own (a nodelet started from an activated venv gives the venv's).
     #[arg(long, env = "TB_PYTHON", value_name = "FILE")]
     python: Option<PathBuf>,
+    /// Measure how fast tb's built-in engine decodes here (a few seconds of CPU or GPU once,
+    /// in the background after start; kept in DATA_DIR/engine-figures.json), so that placement
+    /// predicts tokens/s from this Mac's own figures rather than its chip's
+    #[arg(long, env = "TB_ENGINE_CALIBRATION", value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
+    engine_calibration: String,
 }
 
 fn parse_run_as(s: &str) -> Result<(String, String), String> {
@@ -214,6 +219,7 @@ async fn main() -> anyhow::Result<()> {
         },
         job_disk_limit: args.job_disk_limit.bytes(),
         python: args.python,
+        engine_calibration: args.engine_calibration == "on",
     };
     run(cfg).await
 }

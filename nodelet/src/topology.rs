@@ -197,6 +197,7 @@ links:
             memory_bandwidth_gbps: None,
             hardware_model: String::new(),
             os: "Debian GNU/Linux 12".into(),
+            engine: None,
         };
         let studio = Topology::load(&path, "studio-1").expect("loads");
         let (cap, free) = studio.capacity(Some(&measured)).expect("memory given");

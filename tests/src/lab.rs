@@ -334,6 +334,7 @@ impl Proc {
         );
         let stderr = log.try_clone().expect("duplicating the log file handle");
         let mut cmd = Command::new(&self.bin);
+        cmd.env(crate::ENGINE_CALIBRATION.0, crate::ENGINE_CALIBRATION.1);
         cmd.args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
@@ -727,6 +728,7 @@ impl Lab {
     /// private environment as [`Lab::tbctl`]; killed when dropped.
     pub fn tbctl_command(&self, args: &[&str]) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(crate::bins::tbctl());
+        cmd.env(crate::ENGINE_CALIBRATION.0, crate::ENGINE_CALIBRATION.1);
         cmd.arg("--server")
             .arg(&self.addr)
             .args(args)
@@ -935,6 +937,7 @@ impl Lab {
     /// Run a blocking tbctl for the failure report; bounded, output or why not.
     fn report_tbctl(&self, args: &[&str]) -> String {
         let mut cmd = Command::new(crate::bins::tbctl());
+        cmd.env(crate::ENGINE_CALIBRATION.0, crate::ENGINE_CALIBRATION.1);
         cmd.arg("--server")
             .arg(&self.addr)
             .args(["--timeout", "3s"])

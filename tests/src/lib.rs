@@ -61,3 +61,8 @@ pub fn elapsed_secs() -> f64 {
         .elapsed()
         .as_secs_f64()
 }
+
+/// Every nodelet a test starts (itself or through `tbctl up`) skips measuring the built-in
+/// engine: a few seconds of CPU per nodelet, on a machine running many of them at once, and a
+/// figure no test but the one that asks for it reads.
+pub const ENGINE_CALIBRATION: (&str, &str) = ("TB_ENGINE_CALIBRATION", "off");

@@ -102,6 +102,7 @@ impl Tbctl {
         let mut full: Vec<String> = vec!["--server".into(), self.servers.clone()];
         full.extend(args.iter().map(|a| a.to_string()));
         let mut cmd = tokio::process::Command::new(crate::bins::tbctl());
+        cmd.env(crate::ENGINE_CALIBRATION.0, crate::ENGINE_CALIBRATION.1);
         cmd.args(&full)
             .current_dir(cwd.unwrap_or(&self.home))
             .env("HOME", &self.home)

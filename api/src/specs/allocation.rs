@@ -219,7 +219,7 @@ impl AllocationPhase {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AllocationStatus {
     #[serde(default)]
@@ -258,6 +258,9 @@ pub struct AllocationStatus {
     pub staged_bytes: u64,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub stage_bytes: u64,
+    /// Rank 0 of a built-in service: decode tokens/s its streams have seen of late.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_tokens_per_second: Option<f64>,
 }
 
 fn is_zero(n: &u64) -> bool {

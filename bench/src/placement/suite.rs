@@ -99,6 +99,8 @@ pub fn mac(name: &str, chip: Chip) -> Mac {
         allocatable_bytes: alloc,
         free_bytes: alloc,
         memory_bandwidth_gbs: bandwidth,
+        token_overhead_us: 0.0,
+        engine_measured: false,
         gpu_cores: cores,
         labels: BTreeMap::new(),
         unavailable: None,

@@ -228,8 +228,18 @@ fn render_placement(out: &mut String, p: &Value) {
     } else {
         ""
     };
+    let figures = match at(p, &["figures"]).and_then(Value::as_str) {
+        Some("engine") => " from the Macs' measured engine",
+        Some("mixed") => " from measured and chip figures",
+        Some("chip") => " from chip figures",
+        _ => "",
+    };
+    let observed = at(p, &["observedTokensPerSecond"])
+        .and_then(Value::as_f64)
+        .map(|o| format!(", {o:.1} observed"))
+        .unwrap_or_default();
     out.push_str(&format!(
-        "Placement:        {} ({} objective{ring}), {:.1} tokens/s predicted\n",
+        "Placement:        {} ({} objective{ring}), {:.1} tokens/s predicted{figures}{observed}\n",
         cell(at(p, &["strategy"])),
         cell(at(p, &["objective"])),
         at(p, &["predictedTokensPerSecond"])

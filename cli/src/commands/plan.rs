@@ -211,7 +211,14 @@ fn render(topology: &Topology, job: &Object, result: &Result<Plan, String>) -> S
             human_bytes(s.kv_bytes),
             human_bytes(s.memory_bytes),
             mac.map_or_else(|| "?".into(), |m| human_bytes(m.free_bytes)),
-            mac.map_or_else(|| "?".into(), |m| format!("{:.0}", m.memory_bandwidth_gbs)),
+            mac.map_or_else(
+                || "?".into(),
+                |m| match m.engine_measured {
+                    // The engine's own figure: small, so with more digits, and marked.
+                    true => format!("{:.2}*", m.memory_bandwidth_gbs),
+                    false => format!("{:.0}", m.memory_bandwidth_gbs),
+                },
+            ),
         ]);
     }
     out.push_str(&t.render());
@@ -222,6 +229,12 @@ fn render(topology: &Topology, job: &Object, result: &Result<Plan, String>) -> S
         plan.compute_us / 1000.0,
         plan.network_us / 1000.0
     ));
+    if plan.stages.iter().any(|s| s.engine_measured) {
+        out.push_str(
+            "  * GB/s of weights tb's engine decodes on that Mac, as its nodelet measured (else the \
+             chip's memory bandwidth)\n",
+        );
+    }
     for w in plan.stages.windows(2) {
         if let Some(l) = topology.link(&w[0].node, &w[1].node) {
             out.push_str(&format!(

@@ -1,8 +1,8 @@
 //! `tbctl topology`: the Macs and the cables between them, with what the nodelets measured.
 //!
-//! - default: a table of Macs (memory, bandwidth, ports), a table of links (ends, RDMA,
-//!   nominal and measured bandwidth, latency p50/p99, when measured) and a picture: each Mac
-//!   with its neighbours;
+//! - default: a table of Macs (memory, chip bandwidth, the engine's measured decode speed,
+//!   ports), a table of links (ends, RDMA, nominal and measured bandwidth, latency p50/p99,
+//!   when measured) and a picture: each Mac with its neighbours;
 //! - `-o dot`: Graphviz (`tbctl topology -o dot | dot -Tsvg > lab.svg`);
 //! - `-o json`: `{"macs": [...Node objects], "links": [...Link objects]}`.
 //!
@@ -84,7 +84,9 @@ fn micros(v: Option<f64>) -> String {
 
 pub fn render_tables(nodes: &[Object], links: &[Object]) -> String {
     let mut out = String::new();
-    let mut macs = Table::new(["MAC", "READY", "CHIP", "MEMORY", "FREE", "GB/S", "PORTS"]);
+    let mut macs = Table::new([
+        "MAC", "READY", "CHIP", "MEMORY", "FREE", "GB/S", "ENGINE", "PORTS",
+    ]);
     for n in nodes {
         let s = NodeStatus::from_value(&n.status);
         macs.push(vec![
@@ -104,6 +106,16 @@ pub fn render_tables(nodes: &[Object], links: &[Object]) -> String {
             s.capacity
                 .memory_bandwidth_gbps
                 .map_or_else(|| "-".into(), |b| format!("{b:.0}")),
+            // What tb's engine measured of itself: decode GB/s of weights + µs per token.
+            s.capacity.engine.as_ref().map_or_else(
+                || "-".into(),
+                |e| {
+                    format!(
+                        "{} {:.2} GB/s +{:.0}µs",
+                        e.backend, e.weight_gbs, e.token_overhead_us
+                    )
+                },
+            ),
             if s.ports.is_empty() {
                 "-".into()
             } else {

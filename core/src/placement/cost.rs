@@ -310,7 +310,8 @@ fn pipeline(
             kv_bytes,
             overhead_bytes: overhead,
             memory_bytes: weight.saturating_add(kv_bytes).saturating_add(overhead),
-            compute_us: read_us(read, r.mac.memory_bandwidth_gbs),
+            compute_us: read_us(read, r.mac.memory_bandwidth_gbs) + r.mac.token_overhead_us,
+            engine_measured: r.mac.engine_measured,
         });
         first_layer += r.layers;
     }
@@ -427,7 +428,9 @@ fn whole_stages(ranks: &[Rank<'_>], w: &Whole) -> Vec<Stage> {
             kv_bytes: w.kv,
             overhead_bytes: w.overhead,
             memory_bytes: w.weight.saturating_add(w.kv).saturating_add(w.overhead),
-            compute_us: w.passes * read_us(w.read, r.mac.memory_bandwidth_gbs),
+            compute_us: w.passes * read_us(w.read, r.mac.memory_bandwidth_gbs)
+                + r.mac.token_overhead_us,
+            engine_measured: r.mac.engine_measured,
         })
         .collect()
 }

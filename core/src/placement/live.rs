@@ -8,7 +8,7 @@ use tb_api::specs::{
     InferenceServiceSpec, LinkSpec, LinkStatus, ModelSpec, Parallelism, TrainingJobSpec,
     TrainingParallelism,
 };
-use tb_api::status::{PlacedStage, PlacementSummary};
+use tb_api::status::{EngineFigures, PlacedStage, PlacementSummary};
 
 use super::{LinkInfo, Mac, ModelShape, Objective, Plan, Strategy, Topology, Workload};
 
@@ -26,6 +26,8 @@ pub struct NodeFacts<'a> {
     /// Free for new work: allocatable less the allocations that hold memory.
     pub free_bytes: u64,
     pub memory_bandwidth_gbs: Option<f64>,
+    /// The built-in engine's own decode figures, when the nodelet measured them.
+    pub engine: Option<&'a EngineFigures>,
     pub gpu_cores: Option<u32>,
     pub labels: &'a BTreeMap<String, String>,
     /// Why nothing new may go there (not Ready, cordoned, draining).
@@ -36,15 +38,24 @@ pub struct NodeFacts<'a> {
 const UNKNOWN_BANDWIDTH_GBS: f64 = 100.0;
 
 pub fn mac(n: &NodeFacts<'_>) -> Mac {
+    // Measured figures win over the chip's: they are of the engine that will run the model.
+    let measured = n
+        .engine
+        .filter(|e| e.weight_gbs.is_finite() && e.weight_gbs > 0.0 && e.token_overhead_us >= 0.0);
     Mac {
         name: n.name.to_string(),
         chip: n.chip.to_string(),
         allocatable_bytes: n.allocatable_bytes,
         free_bytes: n.free_bytes,
-        memory_bandwidth_gbs: n
-            .memory_bandwidth_gbs
-            .filter(|b| *b > 0.0)
-            .unwrap_or(UNKNOWN_BANDWIDTH_GBS),
+        memory_bandwidth_gbs: match measured {
+            Some(e) => e.weight_gbs,
+            None => n
+                .memory_bandwidth_gbs
+                .filter(|b| *b > 0.0)
+                .unwrap_or(UNKNOWN_BANDWIDTH_GBS),
+        },
+        token_overhead_us: measured.map_or(0.0, |e| e.token_overhead_us.min(1e6)),
+        engine_measured: measured.is_some(),
         gpu_cores: n.gpu_cores.unwrap_or(0),
         labels: n.labels.clone(),
         unavailable: n.unavailable.clone(),
@@ -215,6 +226,16 @@ pub fn summary(plan: &Plan) -> PlacementSummary {
         .into(),
         ring: plan.ring,
         predicted_tokens_per_second: (plan.tokens_per_second * 10.0).round() / 10.0,
+        figures: match (
+            plan.stages.iter().all(|s| s.engine_measured),
+            plan.stages.iter().any(|s| s.engine_measured),
+        ) {
+            (true, _) => "engine",
+            (false, true) => "mixed",
+            (false, false) => "chip",
+        }
+        .into(),
+        observed_tokens_per_second: None,
         stages: plan
             .stages
             .iter()
@@ -278,6 +299,7 @@ mod tests {
             allocatable_bytes: 100 << 30,
             free_bytes: 100 << 30,
             memory_bandwidth_gbs: Some(546.0),
+            engine: None,
             gpu_cores: Some(40),
             labels,
             unavailable: None,
@@ -298,6 +320,75 @@ mod tests {
             rdma: true,
             probe_request: 0,
         }
+    }
+
+    #[test]
+    fn the_engines_own_figures_win_over_the_chips() {
+        let labels = BTreeMap::new();
+        let chip = mac(&facts("m1", &labels));
+        assert_eq!(
+            (chip.memory_bandwidth_gbs, chip.token_overhead_us),
+            (546.0, 0.0)
+        );
+        assert!(!chip.engine_measured);
+        let figures = EngineFigures {
+            backend: "cpu".into(),
+            weight_gbs: 2.5,
+            token_overhead_us: 400.0,
+            measured_at: None,
+        };
+        let measured = mac(&NodeFacts {
+            engine: Some(&figures),
+            ..facts("m1", &labels)
+        });
+        assert_eq!(
+            (measured.memory_bandwidth_gbs, measured.token_overhead_us),
+            (2.5, 400.0)
+        );
+        assert!(measured.engine_measured);
+        // Nonsense figures are not used.
+        let broken = EngineFigures {
+            weight_gbs: f64::NAN,
+            ..figures.clone()
+        };
+        let ignored = mac(&NodeFacts {
+            engine: Some(&broken),
+            ..facts("m1", &labels)
+        });
+        assert!(!ignored.engine_measured);
+
+        // A 10-layer model of 100 MB per layer on the measured Mac: 1 GB at 2.5 GB/s is 400 ms,
+        // plus 0.4 ms per token; the status says the figures are the engine's.
+        let topo = Topology::new(vec![measured], vec![]);
+        let model = ModelShape {
+            name: "m".into(),
+            layers: 10,
+            bytes_per_layer: 100_000_000,
+            hidden_size: 1024,
+            heads: 8,
+            kv_heads: 8,
+            head_dim: 128,
+            context: 1,
+            batch: 1,
+            ..ModelShape::default()
+        };
+        let work = Workload {
+            model,
+            strategy: Strategy::Pipeline,
+            objective: Objective::Latency,
+            min_nodes: 1,
+            max_nodes: Some(1),
+            node_selector: BTreeMap::new(),
+        };
+        let plan = super::super::plan(&topo, &work, &Default::default()).expect("placeable");
+        // Each layer also reads its KV cache: 2 × 8 heads × 128 × 1 token × 2 bytes.
+        let expected_us = 10.0 * (100_000_000.0 + 4096.0) / 2.5e9 * 1e6 + 400.0;
+        assert!(
+            (plan.time_per_token_us - expected_us).abs() / expected_us < 0.01,
+            "{} µs, expected about {expected_us}",
+            plan.time_per_token_us
+        );
+        assert_eq!(summary(&plan).figures, "engine");
     }
 
     #[test]

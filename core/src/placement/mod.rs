@@ -104,6 +104,8 @@ pub struct Stage {
     pub memory_bytes: u64,
     /// This stage's share of the time per token (compute only), microseconds.
     pub compute_us: f64,
+    /// Its compute figure comes from the engine's measurement on that Mac (else its chip's).
+    pub engine_measured: bool,
 }
 
 /// A losing candidate and why it lost.

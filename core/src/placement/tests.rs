@@ -16,6 +16,8 @@ fn mac(name: &str, chip: &str, free: u64, bw: f64) -> Mac {
         allocatable_bytes: free,
         free_bytes: free,
         memory_bandwidth_gbs: bw,
+        token_overhead_us: 0.0,
+        engine_measured: false,
         gpu_cores: 0,
         labels: BTreeMap::new(),
         unavailable: None,

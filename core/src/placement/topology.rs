@@ -28,8 +28,13 @@ pub struct Mac {
     pub allocatable_bytes: u64,
     /// What is free for new work now: the limit placement checks.
     pub free_bytes: u64,
-    /// GB/s (10^9 bytes/s).
+    /// GB/s (10^9 bytes/s) of weights read while decoding: the engine's own measurement
+    /// when the nodelet made one, else the chip's nominal memory bandwidth.
     pub memory_bandwidth_gbs: f64,
+    /// Time per token beyond reading weights, µs (measured by the engine; 0 when not).
+    pub token_overhead_us: f64,
+    /// Whether the figures above were measured on this Mac's engine (else: the chip's).
+    pub engine_measured: bool,
     pub gpu_cores: u32,
     pub labels: BTreeMap<String, String>,
     /// Some(reason) when nothing new may go here: "not Ready", "cordoned".
@@ -132,6 +137,8 @@ impl Topology {
                 memory_bandwidth_gbs: m
                     .memory_bandwidth_gbs()
                     .unwrap_or(DEFAULT_MEMORY_BANDWIDTH_GBS),
+                token_overhead_us: 0.0,
+                engine_measured: false,
                 gpu_cores: m.gpu_cores.unwrap_or(0),
                 labels: m.labels.clone(),
                 unavailable: m.unschedulable.then(|| "cordoned".to_string()),

@@ -632,6 +632,9 @@ fn gang_progress(
     if shape.service.is_some() {
         let rank0 = current.iter().find(|a| a.spec.rank == 0);
         status.endpoint = rank0.map(|a| a.status.endpoint.clone()).unwrap_or_default();
+        if let Some(p) = status.model_placement.as_mut() {
+            p.observed_tokens_per_second = rank0.and_then(|a| a.status.observed_tokens_per_second);
+        }
         let ready = running == world && rank0.is_some_and(|a| a.status.ready);
         let was = status
             .condition("Ready")

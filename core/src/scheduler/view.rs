@@ -330,6 +330,7 @@ impl ClusterView {
                 allocatable_bytes: n.status.capacity.allocatable_bytes,
                 free_bytes: n.free_bytes,
                 memory_bandwidth_gbs: n.status.capacity.memory_bandwidth_gbps,
+                engine: n.status.capacity.engine.as_ref(),
                 gpu_cores: n.status.capacity.gpu_cores,
                 labels: n.labels(),
                 unavailable: n.unavailable(),

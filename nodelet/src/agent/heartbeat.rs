@@ -28,6 +28,8 @@ pub struct NodeInfo {
     pub topology: Option<Arc<Topology>>,
     /// The `JobIsolation` condition: (status, reason, message).
     pub isolation: (bool, &'static str, String),
+    /// The built-in engine's measured decode speed, once measured.
+    pub engine: super::engine_figures::Shared,
 }
 
 /// The Node's ports and link-probe server, kept current by [`Links::refresh`].
@@ -100,6 +102,7 @@ pub fn observe(
                 gpu_cores: c.gpu_cores,
                 hardware_model: c.hardware_model.clone().unwrap_or_default(),
                 os: c.os.clone(),
+                engine: None,
             },
             c.free_bytes,
         )
@@ -108,6 +111,11 @@ pub fn observe(
         .topology
         .as_ref()
         .and_then(|t| t.capacity(measured.as_ref().map(|(c, _)| c)));
+    // A Mac described by a file is planned as described; this machine's engine is not its.
+    let measured = measured.map(|(mut c, free)| {
+        c.engine = info.engine.get().cloned();
+        (c, free)
+    });
     match described.or(measured) {
         Some((capacity, free_bytes)) => {
             status.capacity = capacity;
@@ -242,6 +250,7 @@ mod tests {
             reserve_bytes: None,
             topology: Some(topology.clone()),
             isolation: (false, "SingleUser", String::new()),
+            engine: Default::default(),
         };
         let status = observe(&info, None, topology.ports(), 7700);
         assert_eq!(status.capacity.memory, "64Gi");

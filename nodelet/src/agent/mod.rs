@@ -7,6 +7,7 @@
 pub mod accounts;
 pub mod controllers;
 pub mod dirs;
+pub mod engine_figures;
 pub mod heartbeat;
 pub mod identity;
 pub mod logs;
@@ -68,6 +69,8 @@ pub struct Config {
     pub job_disk_limit: u64,
     /// What exec jobs' `python` and `python3` run (`--python`); None: the PATH decides.
     pub python: Option<PathBuf>,
+    /// Measure the built-in engine's decode speed after start (`--engine-calibration on`).
+    pub engine_calibration: bool,
 }
 
 /// The default `--job-disk-limit`: 10 GiB.
@@ -140,6 +143,10 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         reserve_bytes: cfg.reserve_bytes,
         topology: cfg.topology.clone(),
         isolation: policy.condition(),
+        engine: match cfg.engine_calibration {
+            true => engine_figures::start(&cfg.data_dir),
+            false => Default::default(),
+        },
     };
     let source = match &cfg.topology {
         Some(t) => Source::Static(t.clone()),

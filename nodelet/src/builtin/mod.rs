@@ -13,6 +13,7 @@
 pub mod command;
 pub mod driver;
 pub mod messages;
+pub mod observed;
 pub mod openai;
 pub mod stage;
 
@@ -202,6 +203,7 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
         model: opts.model_name.clone(),
         context: shard.context(),
         health: health.clone(),
+        observed: Default::default(),
         started: chrono::Utc::now().timestamp(),
     });
     let listener = tokio::net::TcpListener::bind(http)

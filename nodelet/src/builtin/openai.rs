@@ -1,7 +1,8 @@
 //! The OpenAI-compatible HTTP API that rank 0 of a built-in service serves:
 //! `POST /v1/chat/completions` and `POST /v1/completions` (streamed as server-sent events or
-//! not), `GET /v1/models` and `GET /v1/models/{id}`, and `GET /health` (200 once a token has gone through every stage,
-//! 503 before that and after a stage failed).
+//! not), `GET /v1/models` and `GET /v1/models/{id}`, and `GET /health` (200 once a token has
+//! gone through every stage, with the decode tokens/s streams observed; 503 before that and
+//! after a stage failed).
 //!
 //! Errors have OpenAI's shape — `{"error": {"message", "type", "param", "code"}}` — with 400 for
 //! bad requests (malformed JSON with its line and column, out-of-range parameters, a prompt too
@@ -40,6 +41,8 @@ pub struct Api {
     pub model: String,
     pub context: usize,
     pub health: Arc<Health>,
+    /// The decode speed streams have seen, reported by `GET /health`.
+    pub observed: Arc<super::observed::DecodeRate>,
     /// Unix seconds, for `created` fields.
     pub started: i64,
 }
@@ -123,7 +126,11 @@ fn json_response(status: StatusCode, v: &Value) -> Response {
 
 async fn health(State(api): State<Arc<Api>>) -> Response {
     if api.health.ready() {
-        json_response(StatusCode::OK, &json!({"status": "ok"}))
+        let mut body = json!({"status": "ok"});
+        if let Some(rate) = api.observed.get() {
+            body["decodeTokensPerSecond"] = json!((rate * 10.0).round() / 10.0);
+        }
+        json_response(StatusCode::OK, &body)
     } else if api.health.failed() {
         json_response(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -409,7 +416,7 @@ fn submit(
             events: tx,
         });
     sent.map_err(|_| ApiError::unavailable("the pipeline stopped"))?;
-    Ok(rx)
+    Ok(api.observed.watch(rx))
 }
 
 fn finish_reason(f: FinishReason) -> &'static str {

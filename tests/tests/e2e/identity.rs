@@ -90,6 +90,10 @@ async fn wait_fresh_heartbeat(lab: &Lab, name: &str, after: &str) {
 /// Run a nodelet that must exit on its own; its exit code and stderr.
 fn run_nodelet_to_exit(args: &[String], env: &[(&str, &str)]) -> (Option<i32>, String) {
     let mut cmd = std::process::Command::new(nodelet_bin());
+    cmd.env(
+        tb_tests::ENGINE_CALIBRATION.0,
+        tb_tests::ENGINE_CALIBRATION.1,
+    );
     cmd.args(args)
         .env_remove("TB_JOIN_TOKEN")
         .env_remove("TB_CA_CERT")
@@ -258,6 +262,10 @@ async fn no_token_on_any_command_line() {
         .expect("port");
     let up = |args: &[&str]| {
         let mut cmd = std::process::Command::new(tb_tests::bins::tbctl());
+        cmd.env(
+            tb_tests::ENGINE_CALIBRATION.0,
+            tb_tests::ENGINE_CALIBRATION.1,
+        );
         cmd.args(args)
             .env("HOME", &home)
             .env("XDG_CONFIG_HOME", home.join(".config"))

@@ -31,6 +31,8 @@ fn role(i: usize, first: usize, last: usize) -> usize {
 pub(super) struct PipeData {
     pub(super) pos: Vec<usize>,
     bw: Vec<f64>,
+    /// Per-token overhead of each Mac, µs.
+    overhead: Vec<f64>,
     /// Layers each Mac can hold in each role.
     pub(super) cap: Vec<[u32; 4]>,
     /// One-way hop time i→j (activation of the objective's batch), if linked.
@@ -41,6 +43,8 @@ pub(super) struct PipeData {
     by_speed: Vec<usize>,
     /// Bytes read per layer (weights + KV).
     per_layer: u64,
+    /// Bytes one token reads per layer (a MoE model's unused experts left out) + KV.
+    read_per_layer: u64,
     /// Bytes the last stage reads besides its layers (output head).
     head_read: u64,
     pub(super) layers: u32,
@@ -90,6 +94,7 @@ impl PipeData {
         });
         PipeData {
             bw: macs.iter().map(|m| m.memory_bandwidth_gbs).collect(),
+            overhead: macs.iter().map(|m| m.token_overhead_us).collect(),
             cap: macs
                 .iter()
                 .map(|m| {
@@ -106,6 +111,9 @@ impl PipeData {
             ret,
             by_speed,
             per_layer,
+            read_per_layer: model
+                .read_bytes_per_layer()
+                .saturating_add(model.kv_bytes_per_layer()),
             head_read: model.other_bytes / 2,
             layers,
             pos,
@@ -123,6 +131,7 @@ impl PipeData {
         PipeData {
             pos: keep.iter().map(|&i| self.pos[i]).collect(),
             bw: keep.iter().map(|&i| self.bw[i]).collect(),
+            overhead: keep.iter().map(|&i| self.overhead[i]).collect(),
             cap: keep.iter().map(|&i| self.cap[i]).collect(),
             hop: keep
                 .iter()
@@ -134,6 +143,7 @@ impl PipeData {
                 .collect(),
             by_speed,
             per_layer: self.per_layer,
+            read_per_layer: self.read_per_layer,
             head_read: self.head_read,
             layers: self.layers,
         }
@@ -152,10 +162,10 @@ impl PipeData {
         };
         read_us(
             u64::from(layers)
-                .saturating_mul(self.per_layer)
+                .saturating_mul(self.read_per_layer)
                 .saturating_add(head),
             self.bw[i],
-        )
+        ) + self.overhead[i]
     }
 
     /// Latency objective: the compute-optimal split over the Macs `in_set` (k of them) with

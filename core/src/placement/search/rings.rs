@@ -107,7 +107,8 @@ impl RingModel<'_> {
             if mac.free_bytes < need {
                 return None;
             }
-            compute = compute.max(self.compute(k, mac.memory_bandwidth_gbs));
+            compute =
+                compute.max(self.compute(k, mac.memory_bandwidth_gbs) + mac.token_overhead_us);
         }
         let (order, network) = if k == 1 {
             (members.to_vec(), 0.0)
