@@ -245,6 +245,51 @@ spec:
     )
 }
 
+/// Waits until every Node reports the figures its nodelet measured of tb's engine.
+async fn wait_engine_figures(lab: &Lab) {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        let nodes = lab.list("Node", "").await.expect("nodes");
+        let measured = nodes
+            .iter()
+            .filter(|n| n["status"]["capacity"]["engine"]["weightGbs"].as_f64() > Some(0.0))
+            .count();
+        if measured == nodes.len() && !nodes.is_empty() {
+            step!(
+                "engine figures: {}",
+                nodes
+                    .iter()
+                    .map(|n| n["status"]["capacity"]["engine"].to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the nodelets did not report engine figures in {READY_TIMEOUT:?}: {nodes:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Waits until the service's status carries the decode speed rank 0 observed; returns its
+/// placement.
+async fn wait_observed(lab: &Lab) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let placement = isvc(lab).await["status"]["modelPlacement"].clone();
+        if placement["observedTokensPerSecond"].as_f64() > Some(0.0) {
+            return placement;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no observed tokens/s in the service's status after its streams: {placement:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 async fn isvc(lab: &Lab) -> Value {
     let out = lab.tbctl_ok(&["get", "isvc", "chat", "-o", "json"]).await;
     serde_json::from_str(&out.stdout).expect("isvc JSON")
@@ -288,7 +333,11 @@ links:
     );
     let mut opts = LabOptions::new(2);
     opts.topology = Some(topology);
+    // These two measure tb's engine (other tests' nodelets skip it), so that the placement
+    // predicts from measured figures.
+    opts.nodelet_args = vec!["--engine-calibration".into(), "on".into()];
     let lab = Lab::start_with("builtin-service", opts).await;
+    wait_engine_figures(&lab).await;
     lab.apply_yaml(&service_yaml(&model)).await;
     let status = wait_ready(&lab, 1).await;
     step!("ready: {status}");
@@ -372,6 +421,26 @@ links:
     assert_eq!(v["text"], v["stream_text"], "greedy: streamed = plain");
     assert_eq!(v["models"], json!(["smollm2"]));
     assert_eq!(v["retrieved"], "smollm2", "models.retrieve");
+
+    // The prediction came from the Macs' measured engine, and the streams' speed is reported
+    // beside it.
+    let placement = wait_observed(&lab).await;
+    assert_eq!(placement["figures"], "engine", "{placement:#}");
+    assert!(
+        placement["predictedTokensPerSecond"]
+            .as_f64()
+            .unwrap_or(0.0)
+            > 0.0,
+        "{placement:#}"
+    );
+    let describe = lab.tbctl_ok(&["describe", "isvc", "chat"]).await;
+    assert!(
+        describe
+            .stdout
+            .contains("predicted from the Macs' measured engine")
+            && describe.stdout.contains("observed"),
+        "{describe}"
+    );
 
     // tbctl chat streams an answer.
     let chat = lab
