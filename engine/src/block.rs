@@ -185,6 +185,7 @@ impl Block {
         };
         let att = candle_nn::ops::softmax_last_dim(&att)?;
         let y = att.matmul(&v.contiguous()?)?;
-        Ok(y.transpose(1, 2)?.reshape((1, seq, self.heads * self.head_dim))?)
+        Ok(y.transpose(1, 2)?
+            .reshape((1, seq, self.heads * self.head_dim))?)
     }
 }

@@ -111,7 +111,10 @@ fn batched_decoding_matches_one_sequence_at_a_time() {
             s.input = vec![next];
         }
     }
-    assert!(sizes.contains(&1) && sizes.contains(&4), "batch sizes {sizes:?}");
+    assert!(
+        sizes.contains(&1) && sizes.contains(&4),
+        "batch sizes {sizes:?}"
+    );
     for (i, (s, (tokens, all))) in seqs.iter().zip(&reference).enumerate() {
         assert_eq!(&s.tokens, tokens, "prompt {i}: batched tokens differ");
         let worst = s

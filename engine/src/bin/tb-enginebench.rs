@@ -20,7 +20,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use tb_engine::sample::argmax;
-use tb_engine::{BatchItem, ChatMessage, Engine, LoadOptions, SamplingParams, StageInput, StageOutput};
+use tb_engine::{
+    BatchItem, ChatMessage, Engine, LoadOptions, SamplingParams, StageInput, StageOutput,
+};
 
 const PROMPT: &str =
     "Write a short paragraph about why the sky is blue, for a curious ten-year-old.";
