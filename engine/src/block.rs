@@ -88,19 +88,29 @@ fn project(w: &QMatMul, b: Option<&Tensor>, x: &Tensor) -> Result<Tensor> {
     })
 }
 
+/// One sequence's rows in a batched step: rows `start..start + len` of the batch are its
+/// positions `pos..pos + len`; `mask` (u8, 1 = masked) when `len > 1`.
+pub(crate) struct Segment {
+    pub(crate) start: usize,
+    pub(crate) len: usize,
+    pub(crate) pos: usize,
+    pub(crate) mask: Option<Tensor>,
+}
+
 impl Block {
-    /// x: [1, seq, hidden] at positions pos..pos+seq; `mask` (u8, 1 = masked) for seq > 1.
+    /// x: [1, rows, hidden], the rows of every sequence of the batch one after another (see
+    /// [`Segment`]); `caches[i]` is the KV cache of `segments[i]`'s sequence for this block.
+    /// Every weight multiplies all rows at once; only attention runs per sequence.
     pub(crate) fn forward(
         &self,
         x: &Tensor,
         rope: &Rope,
-        mask: Option<&Tensor>,
-        pos: usize,
-        cache: &mut KvCache,
+        segments: &[Segment],
+        caches: &mut [&mut KvCache],
     ) -> Result<Tensor> {
         let residual = x;
         let h = self.attn_norm.forward(x)?;
-        let attn = self.attention(&h, rope, mask, pos, cache)?;
+        let attn = self.attention(&h, rope, segments, caches)?;
         let x = (attn + residual)?;
         let residual = &x;
         let h = self.ffn_norm.forward(&x)?;
@@ -114,21 +124,45 @@ impl Block {
         &self,
         x: &Tensor,
         rope: &Rope,
-        mask: Option<&Tensor>,
-        pos: usize,
+        segments: &[Segment],
+        caches: &mut [&mut KvCache],
+    ) -> Result<Tensor> {
+        let q = project(&self.wq, self.bq.as_ref(), x)?;
+        let k = project(&self.wk, self.bk.as_ref(), x)?;
+        let v = project(&self.wv, self.bv.as_ref(), x)?;
+        let mut ys = Vec::with_capacity(segments.len());
+        for (seg, cache) in segments.iter().zip(caches.iter_mut()) {
+            let rows = |t: &Tensor, heads: usize| -> Result<Tensor> {
+                Ok(t.narrow(1, seg.start, seg.len)?
+                    .contiguous()?
+                    .reshape((1, seg.len, heads, self.head_dim))?
+                    .transpose(1, 2)?)
+            };
+            let q = rows(&q, self.heads)?;
+            let k = rows(&k, self.kv_heads)?;
+            let v = rows(&v, self.kv_heads)?.contiguous()?;
+            ys.push(self.attend(q, k, v, rope, seg, cache)?);
+        }
+        let y = if ys.len() == 1 {
+            ys.pop().expect("one segment")
+        } else {
+            Tensor::cat(&ys, 1)?
+        };
+        Ok(self.wo.forward(&y)?)
+    }
+
+    /// Attention of one sequence: q [1, heads, len, head_dim], k/v [1, kv_heads, len,
+    /// head_dim] → [1, len, heads * head_dim], appending k/v to its cache.
+    fn attend(
+        &self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        rope: &Rope,
+        seg: &Segment,
         cache: &mut KvCache,
     ) -> Result<Tensor> {
-        let (b, seq, _) = x.dims3()?;
-        let q = project(&self.wq, self.bq.as_ref(), x)?
-            .reshape((b, seq, self.heads, self.head_dim))?
-            .transpose(1, 2)?;
-        let k = project(&self.wk, self.bk.as_ref(), x)?
-            .reshape((b, seq, self.kv_heads, self.head_dim))?
-            .transpose(1, 2)?;
-        let v = project(&self.wv, self.bv.as_ref(), x)?
-            .reshape((b, seq, self.kv_heads, self.head_dim))?
-            .transpose(1, 2)?
-            .contiguous()?;
+        let (pos, seq) = (seg.pos, seg.len);
         let q = rope.apply(&q, pos)?;
         let k = rope.apply(&k, pos)?;
         let (k, v) = match cache.as_ref() {
@@ -140,7 +174,7 @@ impl Block {
         let k = candle_transformers::utils::repeat_kv(k, n_rep)?;
         let v = candle_transformers::utils::repeat_kv(v, n_rep)?;
         let att = (q.matmul(&k.t()?)? / (self.head_dim as f64).sqrt())?;
-        let att = match mask {
+        let att = match seg.mask.as_ref() {
             None => att,
             Some(mask) => {
                 let mask = mask.broadcast_as(att.shape())?;
@@ -151,9 +185,7 @@ impl Block {
         };
         let att = candle_nn::ops::softmax_last_dim(&att)?;
         let y = att.matmul(&v.contiguous()?)?;
-        let y = y
-            .transpose(1, 2)?
-            .reshape((b, seq, self.heads * self.head_dim))?;
-        Ok(self.wo.forward(&y)?)
+        Ok(y.transpose(1, 2)?
+            .reshape((1, seq, self.heads * self.head_dim))?)
     }
 }

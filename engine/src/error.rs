@@ -54,6 +54,10 @@ pub enum EngineError {
     Tokenizer { detail: String },
     #[error("chat template: {detail}")]
     ChatTemplate { detail: String },
+    #[error("sequence {seq} appears twice in one batched step")]
+    DuplicateSequence { seq: u64 },
+    #[error("the batched step failed: {detail}")]
+    BatchFailed { detail: String },
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
 }

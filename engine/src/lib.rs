@@ -22,7 +22,7 @@ pub use error::EngineError;
 pub use generate::{Engine, FinishReason, Generation};
 pub use gguf::{GgufIndex, ModelConfig, TensorEntry};
 pub use sample::{Sampler, SamplingParams, StopMatcher};
-pub use shard::{Activation, LoadOptions, Shard, StageInput, StageOutput};
+pub use shard::{Activation, BatchItem, LoadOptions, Shard, StageInput, StageOutput};
 pub use tokenizer::{Decoder, Tokenizer};
 
 /// Where the tests and the bench find the model: `$TB_TEST_MODEL`, else

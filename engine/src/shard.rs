@@ -8,10 +8,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor};
-use candle_core::{Device, IndexOp, Module, Tensor};
+use candle_core::{Device, Module, Tensor};
 use candle_transformers::quantized_nn::RmsNorm;
 
-use crate::block::{Block, KvCache, Rope};
+use crate::block::{Block, KvCache, Rope, Segment};
 use crate::error::{EngineError, Result};
 use crate::gguf::{GgufIndex, ModelConfig};
 use crate::weights::{DEFAULT_REQUANTIZE, TensorReader};
@@ -85,6 +85,15 @@ impl Activation {
             data,
         })
     }
+}
+
+/// One sequence's part of a batched step ([`Shard::forward_batch`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchItem {
+    pub seq: u64,
+    pub input: StageInput,
+    /// Position of the input's first token.
+    pub pos: usize,
 }
 
 #[derive(Debug)]
@@ -238,6 +247,12 @@ impl Shard {
         self.weight_bytes
     }
 
+    /// Bytes of KV cache one position of one sequence takes in this shard (keys and values,
+    /// f32, every block).
+    pub fn kv_bytes_per_position(&self) -> u64 {
+        (2 * self.blocks.len() * self.config.kv_heads * self.config.head_dim * 4) as u64
+    }
+
     /// Positions held in the KV cache of `seq` (0 for an unknown sequence).
     pub fn seq_len(&self, seq: u64) -> usize {
         self.seqs.get(&seq).map_or(0, |s| s.len)
@@ -248,6 +263,81 @@ impl Shard {
     /// A new `seq` gets a fresh KV cache; pos==0 resets it. `Tokens` input is accepted only by
     /// the first shard; `Hidden` by any shard. On error the sequence is dropped.
     pub fn forward(&mut self, seq: u64, input: StageInput, pos: usize) -> Result<StageOutput> {
+        self.forward_batch(vec![BatchItem { seq, input, pos }])
+            .pop()
+            .unwrap_or_else(|| {
+                Err(EngineError::BatchFailed {
+                    detail: "no output".into(),
+                })
+            })
+    }
+
+    /// [`Self::forward`] for several sequences in one pass: their rows are stacked so that
+    /// every weight matrix (q, k, v, o, gate, up, down, head) is applied once for the whole
+    /// batch; RoPE and attention run per sequence against its own KV cache. Each item may be
+    /// one decode token or a prefill chunk. One result per item, in order: an item whose input
+    /// is wrong fails alone (and its sequence is dropped); a failure of the pass itself fails
+    /// every item. A sequence may appear once per batch.
+    pub fn forward_batch(&mut self, items: Vec<BatchItem>) -> Vec<Result<StageOutput>> {
+        let mut results: Vec<Option<Result<StageOutput>>> = Vec::with_capacity(items.len());
+        let mut valid: Vec<(usize, u64, usize, Tensor)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (i, item) in items.into_iter().enumerate() {
+            let checked = if seen.insert(item.seq) {
+                self.check_item(item.seq, item.input, item.pos)
+            } else {
+                Err(EngineError::DuplicateSequence { seq: item.seq })
+            };
+            match checked {
+                Ok(x) => {
+                    valid.push((i, item.seq, item.pos, x));
+                    results.push(None);
+                }
+                Err(e) => {
+                    // A duplicate must not drop the cache of the item that is being run.
+                    if !matches!(e, EngineError::DuplicateSequence { .. }) {
+                        self.seqs.remove(&item.seq);
+                    }
+                    results.push(Some(Err(e)));
+                }
+            }
+        }
+        if !valid.is_empty() {
+            let seqs: Vec<u64> = valid.iter().map(|v| v.1).collect();
+            match self.run_batch(valid) {
+                Ok(outs) => {
+                    for (i, out) in outs {
+                        results[i] = Some(Ok(out));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, sequences = seqs.len(), "batched step failed");
+                    let detail = e.to_string();
+                    for seq in &seqs {
+                        self.seqs.remove(seq);
+                    }
+                    for r in results.iter_mut().filter(|r| r.is_none()) {
+                        *r = Some(Err(EngineError::BatchFailed {
+                            detail: detail.clone(),
+                        }));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(EngineError::BatchFailed {
+                        detail: "no output".into(),
+                    })
+                })
+            })
+            .collect()
+    }
+
+    /// Checks one item and turns its input into rows [n, hidden].
+    fn check_item(&self, seq: u64, input: StageInput, pos: usize) -> Result<Tensor> {
         let have = self.seq_len(seq);
         if pos != 0 && pos != have {
             return Err(EngineError::Position {
@@ -256,16 +346,8 @@ impl Shard {
                 got: pos,
             });
         }
-        let result = self.forward_inner(seq, input, pos);
-        if result.is_err() {
-            self.seqs.remove(&seq);
-        }
-        result
-    }
-
-    fn forward_inner(&mut self, seq: u64, input: StageInput, pos: usize) -> Result<StageOutput> {
         let hidden = self.config.hidden;
-        let x = match input {
+        match input {
             StageInput::Tokens(ids) => {
                 let embed = self.embed.as_ref().ok_or_else(|| EngineError::BadInput {
                     detail: format!(
@@ -288,7 +370,7 @@ impl Shard {
                 self.check_context(pos, ids.len())?;
                 let n = ids.len();
                 let ids = Tensor::from_vec(ids, n, &self.device)?;
-                embed.embedding(&ids)?.reshape((1, n, hidden))?
+                Ok(embed.embedding(&ids)?.reshape((n, hidden))?)
             }
             StageInput::Hidden(act) => {
                 if act.hidden != hidden
@@ -306,45 +388,105 @@ impl Shard {
                     });
                 }
                 self.check_context(pos, act.tokens)?;
-                Tensor::from_vec(act.data, (1, act.tokens, hidden), &self.device)?
+                Ok(Tensor::from_vec(
+                    act.data,
+                    (act.tokens, hidden),
+                    &self.device,
+                )?)
             }
-        };
-        let n = x.dim(1)?;
-        let mask = if n > 1 {
-            Some(candle_transformers::utils::build_causal_mask(
-                n,
-                pos,
-                &self.device,
-            )?)
+        }
+    }
+
+    /// Runs the checked items (index, seq, pos, rows) as one pass. On error the caller drops
+    /// their sequences.
+    fn run_batch(
+        &mut self,
+        valid: Vec<(usize, u64, usize, Tensor)>,
+    ) -> Result<Vec<(usize, StageOutput)>> {
+        let hidden = self.config.hidden;
+        let mut segments = Vec::with_capacity(valid.len());
+        let mut states = Vec::with_capacity(valid.len());
+        let mut rows = Vec::with_capacity(valid.len());
+        let mut start = 0;
+        for (_, seq, pos, x) in &valid {
+            let n = x.dim(0)?;
+            let mask = if n > 1 {
+                Some(candle_transformers::utils::build_causal_mask(
+                    n,
+                    *pos,
+                    &self.device,
+                )?)
+            } else {
+                None
+            };
+            segments.push(Segment {
+                start,
+                len: n,
+                pos: *pos,
+                mask,
+            });
+            start += n;
+            // Taken out of the map for the pass (put back on success).
+            let mut state = self.seqs.remove(seq).unwrap_or(SeqState {
+                len: 0,
+                kv: Vec::new(),
+            });
+            if *pos == 0 || state.kv.len() != self.blocks.len() {
+                state.kv = vec![None; self.blocks.len()];
+                state.len = 0;
+            }
+            states.push(state);
+            rows.push(x.clone());
+        }
+        let total = start;
+        let mut x = if rows.len() == 1 {
+            rows.pop().expect("one item")
         } else {
-            None
-        };
-        let state = self.seqs.entry(seq).or_insert_with(|| SeqState {
-            len: 0,
-            kv: Vec::new(),
-        });
-        if pos == 0 {
-            state.kv = vec![None; self.blocks.len()];
-            state.len = 0;
+            Tensor::cat(&rows, 0)?
         }
-        let mut x = x;
-        for (block, cache) in self.blocks.iter().zip(state.kv.iter_mut()) {
-            x = block.forward(&x, &self.rope, mask.as_ref(), pos, cache)?;
+        .reshape((1, total, hidden))?;
+        for (b, block) in self.blocks.iter().enumerate() {
+            let mut caches: Vec<&mut KvCache> = states.iter_mut().map(|s| &mut s.kv[b]).collect();
+            x = block.forward(&x, &self.rope, &segments, &mut caches)?;
         }
-        state.len = pos + n;
-        match &self.head {
+        let outputs: Vec<StageOutput> = match &self.head {
             Some((norm, out)) => {
-                let last = x.i((.., n - 1..n, ..))?.contiguous()?;
+                let last: Vec<u32> = segments
+                    .iter()
+                    .map(|s| (s.start + s.len - 1) as u32)
+                    .collect();
+                let b = last.len();
+                let last = Tensor::from_vec(last, b, &self.device)?;
+                let last = x.index_select(&last, 1)?.contiguous()?;
                 let last = norm.forward(&last)?;
-                let logits = out.forward(&last)?.flatten_all()?.to_vec1::<f32>()?;
-                Ok(StageOutput::Logits(logits))
+                let logits = out.forward(&last)?.reshape((b, ()))?.to_vec2::<f32>()?;
+                logits.into_iter().map(StageOutput::Logits).collect()
             }
-            None => Ok(StageOutput::Hidden(Activation {
-                tokens: n,
-                hidden,
-                data: x.flatten_all()?.to_vec1::<f32>()?,
-            })),
+            None => {
+                let data = x.flatten_all()?.to_vec1::<f32>()?;
+                segments
+                    .iter()
+                    .map(|s| {
+                        StageOutput::Hidden(Activation {
+                            tokens: s.len,
+                            hidden,
+                            data: data[s.start * hidden..(s.start + s.len) * hidden].to_vec(),
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            }
+        };
+        let mut done = Vec::with_capacity(valid.len());
+        for (((i, seq, _, _), seg), (mut state, out)) in valid
+            .into_iter()
+            .zip(&segments)
+            .zip(states.into_iter().zip(outputs))
+        {
+            state.len = seg.pos + seg.len;
+            self.seqs.insert(seq, state);
+            done.push((i, out));
         }
+        Ok(done)
     }
 
     fn check_context(&self, pos: usize, n: usize) -> Result<()> {

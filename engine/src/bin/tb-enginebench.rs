@@ -6,7 +6,11 @@
 //! (candle's `utils::get_num_threads` reads the same variable); the bench reports that number.
 //! Pin it by running e.g. `RAYON_NUM_THREADS=2 tb-enginebench`.
 //!
-//! Usage: `tb-enginebench [MODEL.gguf] [--runs N] [--smoke]` (model defaults to
+//! A second table measures batched decoding ([`Shard::forward_batch`]): B sequences (the same
+//! prompt) prefilled, then decoded together, one forward pass per step for all of them;
+//! aggregate tokens/s for B = 1, 4, 8 (`--batches 1,4,8`).
+//!
+//! Usage: `tb-enginebench [MODEL.gguf] [--runs N] [--batches 1,4,8] [--smoke]` (model defaults to
 //! `$TB_TEST_MODEL` or `.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf`). `--smoke` runs the
 //! same code with 8 tokens and one run without a warm-up, and fails if either weight form generates
 //! nothing.
@@ -15,7 +19,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use tb_engine::{ChatMessage, Engine, LoadOptions, SamplingParams};
+use tb_engine::sample::argmax;
+use tb_engine::{
+    BatchItem, ChatMessage, Engine, LoadOptions, SamplingParams, StageInput, StageOutput,
+};
 
 const PROMPT: &str =
     "Write a short paragraph about why the sky is blue, for a curious ten-year-old.";
@@ -88,12 +95,67 @@ fn run(
     })
 }
 
+/// Aggregate decode tokens/s of `batch` sequences decoded together for `tokens` steps (best
+/// of `runs`), after prefilling each.
+fn run_batched(
+    engine: &mut Engine,
+    prompt: &[u32],
+    batch: usize,
+    tokens: usize,
+    runs: usize,
+) -> Result<f64, tb_engine::EngineError> {
+    let mut best: f64 = 0.0;
+    for _ in 0..runs {
+        let shard = engine.shard_mut();
+        let mut next = Vec::with_capacity(batch);
+        for seq in 0..batch as u64 {
+            match shard.forward(seq, StageInput::Tokens(prompt.to_vec()), 0)? {
+                StageOutput::Logits(l) => next.push(argmax(&l)),
+                StageOutput::Hidden(_) => unreachable!("a whole model returns logits"),
+            }
+        }
+        let t = Instant::now();
+        for step in 0..tokens {
+            let items = next
+                .iter()
+                .enumerate()
+                .map(|(seq, &tok)| BatchItem {
+                    seq: seq as u64,
+                    input: StageInput::Tokens(vec![tok]),
+                    pos: prompt.len() + step,
+                })
+                .collect();
+            for (slot, out) in next.iter_mut().zip(shard.forward_batch(items)) {
+                if let StageOutput::Logits(l) = out? {
+                    *slot = argmax(&l);
+                }
+            }
+        }
+        best = best.max((batch * tokens) as f64 / t.elapsed().as_secs_f64().max(1e-9));
+        for seq in 0..batch as u64 {
+            shard.drop_sequence(seq);
+        }
+    }
+    Ok(best)
+}
+
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let mut path = tb_engine::test_model_path();
     let mut runs = None;
     let mut smoke = false;
+    let mut batches = vec![1usize, 4, 8];
     while let Some(a) = args.next() {
+        if a == "--batches" {
+            batches = args
+                .next()
+                .unwrap_or_default()
+                .split(',')
+                .filter_map(|b| b.trim().parse().ok())
+                .filter(|&b| b > 0)
+                .collect();
+            continue;
+        }
         if a == "--runs" {
             runs = Some(args.next().and_then(|n| n.parse().ok()).unwrap_or(3));
         } else if a == "--smoke" {
@@ -140,6 +202,41 @@ fn main() -> ExitCode {
                 eprintln!("tb-enginebench: {e}");
                 return ExitCode::FAILURE;
             }
+        }
+    }
+    // Batched decoding, with the weights as stored.
+    let batched = Engine::load(
+        &path,
+        &LoadOptions {
+            requantize_to_q8_0: false,
+            max_context: Some(2048),
+        },
+    )
+    .and_then(|mut engine| {
+        let prompt = engine.chat_prompt(&[ChatMessage::new("user", PROMPT)])?;
+        let mut rows = Vec::new();
+        for &b in &batches {
+            rows.push((b, run_batched(&mut engine, &prompt, b, tokens, runs)?));
+        }
+        Ok(rows)
+    });
+    match batched {
+        Ok(rows) => {
+            println!("\nbatched decoding (weights as stored), {tokens} steps per sequence:\n");
+            println!("| batch | aggregate decode tok/s | per sequence tok/s | vs batch 1 |");
+            println!("|---|---|---|---|");
+            let one = rows.first().map_or(0.0, |r| r.1 / r.0 as f64);
+            for (b, tps) in rows {
+                println!(
+                    "| {b} | {tps:.1} | {:.1} | {:.2}x |",
+                    tps / b as f64,
+                    if one > 0.0 { tps / one } else { 0.0 }
+                );
+            }
+        }
+        Err(e) => {
+            eprintln!("tb-enginebench: batched: {e}");
+            return ExitCode::FAILURE;
         }
     }
     ExitCode::SUCCESS

@@ -1,13 +1,17 @@
 //! Rank 0 of a built-in service: takes requests from the HTTP side, runs the first stage
 //! (embedding and its blocks), sends each step down the pipeline and turns the tokens that come
-//! back into text. Several sequences are served at once: while one sequence's step is in the
-//! later stages, rank 0 already runs the next sequence's step, so the stages work in parallel
-//! (iteration-level scheduling; sequences are not batched into one forward pass).
+//! back into text. Several sequences are served at once (continuous batching): the sequences
+//! whose next input is ready run as ONE batched step ([`Op::Batch`]: one forward pass per stage,
+//! every weight applied once to all their rows), sequences join and leave between steps. The
+//! active sequences are split into as many micro-batches as there are stages, so that while one
+//! is in the later stages rank 0 already runs the next and every stage keeps working.
 //!
-//! The prompt is prefilled in one step; then one token per step. Generation ends at an
-//! end-of-sequence token, a stop string, `max_tokens` or the context length.
+//! A prompt is prefilled in chunks of at most [`PREFILL_CHUNK`] tokens, each riding in a batch
+//! with the other sequences' decode steps (a long prompt does not stall them); then one token
+//! per step. Generation ends at an end-of-sequence token, a stop string, `max_tokens` or the
+//! context length.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -15,13 +19,18 @@ use std::time::Duration;
 
 use tb_engine::generate::FinishReason;
 use tb_engine::sample::{Sampler, SamplingParams, StopMatcher};
-use tb_engine::shard::{Shard, StageInput, StageOutput};
+use tb_engine::shard::{Activation, BatchItem, Shard, StageInput, StageOutput};
 use tb_engine::tokenizer::{Decoder, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::messages::{Op, Step, recv_step, send_activation, send_step};
+use super::messages::{
+    BatchEntry, MAX_BATCH_ENTRIES, Op, Step, recv_step, send_activation, send_step,
+};
 use super::stage::with_timeout;
 use tb_transport::collectives::Communicator;
+
+/// Prompt tokens prefilled in one step; longer prompts take several.
+pub const PREFILL_CHUNK: usize = 256;
 
 /// One generation request.
 #[derive(Debug)]
@@ -29,6 +38,8 @@ pub struct Request {
     pub prompt: Vec<u32>,
     pub params: SamplingParams,
     pub events: UnboundedSender<Event>,
+    /// Its place in the service ([`super::admission`]); freed when the driver is done with it.
+    pub permit: Option<super::admission::Permit>,
 }
 
 /// What a request hears back, in order: text pieces, then `Done` or `Failed`.
@@ -65,6 +76,7 @@ impl Health {
 }
 
 struct Active {
+    /// Tokens still to run: the rest of the prompt, or the last sampled token.
     input: Option<Vec<u32>>,
     pos: usize,
     in_flight: bool,
@@ -77,6 +89,10 @@ struct Active {
     token_ids: Vec<u32>,
     prompt_tokens: usize,
     events: UnboundedSender<Event>,
+    /// Bytes of KV cache reserved for the sequence (its prompt and `max_tokens`, within the
+    /// context).
+    kv_reserved: u64,
+    _permit: Option<super::admission::Permit>,
 }
 
 /// Rank 0's loop.
@@ -86,6 +102,9 @@ pub struct Driver {
     pub tokenizer: Tokenizer,
     /// Sequences served at once.
     pub batch: usize,
+    /// Bytes of KV cache rank 0's stage may hold for its sequences (`None`: bounded by `batch`
+    /// alone). A request waits until its reservation fits; the first one always runs.
+    pub kv_budget: Option<u64>,
     /// How long one step may take in the later stages.
     pub step_timeout: Duration,
 }
@@ -127,6 +146,7 @@ impl Driver {
         health: Arc<Health>,
     ) -> Result<(), PipelineError> {
         let mut active: BTreeMap<u64, Active> = BTreeMap::new();
+        let mut pending: VecDeque<Request> = VecDeque::new();
         let mut next_seq = 1u64;
         let mut in_flight = 0usize;
         // The readiness check: one token through every stage.
@@ -163,10 +183,12 @@ impl Driver {
                 health.ready.store(true, Ordering::SeqCst);
                 tracing::info!("pipeline ready: a token went through every stage");
             }
-            // Admit new requests (block only when there is nothing else to do).
+            // Take new requests (block only when there is nothing else to do), then admit
+            // waiting ones while there is room: `batch` sequences and the KV budget. The HTTP
+            // side bounds how many wait (admission permits).
             let mut closed = false;
-            while active.len() < self.batch.max(1) {
-                let req = if active.is_empty() {
+            loop {
+                let req = if active.is_empty() && pending.is_empty() {
                     match requests.recv() {
                         Ok(r) => r,
                         Err(_) => {
@@ -178,7 +200,10 @@ impl Driver {
                     match requests.try_recv() {
                         Ok(r) => r,
                         Err(TryRecvError::Empty) => break,
-                        Err(TryRecvError::Disconnected) => break,
+                        Err(TryRecvError::Disconnected) => {
+                            closed = pending.is_empty();
+                            break;
+                        }
                     }
                 };
                 let context = self.shard.context();
@@ -190,7 +215,25 @@ impl Driver {
                     )));
                     continue;
                 }
-                let a = self.active(req.prompt, req.params, req.events);
+                pending.push_back(req);
+            }
+            pending.retain(|r| !r.events.is_closed());
+            while active.len() < self.batch.max(1) {
+                let Some(req) = pending.front() else { break };
+                let need = self.kv_reservation(req);
+                let reserved: u64 = active.values().map(|a| a.kv_reserved).sum();
+                if let Some(budget) = self.kv_budget
+                    && !active.is_empty()
+                    && reserved + need > budget
+                {
+                    break;
+                }
+                let Some(req) = pending.pop_front() else {
+                    break;
+                };
+                let mut a = self.active(req.prompt, req.params, req.events);
+                a.kv_reserved = need;
+                a._permit = req.permit;
                 active.insert(next_seq, a);
                 next_seq += 1;
             }
@@ -214,15 +257,18 @@ impl Driver {
             if let Some(e) = broken {
                 break Err(e);
             }
-            // Start a step for every sequence that has its input.
+            // Start the sequences that have their input, in micro-batches: as many as there
+            // are stages, so that every stage has one to work on.
             let ready: Vec<u64> = active
                 .iter()
                 .filter(|(_, a)| !a.in_flight && a.input.is_some())
                 .map(|(s, _)| *s)
                 .collect();
+            let stages = self.comm.as_ref().map_or(1, |c| c.world());
+            let group = active.len().div_ceil(stages).clamp(1, MAX_BATCH_ENTRIES);
             let mut broken = None;
-            for seq in ready {
-                if let Err(e) = self.launch(seq, &mut active, &mut in_flight) {
+            for seqs in ready.chunks(group) {
+                if let Err(e) = self.launch(seqs, &mut active, &mut in_flight) {
                     broken = Some(e);
                     break;
                 }
@@ -244,36 +290,8 @@ impl Driver {
                 Ok(s) => s,
                 Err(e) => break Err(PipelineError::transport(e)),
             };
-            let Some(a) = active.get_mut(&step.seq) else {
-                break Err(PipelineError::Own(format!(
-                    "rank {last} answered for unknown sequence {}",
-                    step.seq
-                )));
-            };
-            a.in_flight = false;
-            in_flight -= 1;
-            match step.op {
-                Op::Token => {
-                    if let Some(done) = self.on_token(a, step.token) {
-                        let _ = a.events.send(Event::Done(done));
-                        active.remove(&step.seq);
-                        if let Err(e) = self.release(step.seq) {
-                            break Err(e);
-                        }
-                    }
-                }
-                Op::Error => {
-                    let _ = a.events.send(Event::Failed(step.message.clone()));
-                    active.remove(&step.seq);
-                    if let Err(e) = self.release(step.seq) {
-                        break Err(e);
-                    }
-                }
-                other => {
-                    break Err(PipelineError::Own(format!(
-                        "rank {last} answered with {other:?}"
-                    )));
-                }
+            if let Err(e) = self.on_answer(step, &mut active, &mut in_flight) {
+                break Err(e);
             }
         };
         match &result {
@@ -291,6 +309,11 @@ impl Driver {
                         .send(Event::Failed(format!("the pipeline failed: {e}")));
                 }
                 // Requests that arrive from now on are refused by the HTTP side (health).
+                for r in pending.drain(..) {
+                    let _ = r
+                        .events
+                        .send(Event::Failed(format!("the pipeline failed: {e}")));
+                }
                 while let Ok(r) = requests.try_recv() {
                     let _ = r
                         .events
@@ -319,63 +342,170 @@ impl Driver {
             generated: 0,
             token_ids: Vec::new(),
             events,
+            kv_reserved: 0,
+            _permit: None,
         }
     }
 
-    /// Runs the first stage for `seq` and sends the step on (or samples, when alone).
-    fn launch(
+    /// Bytes of KV cache `req` may come to hold on this stage.
+    fn kv_reservation(&self, req: &Request) -> u64 {
+        let positions = (req.prompt.len() + req.params.max_tokens).min(self.shard.context());
+        positions as u64 * self.shard.kv_bytes_per_position()
+    }
+
+    /// What the last stage answered: tokens for a batch, or one sequence's failure.
+    fn on_answer(
         &mut self,
-        seq: u64,
+        step: Step,
         active: &mut BTreeMap<u64, Active>,
         in_flight: &mut usize,
     ) -> Result<(), PipelineError> {
-        let Some(a) = active.get_mut(&seq) else {
-            return Ok(());
-        };
-        let Some(input) = a.input.take() else {
-            return Ok(());
-        };
-        let (pos, n) = (a.pos, input.len());
-        let out = self.shard.forward(seq, StageInput::Tokens(input), pos);
-        a.pos += n;
-        let fail = |a: &Active, why: String| {
-            let _ = a.events.send(Event::Failed(why));
-        };
-        match (out, self.comm.as_mut()) {
-            (Ok(StageOutput::Hidden(act)), Some(comm)) => {
-                let step = Step::forward(seq, pos, n, &a.params);
-                send_step(comm, 1, &step)
-                    .and_then(|_| send_activation(comm, 1, &act))
-                    .map_err(PipelineError::transport)?;
-                a.in_flight = true;
-                *in_flight += 1;
-                Ok(())
+        let last = self.comm.as_ref().map_or(0, |c| c.world() - 1);
+        let answers: Vec<(u64, Result<Option<u32>, String>)> = match step.op {
+            Op::Tokens => step
+                .entries
+                .into_iter()
+                .map(|e| (e.seq, Ok(e.sample.then_some(e.token))))
+                .collect(),
+            Op::Token => vec![(step.seq, Ok(Some(step.token)))],
+            Op::Error => vec![(step.seq, Err(step.message))],
+            other => {
+                return Err(PipelineError::Own(format!(
+                    "rank {last} answered with {other:?}"
+                )));
             }
-            (Ok(StageOutput::Logits(l)), None) => {
-                let token = match a.sampler.as_mut() {
-                    Some(s) => s.sample(&l),
-                    None => {
-                        return Err(PipelineError::Own(
-                            "no sampler on a single-stage pipeline".into(),
-                        ));
+        };
+        for (seq, answer) in answers {
+            let Some(a) = active.get_mut(&seq) else {
+                return Err(PipelineError::Own(format!(
+                    "rank {last} answered for unknown sequence {seq}"
+                )));
+            };
+            if !a.in_flight {
+                return Err(PipelineError::Own(format!(
+                    "rank {last} answered for sequence {seq}, which has no step in flight"
+                )));
+            }
+            a.in_flight = false;
+            *in_flight -= 1;
+            match answer {
+                // A prefill chunk that is not the prompt's last: the rest is in `input`.
+                Ok(None) => {}
+                Ok(Some(token)) => {
+                    if let Some(done) = self.on_token(a, token) {
+                        let _ = a.events.send(Event::Done(done));
+                        active.remove(&seq);
+                        self.release(seq)?;
                     }
-                };
-                if let Some(done) = self.on_token(a, token) {
-                    let _ = a.events.send(Event::Done(done));
-                    active.remove(&seq);
-                    self.shard.drop_sequence(seq);
                 }
-                Ok(())
-            }
-            (Ok(_), _) => Err(PipelineError::Own(
-                "rank 0's shard does not fit its place in the pipeline".into(),
-            )),
-            (Err(e), _) => {
-                fail(a, format!("stage 0: {e}"));
-                active.remove(&seq);
-                self.release(seq)
+                Err(why) => {
+                    let _ = a.events.send(Event::Failed(why));
+                    active.remove(&seq);
+                    self.release(seq)?;
+                }
             }
         }
+        Ok(())
+    }
+
+    /// Runs the first stage for `seqs` as one batched step and sends it on (or samples, when
+    /// rank 0 is the only stage). Each sequence runs its next token or prefill chunk.
+    fn launch(
+        &mut self,
+        seqs: &[u64],
+        active: &mut BTreeMap<u64, Active>,
+        in_flight: &mut usize,
+    ) -> Result<(), PipelineError> {
+        let mut items = Vec::with_capacity(seqs.len());
+        let mut entries = Vec::with_capacity(seqs.len());
+        for &seq in seqs {
+            let Some(a) = active.get_mut(&seq) else {
+                continue;
+            };
+            let Some(mut input) = a.input.take() else {
+                continue;
+            };
+            if input.len() > PREFILL_CHUNK {
+                a.input = Some(input.split_off(PREFILL_CHUNK));
+            }
+            let (pos, n) = (a.pos, input.len());
+            a.pos += n;
+            entries.push(BatchEntry::new(seq, pos, n, a.input.is_none(), &a.params));
+            items.push(BatchItem {
+                seq,
+                input: StageInput::Tokens(input),
+                pos,
+            });
+        }
+        if items.is_empty() {
+            return Ok(());
+        }
+        let outs = self.shard.forward_batch(items);
+        let mut passed = Vec::with_capacity(entries.len());
+        let mut rows = Vec::new();
+        let hidden = self.shard.config().hidden;
+        for (entry, out) in entries.into_iter().zip(outs) {
+            let seq = entry.seq;
+            match (out, self.comm.is_some()) {
+                (Ok(StageOutput::Hidden(act)), true) => {
+                    rows.extend_from_slice(&act.data);
+                    passed.push(entry);
+                }
+                (Ok(StageOutput::Logits(l)), false) => {
+                    if !entry.sample {
+                        continue;
+                    }
+                    let Some(a) = active.get_mut(&seq) else {
+                        continue;
+                    };
+                    let token = match a.sampler.as_mut() {
+                        Some(s) => s.sample(&l),
+                        None => {
+                            return Err(PipelineError::Own(
+                                "no sampler on a single-stage pipeline".into(),
+                            ));
+                        }
+                    };
+                    if let Some(done) = self.on_token(a, token) {
+                        let _ = a.events.send(Event::Done(done));
+                        active.remove(&seq);
+                        self.shard.drop_sequence(seq);
+                    }
+                }
+                (Ok(_), _) => {
+                    return Err(PipelineError::Own(
+                        "rank 0's shard does not fit its place in the pipeline".into(),
+                    ));
+                }
+                (Err(e), _) => {
+                    if let Some(a) = active.remove(&seq) {
+                        let _ = a.events.send(Event::Failed(format!("stage 0: {e}")));
+                    }
+                    self.release(seq)?;
+                }
+            }
+        }
+        let Some(comm) = self.comm.as_mut() else {
+            return Ok(());
+        };
+        if passed.is_empty() {
+            return Ok(());
+        }
+        for e in &passed {
+            if let Some(a) = active.get_mut(&e.seq) {
+                a.in_flight = true;
+                *in_flight += 1;
+            }
+        }
+        let step = Step::batch(Op::Batch, passed);
+        let act = Activation {
+            tokens: step.tokens as usize,
+            hidden,
+            data: rows,
+        };
+        send_step(comm, 1, &step)
+            .and_then(|_| send_activation(comm, 1, &act))
+            .map_err(PipelineError::transport)
     }
 
     /// A new token for `a`: emits its text; `Some` when the sequence is finished.

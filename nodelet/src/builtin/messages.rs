@@ -1,7 +1,8 @@
 //! What pipeline stages say to each other over the transport. Every step is a control message
-//! (a `u8` tensor holding a [`Step`]) and, for [`Op::Forward`], an `f32` tensor `[tokens,
-//! hidden]` with the activation. Messages flow rank 0 → 1 → … → last; the last stage answers
-//! rank 0 directly with [`Op::Token`] or [`Op::Error`].
+//! (a `u8` tensor holding a [`Step`]) and, for [`Op::Forward`] and [`Op::Batch`], an `f32`
+//! tensor `[tokens, hidden]` with the activation (for a batch, the rows of its sequences one
+//! after another, in the order of its entries). Messages flow rank 0 → 1 → … → last; the last
+//! stage answers rank 0 directly with [`Op::Token`], [`Op::Tokens`] or [`Op::Error`].
 
 use tb_engine::sample::SamplingParams;
 
@@ -25,6 +26,96 @@ pub enum Op {
     Error = 4,
     /// Stop serving (rank 0 is shutting down).
     Shutdown = 5,
+    /// One step of several sequences ([`Step::entries`]), run as one forward pass; an activation
+    /// with every entry's rows follows.
+    Batch = 6,
+    /// The last stage's answers to a batch (back to rank 0): one entry per sequence that got
+    /// through, with its token when [`BatchEntry::sample`] was set.
+    Tokens = 7,
+}
+
+/// One sequence's part of an [`Op::Batch`] or [`Op::Tokens`] step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchEntry {
+    pub seq: u64,
+    pub pos: u32,
+    /// Rows of the activation that belong to this sequence.
+    pub tokens: u32,
+    /// The sampled token ([`Op::Tokens`]).
+    pub token: u32,
+    /// Whether the last stage samples a token after this step (false for a prefill chunk
+    /// that is not the prompt's last: its logits are not wanted and sampling would advance the
+    /// sequence's random state).
+    pub sample: bool,
+    /// Sampling of this sequence; the last stage reads it when `pos == 0`.
+    pub temperature: f32,
+    pub top_p: f32,
+    pub seed: u64,
+}
+
+const ENTRY: usize = 40;
+
+/// Entries that fit one control message.
+pub const MAX_BATCH_ENTRIES: usize = (MAX_CONTROL - HEADER) / ENTRY;
+
+impl BatchEntry {
+    pub fn new(
+        seq: u64,
+        pos: usize,
+        tokens: usize,
+        sample: bool,
+        sampling: &SamplingParams,
+    ) -> Self {
+        BatchEntry {
+            seq,
+            pos: pos as u32,
+            tokens: tokens as u32,
+            token: 0,
+            sample,
+            temperature: sampling.temperature,
+            top_p: sampling.top_p,
+            seed: sampling.seed,
+        }
+    }
+
+    pub fn sampling(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            seed: self.seed,
+            ..SamplingParams::default()
+        }
+    }
+
+    fn encode(&self, b: &mut Vec<u8>) {
+        b.extend_from_slice(&self.seq.to_le_bytes());
+        b.extend_from_slice(&self.pos.to_le_bytes());
+        b.extend_from_slice(&self.tokens.to_le_bytes());
+        b.extend_from_slice(&self.token.to_le_bytes());
+        b.extend_from_slice(&u32::from(self.sample).to_le_bytes());
+        b.extend_from_slice(&self.temperature.to_le_bytes());
+        b.extend_from_slice(&self.top_p.to_le_bytes());
+        b.extend_from_slice(&self.seed.to_le_bytes());
+    }
+
+    fn decode(b: &[u8]) -> BatchEntry {
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u64_at = |i: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(x)
+        };
+        BatchEntry {
+            seq: u64_at(0),
+            pos: u32_at(8),
+            tokens: u32_at(12),
+            token: u32_at(16),
+            sample: u32_at(20) != 0,
+            temperature: f32::from_bits(u32_at(24)),
+            top_p: f32::from_bits(u32_at(28)),
+            seed: u64_at(32),
+        }
+    }
 }
 
 /// One control message.
@@ -42,6 +133,9 @@ pub struct Step {
     pub seed: u64,
     /// Why ([`Op::Error`]).
     pub message: String,
+    /// The sequences of an [`Op::Batch`] or [`Op::Tokens`] step (at most
+    /// [`MAX_BATCH_ENTRIES`]); `tokens` is then the sum of theirs.
+    pub entries: Vec<BatchEntry>,
 }
 
 const HEADER: usize = 40;
@@ -58,6 +152,17 @@ impl Step {
             top_p: 1.0,
             seed: 0,
             message: String::new(),
+            entries: Vec::new(),
+        }
+    }
+
+    /// A batch of `entries` (rows of the activation in their order), or their answers with
+    /// `op` = [`Op::Tokens`].
+    pub fn batch(op: Op, entries: Vec<BatchEntry>) -> Step {
+        Step {
+            tokens: entries.iter().map(|e| e.tokens).sum(),
+            entries,
+            ..Step::new(op, 0)
         }
     }
 
@@ -99,6 +204,14 @@ impl Step {
         b.extend_from_slice(&self.temperature.to_le_bytes());
         b.extend_from_slice(&self.top_p.to_le_bytes());
         b.extend_from_slice(&self.seed.to_le_bytes());
+        if matches!(self.op, Op::Batch | Op::Tokens) {
+            // The sender keeps batches within MAX_BATCH_ENTRIES; a longer list is cut here
+            // and then refused by the receiver (its rows no longer add up).
+            for e in self.entries.iter().take(MAX_BATCH_ENTRIES) {
+                e.encode(&mut b);
+            }
+            return b;
+        }
         let room = MAX_CONTROL - HEADER;
         let mut end = self.message.len().min(room);
         while !self.message.is_char_boundary(end) {
@@ -127,9 +240,33 @@ impl Step {
             3 => Op::Token,
             4 => Op::Error,
             5 => Op::Shutdown,
+            6 => Op::Batch,
+            7 => Op::Tokens,
             other => return Err(format!("unknown op {other}")),
         };
+        let mut entries = Vec::new();
+        if matches!(op, Op::Batch | Op::Tokens) {
+            let body = &b[HEADER..];
+            if body.len() % ENTRY != 0 {
+                return Err(format!(
+                    "batch of {} bytes, not a whole number of {ENTRY}-byte entries",
+                    body.len()
+                ));
+            }
+            entries = body.chunks_exact(ENTRY).map(BatchEntry::decode).collect();
+            let rows: u64 = entries
+                .iter()
+                .map(|e: &BatchEntry| u64::from(e.tokens))
+                .sum();
+            if rows != u64::from(u32_at(16)) {
+                return Err(format!(
+                    "batch entries hold {rows} rows, the header says {}",
+                    u32_at(16)
+                ));
+            }
+        }
         Ok(Step {
+            entries,
             op,
             pos: u32_at(4),
             seq: u64_at(8),
@@ -138,7 +275,11 @@ impl Step {
             temperature: f32::from_bits(u32_at(24)),
             top_p: f32::from_bits(u32_at(28)),
             seed: u64_at(32),
-            message: String::from_utf8_lossy(&b[HEADER..]).into_owned(),
+            message: if matches!(op, Op::Batch | Op::Tokens) {
+                String::new()
+            } else {
+                String::from_utf8_lossy(&b[HEADER..]).into_owned()
+            },
         })
     }
 }
@@ -226,5 +367,38 @@ mod tests {
         assert!(back.message.len() <= MAX_CONTROL - HEADER && back.message.starts_with('é'));
         assert!(Step::decode(&[9; 40]).unwrap_err().contains("unknown op"));
         assert!(Step::decode(&[1; 10]).unwrap_err().contains("at least"));
+    }
+
+    #[test]
+    fn batches_round_trip() {
+        let sampling = SamplingParams {
+            temperature: 0.5,
+            top_p: 0.8,
+            seed: 7,
+            ..SamplingParams::default()
+        };
+        let entries: Vec<BatchEntry> = (0..MAX_BATCH_ENTRIES as u64)
+            .map(|i| {
+                BatchEntry::new(
+                    i + 1,
+                    i as usize * 3,
+                    1 + i as usize % 2,
+                    i % 3 != 0,
+                    &sampling,
+                )
+            })
+            .collect();
+        let s = Step::batch(Op::Batch, entries);
+        assert!(s.encode().len() <= MAX_CONTROL);
+        assert_eq!(Step::decode(&s.encode()), Ok(s.clone()));
+        let mut reply = Step::batch(Op::Tokens, s.entries[..2].to_vec());
+        reply.entries[1].token = 4242;
+        assert_eq!(Step::decode(&reply.encode()), Ok(reply));
+        let mut bad = s.encode();
+        bad.pop();
+        assert!(Step::decode(&bad).unwrap_err().contains("whole number"));
+        let mut lying = Step::batch(Op::Batch, s.entries[..3].to_vec());
+        lying.tokens += 1;
+        assert!(Step::decode(&lying.encode()).unwrap_err().contains("rows"));
     }
 }

@@ -8,8 +8,10 @@
 //! - [`stage`]: ranks ≥ 1 — run the blocks, pass the activation on, sample on the last stage;
 //! - [`driver`]: rank 0 — requests in, first stage, tokens back into text;
 //! - [`openai`]: rank 0's OpenAI-compatible HTTP API;
+//! - [`admission`]: how many requests a service holds before it answers 429;
 //! - [`command`]: how the nodelet turns a built-in allocation into a `tb-shard` command line.
 
+pub mod admission;
 pub mod command;
 pub mod driver;
 pub mod messages;
@@ -31,6 +33,9 @@ use tb_engine::tokenizer::Tokenizer;
 use tb_transport::collectives::{CollectiveOptions, Communicator};
 use tb_transport::tcp::TcpConfig;
 use tb_transport::{Endpoints, Preference, select};
+
+/// Requests that may wait per running place (`batch`) before the endpoint answers 429.
+pub const QUEUE_PER_SLOT: usize = 2;
 
 /// One rank of a built-in service.
 #[derive(Debug, Clone)]
@@ -194,6 +199,11 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
             error: anyhow::anyhow!("rank 0 needs an HTTP address"),
         });
     };
+    // What the allocation's memory leaves after the weights, for the KV caches (rank 0's
+    // stage stands for every stage: their shares of the blocks are alike).
+    let kv_budget = opts
+        .memory_limit
+        .map(|limit| limit.saturating_sub(shard.weight_bytes()));
     let health = Arc::new(driver::Health::default());
     let (tx, rx) = std::sync::mpsc::channel();
     let api = Arc::new(openai::Api {
@@ -204,6 +214,7 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
         context: shard.context(),
         health: health.clone(),
         observed: Default::default(),
+        admission: admission::Admission::new(opts.batch, opts.batch.max(1) * QUEUE_PER_SLOT),
         started: chrono::Utc::now().timestamp(),
     });
     let listener = tokio::net::TcpListener::bind(http)
@@ -216,6 +227,7 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
         shard,
         tokenizer,
         batch: opts.batch,
+        kv_budget,
         step_timeout: opts.step_timeout,
     };
     let driver_health = health.clone();

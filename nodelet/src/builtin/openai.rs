@@ -43,6 +43,8 @@ pub struct Api {
     pub health: Arc<Health>,
     /// The decode speed streams have seen, reported by `GET /health`.
     pub observed: Arc<super::observed::DecodeRate>,
+    /// Places for requests; when they are all taken a request gets 429.
+    pub admission: Arc<super::admission::Admission>,
     /// Unix seconds, for `created` fields.
     pub started: i64,
 }
@@ -89,6 +91,20 @@ impl ApiError {
         }
     }
 
+    /// Every place is taken: 429 with Retry-After (OpenAI's rate-limit shape, which the SDKs
+    /// retry).
+    fn busy(limit: usize) -> Self {
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            kind: "rate_limit_error",
+            code: "busy",
+            param: None,
+            message: format!(
+                "the service holds {limit} requests (running and waiting), its limit; retry later"
+            ),
+        }
+    }
+
     /// OpenAI's error code, e.g. `invalid_json`, `invalid_value`, `model_not_found`.
     pub fn code(&self) -> &'static str {
         self.code
@@ -111,7 +127,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        json_response(self.status, &self.body())
+        let mut r = json_response(self.status, &self.body());
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        r
     }
 }
 
@@ -405,6 +426,10 @@ fn submit(
             "the service is starting: its pipeline has not answered yet"
         }));
     }
+    let permit = api
+        .admission
+        .try_admit()
+        .ok_or_else(|| ApiError::busy(api.admission.limit()))?;
     let (tx, rx) = unbounded_channel();
     let sent = api
         .requests
@@ -414,6 +439,7 @@ fn submit(
             prompt,
             params,
             events: tx,
+            permit: Some(permit),
         });
     sent.map_err(|_| ApiError::unavailable("the pipeline stopped"))?;
     Ok(api.observed.watch(rx))

@@ -1,6 +1,8 @@
 //! A pipeline stage after the first (rank ≥ 1): receive a step from the rank before, run this
 //! shard's blocks, and pass the activation on — or, on the last stage, sample the next token
-//! and send it back to rank 0. Failures of a step travel down the pipeline as [`Op::Error`] so
+//! and send it back to rank 0. An [`Op::Batch`] step carries several sequences whose rows run
+//! as one forward pass ([`Shard::forward_batch`]); the last stage answers it with one
+//! [`Op::Tokens`] message. Failures of a step travel down the pipeline as [`Op::Error`] so
 //! that rank 0 hears of them on the one connection it waits on; a broken transport ends the
 //! stage (the supervisor and the scheduler restart the gang).
 
@@ -8,9 +10,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use tb_engine::sample::Sampler;
-use tb_engine::shard::{Shard, StageInput, StageOutput};
+use tb_engine::shard::{Activation, BatchItem, Shard, StageInput, StageOutput};
 
-use super::messages::{Op, Step, recv_activation, recv_step, send_activation, send_step};
+use super::messages::{
+    BatchEntry, Op, Step, recv_activation, recv_step, send_activation, send_step,
+};
 use tb_transport::TransportError;
 use tb_transport::collectives::Communicator;
 
@@ -64,6 +68,12 @@ pub fn serve(
                 };
                 send_step(comm, next, &reply)?;
             }
+            Op::Batch => {
+                let act = with_timeout(comm, step_timeout, |c| {
+                    recv_activation(c, prev, step.tokens as usize, hidden)
+                })?;
+                run_batch(comm, shard, &mut samplers, step.entries, act, next, last)?;
+            }
             Op::Release => {
                 shard.drop_sequence(step.seq);
                 samplers.remove(&step.seq);
@@ -78,14 +88,97 @@ pub fn serve(
                 }
                 return Ok(());
             }
-            Op::Token => {
+            Op::Token | Op::Tokens => {
                 return Err(TransportError::Malformed {
                     peer: prev,
-                    what: "a Token step travelling forward".into(),
+                    what: format!("a {:?} step travelling forward", step.op),
                 });
             }
         }
     }
+}
+
+/// One batched step: splits the activation into the entries' rows, runs them as one pass, sends
+/// an [`Op::Error`] on for every entry that failed and the rest on as a smaller batch — or, on
+/// the last stage, samples each entry that asks for it and answers rank 0 with one
+/// [`Op::Tokens`].
+fn run_batch(
+    comm: &mut Communicator,
+    shard: &mut Shard,
+    samplers: &mut HashMap<u64, Sampler>,
+    entries: Vec<BatchEntry>,
+    act: Activation,
+    next: usize,
+    last: bool,
+) -> Result<(), TransportError> {
+    let rank = comm.rank();
+    let hidden = act.hidden;
+    let mut items = Vec::with_capacity(entries.len());
+    let mut row = 0;
+    for e in &entries {
+        let n = e.tokens as usize;
+        items.push(BatchItem {
+            seq: e.seq,
+            input: StageInput::Hidden(Activation {
+                tokens: n,
+                hidden,
+                data: act.data[row * hidden..(row + n) * hidden].to_vec(),
+            }),
+            pos: e.pos as usize,
+        });
+        row += n;
+    }
+    let outs = shard.forward_batch(items);
+    let mut passed = Vec::with_capacity(entries.len());
+    let mut rows = Vec::new();
+    for (mut e, out) in entries.into_iter().zip(outs) {
+        match (out, last) {
+            (Ok(StageOutput::Hidden(a)), false) => {
+                rows.extend_from_slice(&a.data);
+                passed.push(e);
+            }
+            (Ok(StageOutput::Logits(l)), true) => {
+                if e.pos == 0 {
+                    samplers.insert(e.seq, Sampler::new(&e.sampling()));
+                }
+                if e.sample {
+                    let sampling = e.sampling();
+                    e.token = samplers
+                        .entry(e.seq)
+                        .or_insert_with(|| Sampler::new(&sampling))
+                        .sample(&l);
+                }
+                passed.push(e);
+            }
+            (Ok(_), _) => send_step(
+                comm,
+                next,
+                &Step::error(
+                    e.seq,
+                    format!("stage {rank}: its shard's output does not fit its place"),
+                ),
+            )?,
+            (Err(err), _) => send_step(
+                comm,
+                next,
+                &Step::error(e.seq, format!("stage {rank}: {err}")),
+            )?,
+        }
+    }
+    if passed.is_empty() {
+        return Ok(());
+    }
+    if last {
+        return send_step(comm, next, &Step::batch(Op::Tokens, passed));
+    }
+    let step = Step::batch(Op::Batch, passed);
+    let act = Activation {
+        tokens: step.tokens as usize,
+        hidden,
+        data: rows,
+    };
+    send_step(comm, next, &step)?;
+    send_activation(comm, next, &act)
 }
 
 /// Runs `f` with the communicator's timeout set to `t`, then restores it.

@@ -3,6 +3,8 @@
 //!
 //! - the pipeline of real `tb-shard` processes over TCP produces, for several prompts, exactly
 //!   the greedy tokens of the single-process engine, split in 2 and in 3 stages;
+//! - 8 concurrent requests, decoded in batches, get the greedy tokens each gets alone; beyond
+//!   the service's places a request gets 429 with Retry-After;
 //! - an InferenceService with `executor: builtin` applied to a real controller and nodelets is
 //!   split over two Macs, becomes Ready with its endpoint in the status, answers the OpenAI
 //!   Python SDK (plain and streamed, usage adding up) and `tbctl chat`; when a stage dies,
@@ -202,6 +204,171 @@ async fn pipeline_tokens_equal_the_single_process_engine() {
         for p in &mut procs {
             p.kill();
         }
+    }
+}
+
+/// Starts a pipeline of `tb-shard` processes over TCP split at `splits` (first, count) with
+/// `extra` arguments for every rank; returns rank 0's HTTP address and the processes.
+fn start_pipeline(
+    dir: &TestDir,
+    model: &Path,
+    splits: &[(usize, usize)],
+    extra: &[&str],
+) -> (String, Vec<Proc>) {
+    let world = splits.len();
+    let coordinator = format!("127.0.0.1:{}", free_port());
+    let http_addr = format!("127.0.0.1:{}", free_port());
+    let hosts = vec!["127.0.0.1"; world].join(",");
+    let procs = splits
+        .iter()
+        .enumerate()
+        .map(|(rank, (first, count))| {
+            let mut args = vec![
+                "--model".to_string(),
+                model.display().to_string(),
+                "--model-name".into(),
+                "smollm2".into(),
+                "--rank".into(),
+                rank.to_string(),
+                "--hosts".into(),
+                hosts.clone(),
+                "--coordinator".into(),
+                coordinator.clone(),
+                "--first".into(),
+                first.to_string(),
+                "--count".into(),
+                count.to_string(),
+                "--transport".into(),
+                "tcp".into(),
+            ];
+            args.extend(extra.iter().map(|a| a.to_string()));
+            if rank == 0 {
+                args.extend(["--http".to_string(), http_addr.clone()]);
+            }
+            let name = format!("batch-{world}-{rank}");
+            Proc::start(
+                &name,
+                &shard_bin(),
+                args,
+                dir.path().join(format!("{name}.log")),
+            )
+        })
+        .collect();
+    (http_addr, procs)
+}
+
+const CONCURRENT_PROMPTS: [&str; 8] = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "Water boils at",
+    "The three primary colors are",
+    "My favourite recipe for pancakes",
+    "In 1969, the first humans",
+    "A haiku about the sea:",
+];
+
+/// Concurrent requests are decoded together (one forward pass per stage for all of them) and
+/// get exactly the greedy tokens each gets alone; more requests than the service holds get
+/// 429 with Retry-After.
+#[tokio::test]
+async fn concurrent_requests_get_the_tokens_each_gets_alone() {
+    let model = model_path();
+    let reference: Vec<Vec<u32>> = {
+        let model = model.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut e = Engine::load(&model, &LoadOptions::default()).expect("engine");
+            CONCURRENT_PROMPTS
+                .iter()
+                .map(|p| {
+                    let prompt = e.tokenizer().encode(p).expect("encode");
+                    let params = SamplingParams {
+                        max_tokens: NEW_TOKENS,
+                        ..SamplingParams::default()
+                    };
+                    e.generate(&prompt, &params).expect("generate").tokens
+                })
+                .collect()
+        })
+        .await
+        .expect("reference")
+    };
+    let dir = TestDir::new("builtin-batch");
+    let (addr, mut procs) = start_pipeline(&dir, &model, &[(0, 15), (15, 15)], &["--batch", "8"]);
+    wait_healthy(&addr, &mut procs).await;
+    step!("2-stage pipeline with batch 8 ready");
+    let answers: Vec<std::thread::JoinHandle<(u16, String)>> = CONCURRENT_PROMPTS
+        .iter()
+        .map(|prompt| {
+            let (addr, prompt) = (addr.clone(), prompt.to_string());
+            std::thread::spawn(move || {
+                let body = json!({"model": "smollm2", "prompt": prompt, "max_tokens": NEW_TOKENS,
+                                  "temperature": 0, "return_token_ids": true});
+                http(&addr, "POST", "/v1/completions", Some(&body)).expect("POST")
+            })
+        })
+        .collect();
+    for ((prompt, want), answer) in CONCURRENT_PROMPTS.iter().zip(&reference).zip(answers) {
+        let (status, answer) = answer.join().expect("request thread");
+        assert_eq!(status, 200, "{answer}");
+        let v: Value = serde_json::from_str(&answer).expect("JSON");
+        let got: Vec<u32> = v["choices"][0]["token_ids"]
+            .as_array()
+            .expect("token_ids")
+            .iter()
+            .map(|t| t.as_u64().expect("id") as u32)
+            .collect();
+        assert_eq!(&got, want, "prompt {prompt:?}: {answer}");
+    }
+    step!("8 concurrent requests got the tokens of the engine alone");
+    for p in &mut procs {
+        p.kill();
+    }
+
+    // One place and two waiting: of 6 requests at once, some are refused with 429.
+    let (addr, mut procs) = start_pipeline(&dir, &model, &[(0, 30)], &["--batch", "1"]);
+    wait_healthy(&addr, &mut procs).await;
+    let raw: Vec<std::thread::JoinHandle<String>> = (0..6)
+        .map(|_| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let body = json!({"model": "smollm2", "prompt": "Tell me a long story",
+                                  "max_tokens": 48, "temperature": 0});
+                let body = body.to_string();
+                let mut s = TcpStream::connect(&addr).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(120)))
+                    .expect("timeout");
+                write!(
+                    s,
+                    "POST /v1/completions HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .expect("write");
+                let mut raw = String::new();
+                s.read_to_string(&mut raw).expect("read");
+                raw
+            })
+        })
+        .collect();
+    let raw: Vec<String> = raw.into_iter().map(|h| h.join().expect("thread")).collect();
+    let ok = raw.iter().filter(|r| r.starts_with("HTTP/1.0 200")).count();
+    let busy: Vec<&String> = raw
+        .iter()
+        .filter(|r| r.starts_with("HTTP/1.0 429"))
+        .collect();
+    assert_eq!(ok + busy.len(), 6, "{raw:#?}");
+    assert!(
+        ok >= 3 && !busy.is_empty(),
+        "{ok} answered, {} refused",
+        busy.len()
+    );
+    for r in busy {
+        let lower = r.to_ascii_lowercase();
+        assert!(lower.contains("retry-after: 1"), "{r}");
+        assert!(r.contains("rate_limit_error"), "{r}");
+    }
+    for p in &mut procs {
+        p.kill();
     }
 }
 
