@@ -25,6 +25,10 @@ pub enum Op {
     Error = 4,
     /// Stop serving (rank 0 is shutting down).
     Shutdown = 5,
+    /// Are you there: passed on by every stage, and by the last back to rank 0. Rank 0 sends
+    /// one when the pipeline has been idle for a while, so that a broken link or a stage gone
+    /// silent is found without waiting for a request.
+    Ping = 6,
 }
 
 /// One control message.
@@ -127,6 +131,7 @@ impl Step {
             3 => Op::Token,
             4 => Op::Error,
             5 => Op::Shutdown,
+            6 => Op::Ping,
             other => return Err(format!("unknown op {other}")),
         };
         Ok(Step {
