@@ -357,7 +357,13 @@ impl EmulatedLab {
         if !Path::new("/dev/net/tun").exists() {
             return Some("/dev/net/tun is missing (delayed cables are TUN devices)".into());
         }
-        let probe = format!("tbe{}-probe", std::process::id());
+        // Tests of one process ask at once: each probe namespace has its own name.
+        static PROBES: AtomicU32 = AtomicU32::new(0);
+        let probe = format!(
+            "tbe{}-probe{}",
+            std::process::id(),
+            PROBES.fetch_add(1, Ordering::Relaxed)
+        );
         let made = Command::new("ip").args(["netns", "add", &probe]).output();
         match made {
             Ok(o) if o.status.success() => {

@@ -84,24 +84,43 @@ impl EmulatedLab {
     /// Drops every packet `from` sends to `to`'s management address; `to`'s packets still
     /// reach `from`. See the module documentation.
     pub fn cut_one_way(&mut self, from: &str, to: &str) {
-        let (f, t) = (self.endpoint(from), self.endpoint(to));
-        crate::step!("partition: {from} → {to} dropped");
-        self.add_rule(&f.namespace, format!("ip daddr {} counter drop", t.address));
+        self.cut_pairs(&[(from.to_string(), to.to_string())]);
     }
 
     /// Cuts `a` and `b` apart, both ways.
     pub fn cut(&mut self, a: &str, b: &str) {
-        self.cut_one_way(a, b);
-        self.cut_one_way(b, a);
+        let (a, b) = (a.to_string(), b.to_string());
+        self.cut_pairs(&[(a.clone(), b.clone()), (b, a)]);
     }
 
     /// Cuts `who` apart from every other endpoint but those in `except`, both ways.
     pub fn isolate(&mut self, who: &str, except: &[&str]) {
+        let mut pairs = Vec::new();
         for other in self.endpoints() {
             if other != who && !except.contains(&other.as_str()) {
-                self.cut(who, &other);
+                pairs.push((who.to_string(), other.clone()));
+                pairs.push((other, who.to_string()));
             }
         }
+        self.cut_pairs(&pairs);
+    }
+
+    /// Drops what each `(from, to)` sends, installing each namespace's rules at once (so a
+    /// partition of many pairs starts within a few tens of milliseconds).
+    fn cut_pairs(&mut self, pairs: &[(String, String)]) {
+        let mut touched = Vec::new();
+        for (from, to) in pairs {
+            let (f, t) = (self.endpoint(from), self.endpoint(to));
+            self.push_rule(&f.namespace, format!("ip daddr {} counter drop", t.address));
+            if !touched.contains(&f.namespace) {
+                touched.push(f.namespace);
+            }
+        }
+        for ns in touched {
+            self.install(&ns);
+        }
+        let named: Vec<String> = pairs.iter().map(|(f, t)| format!("{f}→{t}")).collect();
+        crate::step!("partition: dropped {}", named.join(", "));
     }
 
     /// Pulls the cable between Macs `x` and `y`: nothing sent out of either end arrives.
@@ -113,7 +132,8 @@ impl EmulatedLab {
         crate::step!("partition: cable {}–{} cut", cable.a.uuid(), cable.b.uuid());
         for end in [&cable.a, &cable.b] {
             let ns = self.mac(&end.mac).namespace.clone();
-            self.add_rule(&ns, format!("oifname \"{}\" counter drop", end.port));
+            self.push_rule(&ns, format!("oifname \"{}\" counter drop", end.port));
+            self.install(&ns);
         }
     }
 
@@ -143,13 +163,17 @@ impl EmulatedLab {
         text
     }
 
-    /// Adds `rule` to namespace `ns`'s output chain, rewriting its table in one transaction.
-    fn add_rule(&mut self, ns: &str, rule: String) {
+    /// Adds `rule` to namespace `ns`'s output chain (installed by [`EmulatedLab::install`]).
+    fn push_rule(&mut self, ns: &str, rule: String) {
         let rules = self.partitioned.entry(ns.to_string()).or_default();
-        if rules.contains(&rule) {
-            return;
+        if !rules.contains(&rule) {
+            rules.push(rule);
         }
-        rules.push(rule);
+    }
+
+    /// Writes namespace `ns`'s table with all its rules, in one transaction.
+    fn install(&mut self, ns: &str) {
+        let rules = self.partitioned.entry(ns.to_string()).or_default();
         // `add` then `delete` makes the delete succeed whether the table existed or not.
         let script = format!(
             "add table inet {TABLE}\ndelete table inet {TABLE}\ntable inet {TABLE} {{\n  chain output {{\n    type filter hook output priority 0; policy accept;\n{}\n  }}\n}}\n",
