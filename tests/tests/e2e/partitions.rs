@@ -74,7 +74,13 @@ struct View {
     applied: u64,
 }
 
-/// Samples every member's own Cluster.Status every 100 ms until dropped.
+/// How long a Cluster.Status may take: a member asks its peers with 800 ms each, which a cut
+/// peer uses up.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Samples every member's own Cluster.Status every 100 ms until dropped. A member takes its
+/// own view first and then asks its peers (800 ms at most), so requests overlap and each view
+/// is stamped with the time it was asked for.
 struct Sampler {
     views: Arc<Mutex<Vec<View>>>,
     stop: Arc<AtomicBool>,
@@ -88,15 +94,17 @@ impl Sampler {
             let (views, stop, client) = (views.clone(), stop.clone(), client.clone());
             rt.spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
-                    let asked = tokio::time::timeout(
-                        Duration::from_millis(800),
-                        own_view(&client, id, &addr),
-                    )
-                    .await;
-                    if let Ok(Some(mut v)) = asked {
-                        v.at = Instant::now();
-                        views.lock().unwrap_or_else(|e| e.into_inner()).push(v);
-                    }
+                    let (views, client, addr) = (views.clone(), client.clone(), addr.clone());
+                    tokio::spawn(async move {
+                        let sent = Instant::now();
+                        let asked =
+                            tokio::time::timeout(STATUS_TIMEOUT, own_view(&client, id, &addr))
+                                .await;
+                        if let Ok(Some(mut v)) = asked {
+                            v.at = sent;
+                            views.lock().unwrap_or_else(|e| e.into_inner()).push(v);
+                        }
+                    });
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             });
@@ -104,8 +112,11 @@ impl Sampler {
         Sampler { views, stop }
     }
 
+    /// The views so far, in the order they were asked for.
     fn views(&self) -> Vec<View> {
-        self.views.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        let mut v = self.views.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        v.sort_by_key(|v| v.at);
+        v
     }
 
     /// Each member's changes of (state, term, leader), in order, with the time since `from`.
@@ -171,7 +182,7 @@ async fn own_view(client: &Client, id: u64, addr: &str) -> Option<View> {
 async fn views_now(client: &Client, members: &[(u64, String)]) -> Vec<(u64, Option<View>)> {
     let mut out = Vec::new();
     for (id, addr) in members {
-        let v = tokio::time::timeout(Duration::from_secs(2), own_view(client, *id, addr))
+        let v = tokio::time::timeout(STATUS_TIMEOUT, own_view(client, *id, addr))
             .await
             .ok()
             .flatten();
