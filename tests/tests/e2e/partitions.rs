@@ -419,11 +419,8 @@ async fn controller_partition(name: &str, fault: Fault) -> Option<Measured> {
                 c.apply_on(&addr, req).await
             })
             .await;
-        assert!(
-            result.is_err(),
-            "a write to the leader cut off from both followers was acknowledged: {result:?}"
-        );
-        let e = result.err().expect("an error");
+        let e =
+            result.expect_err("a write to the leader cut off from both followers was acknowledged");
         step!(
             "write to the isolated leader failed: {}: {}",
             e.code(),
@@ -500,7 +497,10 @@ async fn controller_partition(name: &str, fault: Fault) -> Option<Measured> {
             .await
         })
         .await;
-    assert!(r.is_ok(), "no write went through while {fault:?} held: {r:?}");
+    assert!(
+        r.is_ok(),
+        "no write went through while {fault:?} held: {r:?}"
+    );
     step!(
         "while cut, a write starting at controller {} took {:.2}s",
         followers[0],
@@ -664,12 +664,15 @@ struct Seen {
     last: Instant,
 }
 
+/// A sample in which one rank ran under several epochs: when, the rank, (epoch, pid) each.
+type Overlap = (Instant, u32, Vec<(u64, i32)>);
+
 #[derive(Debug, Default)]
 struct RankLog {
     /// (rank, epoch) → when seen.
     seen: BTreeMap<(u32, u64), Seen>,
     /// Samples in which two epochs of one rank ran: (when, rank, epochs with their pids).
-    overlaps: Vec<(Instant, u32, Vec<(u64, i32)>)>,
+    overlaps: Vec<Overlap>,
     samples: u64,
 }
 
