@@ -100,6 +100,9 @@ reasons! {
     Stopped,
     /// The nodelet restarted and could not prove the rank was still its own.
     NodeletRestarted,
+    /// The nodelet stopped the rank because no controller had accepted its heartbeats for most
+    /// of the node grace period: the rank is about to be placed again elsewhere.
+    Fenced,
     // Nodes.
     /// The node's heartbeats stopped; its work is placed again.
     NodeLost,

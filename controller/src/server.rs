@@ -172,7 +172,8 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let cluster = ClusterServer::new(ClusterService::new(node.clone()));
     // Nodelets heartbeat five times per grace period.
     let heartbeat_ms = (opts.scheduler.node_grace.num_milliseconds() / 5).max(200) as u64;
-    let nodes = NodesServer::new(NodesService::new(node.clone(), heartbeat_ms))
+    let node_grace_ms = opts.scheduler.node_grace.num_milliseconds().max(0) as u64;
+    let nodes = NodesServer::new(NodesService::new(node.clone(), heartbeat_ms, node_grace_ms))
         .max_decoding_message_size(MAX_REQUEST);
     let auth = AuthService::new(node.clone(), opts.scheduler.clone());
     let raft = RaftServer::new(RaftService::new(node.clone()))

@@ -15,6 +15,8 @@
 //! - [`objects`] builds the JSON objects the tests apply and reads fields back;
 //! - [`netns`] builds an emulated lab as root: network namespaces as Macs, shaped links as
 //!   cables, the real binaries inside;
+//! - [`partition`] cuts and heals the emulated lab's network (one way, both ways, a cable);
+//! - [`linearizable`] checks a recorded history of register reads and writes;
 //! - [`tbctl`] runs the CLI and captures its exit code and output;
 //! - [`wait`] polls a condition until a deadline, so tests never sleep for a guessed time.
 //!
@@ -31,8 +33,10 @@ pub mod client;
 pub mod cluster;
 pub mod controller;
 pub mod lab;
+pub mod linearizable;
 pub mod netns;
 pub mod objects;
+pub mod partition;
 pub mod ports;
 pub mod tbctl;
 pub mod wait;

@@ -32,6 +32,12 @@
 //! Servers bind only to addresses inside these namespaces: the controller to 10.200.0.1, each
 //! nodelet to its management address and its probe server to its cable addresses.
 //!
+//! A replicated control plane: [`EmulatedLab::start_controllers`] runs N controllers as one
+//! Raft cluster instead, each in its own namespace `tbe<pid>-<n>-c<id>` joined to br0 like a
+//! Mac (veth `c<id>` on the hub, `mgmt` inside) at 10.200.0.<1+id>; tbctl (in the hub) and the
+//! nodelets are given all of them. [`NsRuntime`] runs the harness's own gRPC client inside the
+//! hub namespace. Cutting and healing the network between namespaces is `crate::partition`.
+//!
 //! Dropping the lab tears everything down: the processes it started (and the rank processes
 //! their nodelets started, and anything else still running in its namespaces) are killed, the
 //! delay lines stopped, and every namespace deleted, which removes the interfaces in it. When
@@ -55,6 +61,8 @@ use crate::workdir::TestDir;
 pub const HUB_ADDRESS: &str = "10.200.0.1";
 /// The controller's port.
 pub const CONTROLLER_PORT: u16 = 7400;
+/// At most this many controllers (their addresses sit below the Macs').
+pub const MAX_CONTROLLERS: u64 = 8;
 /// Each nodelet's `--listen` port, on its management address.
 pub const NODELET_PORT: u16 = 7600;
 /// Each nodelet's `--port-range` (every Mac has its own network, so they can all be the same).
@@ -220,6 +228,9 @@ impl EmulatedLabBuilder {
         let home = dir.sub("home");
         let mut lab = EmulatedLab {
             hub: format!("{prefix}-hub"),
+            prefix: prefix.clone(),
+            controllers: Vec::new(),
+            partitioned: std::collections::BTreeMap::new(),
             macs: Vec::new(),
             cables: Vec::new(),
             delay_lines: Vec::new(),
@@ -262,10 +273,37 @@ pub struct MacNs {
     ports: u32,
 }
 
+/// A controller of a replicated control plane, in its own namespace.
+#[derive(Debug, Clone)]
+pub struct ControllerNs {
+    pub id: u64,
+    pub namespace: String,
+    /// 10.200.0.<1+id>.
+    pub address: String,
+}
+
+impl ControllerNs {
+    /// `ADDRESS:PORT`, what clients dial.
+    pub fn endpoint(&self) -> String {
+        format!("{}:{CONTROLLER_PORT}", self.address)
+    }
+
+    /// The name of its process (and log file) in the lab, also its name for `crate::partition`.
+    pub fn name(&self) -> String {
+        format!("controller-{}", self.id)
+    }
+}
+
 /// Macs in namespaces, cables between them, and the tb processes running there. See the
 /// module documentation.
 pub struct EmulatedLab {
     hub: String,
+    /// `tbe<pid>-<n>`, every namespace's name starts with it.
+    prefix: String,
+    /// The controllers of [`EmulatedLab::start_controllers`] (empty with one hub controller).
+    controllers: Vec<ControllerNs>,
+    /// The rules `crate::partition` installed, per namespace.
+    pub(crate) partitioned: std::collections::BTreeMap<String, Vec<String>>,
     macs: Vec<MacNs>,
     cables: Vec<Cable>,
     delay_lines: Vec<DelayLine>,
@@ -319,7 +357,13 @@ impl EmulatedLab {
         if !Path::new("/dev/net/tun").exists() {
             return Some("/dev/net/tun is missing (delayed cables are TUN devices)".into());
         }
-        let probe = format!("tbe{}-probe", std::process::id());
+        // Tests of one process ask at once: each probe namespace has its own name.
+        static PROBES: AtomicU32 = AtomicU32::new(0);
+        let probe = format!(
+            "tbe{}-probe{}",
+            std::process::id(),
+            PROBES.fetch_add(1, Ordering::Relaxed)
+        );
         let made = Command::new("ip").args(["netns", "add", &probe]).output();
         match made {
             Ok(o) if o.status.success() => {
@@ -440,6 +484,11 @@ impl EmulatedLab {
         &self.hub
     }
 
+    /// A runtime in the hub namespace, for the harness's gRPC client (see [`NsRuntime`]).
+    pub fn hub_runtime(&self) -> NsRuntime {
+        NsRuntime::start(&self.hub)
+    }
+
     pub fn macs(&self) -> &[MacNs] {
         &self.macs
     }
@@ -465,7 +514,21 @@ impl EmulatedLab {
         self.dir.path()
     }
 
-    /// The controller's `HOST:PORT` (panics before [`EmulatedLab::start_controller`]).
+    /// The controllers started by [`EmulatedLab::start_controllers`].
+    pub fn controllers(&self) -> &[ControllerNs] {
+        &self.controllers
+    }
+
+    /// Controller `id` of [`EmulatedLab::start_controllers`].
+    pub fn controller(&self, id: u64) -> &ControllerNs {
+        self.controllers
+            .iter()
+            .find(|c| c.id == id)
+            .unwrap_or_else(|| panic!("no controller {id}"))
+    }
+
+    /// The controller's `HOST:PORT`, or every controller's, comma-separated (what tbctl's
+    /// `--server` and the nodelets are given); panics before a controller is started.
     pub fn controller_addr(&self) -> &str {
         self.controller
             .as_deref()
@@ -593,6 +656,89 @@ impl EmulatedLab {
             }
             if Instant::now() > deadline {
                 panic!("the controller at {addr} does not answer after 30s; last: {out}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Starts `n` controllers as one Raft cluster (`--initial-cluster`), each in its own
+    /// namespace on br0 (see the module documentation), with the harness's cluster secret, CA
+    /// and admin token, and waits until tbctl reaches the cluster and a leader is elected.
+    pub async fn start_controllers(&mut self, n: u64) {
+        assert!(
+            (1..=MAX_CONTROLLERS).contains(&n),
+            "1 to {MAX_CONTROLLERS} controllers"
+        );
+        assert!(
+            self.controller.is_none(),
+            "the controllers are already started"
+        );
+        let hub = self.hub.clone();
+        for id in 1..=n {
+            let c = ControllerNs {
+                id,
+                namespace: format!("{}-c{id}", self.prefix),
+                address: format!("10.200.0.{}", 1 + id),
+            };
+            self.add_namespace(&c.namespace);
+            let ns = &c.namespace;
+            sh(&format!(
+                "ip -n {hub} link add c{id} type veth peer name mgmt netns {ns}"
+            ));
+            sh(&format!("ip -n {hub} link set c{id} master br0 up"));
+            sh(&format!("ip -n {ns} addr add {}/24 dev mgmt", c.address));
+            sh(&format!("ip -n {ns} link set mgmt up"));
+            self.controllers.push(c);
+        }
+        let initial: Vec<String> = self
+            .controllers
+            .iter()
+            .map(|c| format!("{}={}", c.id, c.endpoint()))
+            .collect();
+        for c in self.controllers.clone() {
+            let data = self.dir.path().join(c.name());
+            let args = vec![
+                "--id".to_string(),
+                c.id.to_string(),
+                "--listen".into(),
+                c.endpoint(),
+                "--data-dir".into(),
+                data.display().to_string(),
+                "--initial-cluster".into(),
+                initial.join(","),
+                "--heartbeat-ms".into(),
+                "50".into(),
+                "--node-grace-ms".into(),
+                NODE_GRACE_MS.to_string(),
+            ];
+            let args = [args, crate::auth::controller_args()].concat();
+            self.spawn_in(&c.namespace, &c.name(), &crate::bins::controller(), args);
+        }
+        let servers: Vec<String> = self.controllers.iter().map(|c| c.endpoint()).collect();
+        self.controller = Some(servers.join(","));
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            for c in self.controllers.clone() {
+                self.check_running(&c.name());
+            }
+            let out = self.tbctl(&["cluster", "status", "-o", "json"]).await;
+            if out.success() && out.json()["leader"].as_u64().unwrap_or(0) > 0 {
+                crate::step!("{n} controllers serving, leader {}", out.json()["leader"]);
+                break;
+            }
+            if Instant::now() > deadline {
+                panic!("the {n} controllers have no leader after 40s; last: {out}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Writes need the leader's first entry committed and the admin user in place.
+        loop {
+            let out = self.tbctl(&["get", "nodes", "-o", "json"]).await;
+            if out.success() {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!("the {n} controllers do not answer tbctl after 40s; last: {out}");
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -806,6 +952,7 @@ impl EmulatedLab {
                 bounded_output(cmd, Duration::from_secs(3))
             );
         }
+        text += &self.partition_report();
         eprintln!("{text}");
         for (ns, p) in &self.procs {
             eprintln!(
@@ -915,6 +1062,111 @@ fn sweep_stale_namespaces() {
             let _ = Command::new("ip").args(["netns", "del", name]).output();
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The harness's own client inside a namespace
+
+/// A tokio runtime whose one thread lives in a lab namespace: every socket its tasks open (a
+/// [`crate::Client`]'s channels, made on first use inside [`NsRuntime::run`]) is that
+/// namespace's, so the test reaches the controllers' addresses as tbctl in the hub does.
+/// Stopped, and its thread joined, on drop.
+pub struct NsRuntime {
+    handle: tokio::runtime::Handle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NsRuntime {
+    /// A runtime in namespace `ns` (made by `ip netns add`).
+    pub fn start(ns: &str) -> NsRuntime {
+        let path = format!("/var/run/netns/{ns}");
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name(format!("tb-ns-{ns}"))
+            .spawn(move || {
+                let entered = enter_namespace(&path);
+                let rt = entered.and_then(|()| {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(|e| format!("building a runtime: {e}"))
+                });
+                match rt {
+                    Ok(rt) => {
+                        let _ = ready_tx.send(Ok(rt.handle().clone()));
+                        rt.block_on(async {
+                            let _ = stop_rx.await;
+                        });
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
+            })
+            .expect("starting a namespace thread");
+        let handle = ready_rx
+            .recv()
+            .expect("the namespace thread ended")
+            .unwrap_or_else(|e| panic!("a runtime in namespace {ns}: {e}"));
+        NsRuntime {
+            handle,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+
+    /// Runs `f` on the namespace's runtime and returns what it returns (a panic in it is
+    /// raised again here, so assertions inside read as usual).
+    pub async fn run<F, T>(&self, f: F) -> T
+    where
+        F: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        match self.handle.spawn(f).await {
+            Ok(v) => v,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => panic!("a task in a namespace was cancelled: {e}"),
+        }
+    }
+
+    /// Starts `f` on the namespace's runtime.
+    pub fn spawn<F, T>(&self, f: F) -> tokio::task::JoinHandle<T>
+    where
+        F: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.handle.spawn(f)
+    }
+}
+
+impl Drop for NsRuntime {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Moves the calling thread (only it) into the network namespace at `path`.
+#[cfg(target_os = "linux")]
+fn enter_namespace(path: &str) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).map_err(|e| format!("opening {path}: {e}"))?;
+    // SAFETY: setns on a descriptor this thread owns; changes only this thread.
+    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(format!("setns {path}: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn enter_namespace(_path: &str) -> Result<(), String> {
+    Err("network namespaces are Linux-only".into())
 }
 
 // ---------------------------------------------------------------------------------------------

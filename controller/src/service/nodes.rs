@@ -48,13 +48,16 @@ fn truncate_for_message(s: &str) -> String {
 pub struct NodesService {
     node: Arc<RaftNode>,
     heartbeat_interval_ms: u64,
+    /// Told to every nodelet, which fences itself within it (see `HeartbeatResponse`).
+    node_grace_ms: u64,
 }
 
 impl NodesService {
-    pub fn new(node: Arc<RaftNode>, heartbeat_interval_ms: u64) -> Self {
+    pub fn new(node: Arc<RaftNode>, heartbeat_interval_ms: u64, node_grace_ms: u64) -> Self {
         NodesService {
             node,
             heartbeat_interval_ms,
+            node_grace_ms,
         }
     }
 
@@ -189,6 +192,7 @@ impl Nodes for NodesService {
         .await?;
         Ok(TonicResponse::new(HeartbeatResponse {
             heartbeat_interval_ms: self.heartbeat_interval_ms,
+            node_grace_ms: self.node_grace_ms,
         }))
     }
 

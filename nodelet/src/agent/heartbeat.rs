@@ -200,9 +200,11 @@ pub async fn run(
             credential: credential.credential.clone(),
             status_json: status.to_value().to_string(),
         };
+        let sent_at = std::time::Instant::now();
         match client.heartbeat(req).await {
             Ok(reply) => {
                 controllers.remember(&client);
+                supervisor.lease().renewed(sent_at, reply.node_grace_ms);
                 let ms = reply.heartbeat_interval_ms;
                 // The controller's pace wins when it asks for more frequent beats.
                 if ms > 0 {

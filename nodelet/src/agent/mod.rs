@@ -213,6 +213,7 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         python,
     );
     tokio::spawn(supervisor.clone().run());
+    tokio::spawn(supervisor.clone().fence_when_cut_off());
     tokio::spawn(heartbeat::run(
         controllers.clone(),
         credential,

@@ -10,11 +10,17 @@
 //! with the other sequences' decode steps (a long prompt does not stall them); then one token
 //! per step. Generation ends at an end-of-sequence token, a stop string, `max_tokens` or the
 //! context length.
+//!
+//! An idle pipeline is checked: after [`PING_IDLE_EVERY`] without a request, rank 0 sends an
+//! [`Op::Ping`] round the stages and waits [`PING_TIMEOUT`] for it to come back. A link cut
+//! silently (packets dropped, no connection reset) or a stage hung is found that way within
+//! seconds — the pipeline fails as PeerLost, the service goes NotReady and tb places it again
+//! — instead of at the next request, which would wait the whole step timeout.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::Duration;
 
 use tb_engine::generate::FinishReason;
@@ -31,6 +37,10 @@ use tb_transport::collectives::Communicator;
 
 /// Prompt tokens prefilled in one step; longer prompts take several.
 pub const PREFILL_CHUNK: usize = 256;
+/// How long the pipeline may sit idle before rank 0 checks it with a ping.
+pub const PING_IDLE_EVERY: Duration = Duration::from_secs(2);
+/// How long a ping may take round the stages (they are idle: milliseconds on a good link).
+pub const PING_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One generation request.
 #[derive(Debug)]
@@ -183,15 +193,24 @@ impl Driver {
                 health.ready.store(true, Ordering::SeqCst);
                 tracing::info!("pipeline ready: a token went through every stage");
             }
-            // Take new requests (block only when there is nothing else to do), then admit
-            // waiting ones while there is room: `batch` sequences and the KV budget. The HTTP
-            // side bounds how many wait (admission permits).
+            // Take new requests (block only when there is nothing else to do, pinging the
+            // pipeline while idle), then admit waiting ones while there is room: `batch`
+            // sequences and the KV budget. The HTTP side bounds how many wait (admission
+            // permits).
             let mut closed = false;
+            let mut unanswered = None;
             loop {
                 let req = if active.is_empty() && pending.is_empty() {
-                    match requests.recv() {
+                    match requests.recv_timeout(PING_IDLE_EVERY) {
                         Ok(r) => r,
-                        Err(_) => {
+                        Err(RecvTimeoutError::Timeout) => match self.ping() {
+                            Ok(()) => continue,
+                            Err(e) => {
+                                unanswered = Some(e);
+                                break;
+                            }
+                        },
+                        Err(RecvTimeoutError::Disconnected) => {
                             closed = true;
                             break;
                         }
@@ -236,6 +255,9 @@ impl Driver {
                 a._permit = req.permit;
                 active.insert(next_seq, a);
                 next_seq += 1;
+            }
+            if let Some(e) = unanswered {
+                break Err(e);
             }
             if closed && active.is_empty() {
                 break Ok(());
@@ -322,6 +344,29 @@ impl Driver {
             }
         }
         result
+    }
+
+    /// Sends a ping round the stages and waits for it (nothing else is in flight); a lone
+    /// stage has nothing to ask.
+    fn ping(&mut self) -> Result<(), PipelineError> {
+        let Some(comm) = self.comm.as_mut() else {
+            return Ok(());
+        };
+        let last = comm.world() - 1;
+        let lost = |e: tb_transport::TransportError| {
+            PipelineError::PeerLost(format!(
+                "pipeline: an idle check got no answer from the later stages within                  {PING_TIMEOUT:?}: {e}"
+            ))
+        };
+        send_step(comm, 1, &Step::new(Op::Ping, 0)).map_err(lost)?;
+        let step = with_timeout(comm, PING_TIMEOUT, |c| recv_step(c, last)).map_err(lost)?;
+        if step.op != Op::Ping {
+            return Err(PipelineError::Own(format!(
+                "rank {last} answered an idle check with {:?}",
+                step.op
+            )));
+        }
+        Ok(())
     }
 
     fn active(

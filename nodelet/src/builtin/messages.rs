@@ -32,6 +32,10 @@ pub enum Op {
     /// The last stage's answers to a batch (back to rank 0): one entry per sequence that got
     /// through, with its token when [`BatchEntry::sample`] was set.
     Tokens = 7,
+    /// Are you there: passed on by every stage, and by the last back to rank 0. Rank 0 sends
+    /// one when the pipeline has been idle for a while, so that a broken link or a stage gone
+    /// silent is found without waiting for a request.
+    Ping = 8,
 }
 
 /// One sequence's part of an [`Op::Batch`] or [`Op::Tokens`] step.
@@ -242,6 +246,7 @@ impl Step {
             5 => Op::Shutdown,
             6 => Op::Batch,
             7 => Op::Tokens,
+            8 => Op::Ping,
             other => return Err(format!("unknown op {other}")),
         };
         let mut entries = Vec::new();

@@ -82,6 +82,8 @@ pub fn serve(
                 }
             }
             Op::Error => send_step(comm, next, &step)?,
+            // On to the next stage; the last stage's `next` is rank 0.
+            Op::Ping => send_step(comm, next, &step)?,
             Op::Shutdown => {
                 if !last {
                     send_step(comm, next, &step)?;

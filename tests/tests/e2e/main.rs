@@ -19,6 +19,7 @@ mod isolation;
 mod jobs;
 mod linearizability;
 mod mlx;
+mod partitions;
 mod plan;
 mod priority_lab;
 mod queues_lab;

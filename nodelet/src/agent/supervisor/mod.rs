@@ -10,13 +10,15 @@
 //! The parts: [`process`] runs one allocation's process from start to end, after [`staging`]
 //! (a built-in rank's shard) and [`prepare`] (directories, program, environment, checkpoint);
 //! [`readiness`] follows a built-in service's endpoint; [`report`] writes statuses;
-//! [`orphans`] deals with what an earlier run left; [`disk`] keeps the jobs' disk in bounds.
+//! [`orphans`] deals with what an earlier run left; [`disk`] keeps the jobs' disk in bounds;
+//! [`fence`] stops every rank when no controller has accepted a heartbeat for most of the node
+//! grace period.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tb_api::specs::{
     AllocationPhase, AllocationSpec, AllocationStatus, Desired, allocation, parse_spec,
@@ -31,6 +33,7 @@ use super::dirs;
 use crate::exec;
 
 mod disk;
+pub mod fence;
 mod orphans;
 mod prepare;
 mod process;
@@ -55,7 +58,7 @@ struct Live {
     memory_bytes: u64,
     /// The dynamic uid it runs as, if any: no sweep kills by uid while another runs under it.
     dynamic_uid: Option<u32>,
-    stop: Option<oneshot::Sender<()>>,
+    stop: Option<oneshot::Sender<fence::Stop>>,
 }
 
 pub struct Supervisor {
@@ -75,6 +78,8 @@ pub struct Supervisor {
     job_disk_limit: u64,
     /// `--python`: what exec jobs' `python` and `python3` run.
     python: Option<PathBuf>,
+    /// The heartbeat lease: when it runs out, every rank here is fenced.
+    lease: fence::Lease,
     ended: Notify,
     changed: Notify,
 }
@@ -115,6 +120,7 @@ impl Supervisor {
             job_disk_bytes: AtomicU64::new(0),
             job_disk_limit,
             python,
+            lease: fence::Lease::default(),
             ended: Notify::new(),
             changed: Notify::new(),
         })
@@ -131,6 +137,29 @@ impl Supervisor {
             allocated_bytes: live.values().map(|l| l.memory_bytes).sum(),
             allocations,
             job_disk_bytes: self.job_disk_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The heartbeat lease, renewed by the heartbeat loop.
+    pub fn lease(&self) -> &fence::Lease {
+        &self.lease
+    }
+
+    /// Stop every rank here whenever the heartbeat lease runs out (see [`fence`]), until the
+    /// process ends.
+    pub async fn fence_when_cut_off(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(self.lease.check_every()).await;
+            let Some(how) = self.lease.expired(Instant::now()) else {
+                continue;
+            };
+            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            for l in live.values_mut() {
+                if let Some(stop) = l.stop.take() {
+                    tracing::warn!(alloc = %l.key, ?how, "fencing: no controller accepted a heartbeat for most of the node grace period; stopping");
+                    let _ = stop.send(how);
+                }
+            }
         }
     }
 
@@ -210,17 +239,21 @@ impl Supervisor {
     /// directories of allocations that are gone.
     fn reconcile(self: &Arc<Self>, desired: &BTreeMap<String, (Object, AllocationSpec)>) {
         self.forget_gone(desired);
-        // Fencing first: anything not wanted, or wanted under another epoch, stops.
+        // Fencing first: anything not wanted, wanted under another epoch, or given up by the
+        // controllers (Lost: they place it again elsewhere) stops.
         {
             let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
             for (inc, l) in live.iter_mut() {
                 let keep = desired.get(&l.key).is_some_and(|(o, s)| {
-                    s.desired == Desired::Run && s.epoch == l.epoch && &incarnation(o) == inc
+                    s.desired == Desired::Run
+                        && s.epoch == l.epoch
+                        && &incarnation(o) == inc
+                        && !AllocationStatus::from_value(&o.status).phase.is_terminal()
                 });
                 let k = &l.key;
                 if !keep && let Some(stop) = l.stop.take() {
                     tracing::info!(alloc = %k, "stopping: allocation gone, superseded or told to stop");
-                    let _ = stop.send(());
+                    let _ = stop.send(fence::Stop::Asked);
                 }
             }
         }

@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tb_api::Object;
+use tb_api::reason::Reason;
 use tb_api::specs::{AllocationPhase, AllocationSpec, AllocationStatus, allocation};
 use tokio::sync::oneshot;
 
+use super::fence::Stop;
 use super::orphans::PidFile;
 use super::prepare::{Prepare, Sources, prepare};
 use super::readiness::{endpoint_of, watch_readiness};
@@ -29,7 +31,7 @@ impl Supervisor {
         obj: &Object,
         spec: &AllocationSpec,
         account: Option<&Account>,
-        stop: oneshot::Receiver<()>,
+        stop: oneshot::Receiver<Stop>,
     ) -> AllocationStatus {
         let (namespace, name) = (&obj.metadata.namespace[..], &obj.metadata.name[..]);
         let dir = Self::alloc_dir(&self.data_dir, namespace, name);
@@ -120,8 +122,16 @@ impl Supervisor {
 
         let grace = Duration::from_secs(spec.stop_grace_seconds);
         let (ended, stopped) = tokio::select! {
-            r = running.wait() => (r, false),
-            _ = stop => (running.stop(grace).await, true),
+            r = running.wait() => (r, None),
+            how = stop => {
+                // A dropped sender is a stop as asked.
+                let how = how.unwrap_or(Stop::Asked);
+                let grace = match how {
+                    Stop::Asked => grace,
+                    Stop::Fenced { kill_after, .. } => grace.min(kill_after),
+                };
+                (running.stop(grace).await, Some(how))
+            }
         };
         if let Some(task) = readiness {
             task.abort();
@@ -138,7 +148,14 @@ impl Supervisor {
                 status.exit_code = exit.code;
                 status.signal = exit.signal;
                 status.message = exit.to_string();
-                (status.phase, status.reason) = if stopped {
+                (status.phase, status.reason) = if let Some(Stop::Fenced { silent, .. }) = stopped {
+                    status.message = format!(
+                        "{}; stopped by its nodelet: no controller accepted a heartbeat for {:.1}s",
+                        status.message,
+                        silent.as_secs_f64()
+                    );
+                    (AllocationPhase::Lost, Reason::Fenced.into())
+                } else if stopped.is_some() {
                     (AllocationPhase::Stopped, "Stopped".into())
                 } else if exit.success() {
                     (AllocationPhase::Succeeded, "Completed".into())
