@@ -219,7 +219,9 @@ fn kind_wide_cells(kind: Kind, o: &Object) -> Vec<String> {
 
 /// A non-empty string field of `v`.
 fn text<'a>(v: &'a Value, field: &str) -> Option<&'a str> {
-    at(v, &[field]).and_then(Value::as_str).filter(|t| !t.is_empty())
+    at(v, &[field])
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty())
 }
 
 /// A job's queue, as `get` filled it in (`status.queue`; see `commands::usage`).

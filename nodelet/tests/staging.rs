@@ -115,7 +115,11 @@ async fn a_shard_is_staged_verified_repaired_and_resumed() {
     whole.whole = true;
     let (copied, _) = run(whole).await;
     let copied = copied.expect("whole copy");
-    assert_eq!(copied.fetched, copied.needed - share, "the rest of the file");
+    assert_eq!(
+        copied.fetched,
+        copied.needed - share,
+        "the rest of the file"
+    );
     assert_eq!(
         tb_nodelet::staging::copies::held(cache.path()),
         [job.path.clone()]

@@ -54,7 +54,10 @@ pub fn of_status(status: &JobStatus) -> Backend {
     }
     match endpoint_addr(&status.endpoint) {
         Some(addr) => Backend::Ready(addr),
-        None => Backend::NotReady(format!("its endpoint {:?} is not http://IP:PORT/v1", status.endpoint)),
+        None => Backend::NotReady(format!(
+            "its endpoint {:?} is not http://IP:PORT/v1",
+            status.endpoint
+        )),
     }
 }
 

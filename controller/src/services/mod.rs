@@ -48,7 +48,10 @@ pub struct Services {
 pub fn router(node: Arc<RaftNode>, wait: Duration) -> Router {
     let state = Arc::new(Services { node, wait });
     Router::new()
-        .route("/services/{namespace}/{name}/{*rest}", axum::routing::any(forward))
+        .route(
+            "/services/{namespace}/{name}/{*rest}",
+            axum::routing::any(forward),
+        )
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,
@@ -86,7 +89,10 @@ pub fn error(status: StatusCode, code: &str, message: &str) -> Response {
     let body = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
     (
         status,
-        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
         body.to_string(),
     )
         .into_response()
@@ -170,4 +176,3 @@ pub fn unavailable(message: &str) -> Response {
         .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
     r
 }
-

@@ -11,8 +11,8 @@ use tb_api::reason::Reason;
 
 use tb_api::specs::{
     AllocationPhase, AllocationSpec, Backend, BuiltinAssignment, Checkpoints, Desired, Executor,
-    InferenceServiceSpec, JobRef, LayerRange, MlxAssignment, ModelSpec, TrainingJobSpec, allocation,
-    parse_spec,
+    InferenceServiceSpec, JobRef, LayerRange, MlxAssignment, ModelSpec, TrainingJobSpec,
+    allocation, parse_spec,
 };
 use tb_api::status::{JobPhase, JobStatus, PlacementSummary, RankPlacement};
 use tb_api::{Kind, Object, ObjectKey, ObjectMeta, Timestamp};

@@ -1570,7 +1570,11 @@ fn a_model_one_node_holds_gets_a_second_holder_which_serves_once_the_first_is_lo
         status.message
     );
     let copier_port = if copier == "b" { 7701 } else { 7702 };
-    let copier_host = if copier == "b" { "10.0.0.2" } else { "10.0.0.3" };
+    let copier_host = if copier == "b" {
+        "10.0.0.2"
+    } else {
+        "10.0.0.3"
+    };
     for (node, sources, replicate) in &again {
         assert_eq!(
             sources,

@@ -197,7 +197,9 @@ fn stage_from(
     };
     if !intact(&mut file, &file_path, &header)? {
         let Some(source) = source else {
-            return Err(StagingError::Model(format!("{origin}: its header is damaged")));
+            return Err(StagingError::Model(format!(
+                "{origin}: its header is damaged"
+            )));
         };
         fetched += transfer(source, job, &m, true, &[], &mut file, &file_path)?;
         if !intact(&mut file, &file_path, &header)? {

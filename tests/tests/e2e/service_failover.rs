@@ -183,10 +183,14 @@ async fn holders(lab: &Lab, path: &str) -> Vec<String> {
 }
 
 async fn wait_two_holders(lab: &Lab, path: &str) -> Vec<String> {
-    tb_tests::wait::expect("two Ready nodes holding the model", READY_TIMEOUT, || async {
-        let h = holders(lab, path).await;
-        if h.len() >= 2 { Ok(h) } else { Err(h) }
-    })
+    tb_tests::wait::expect(
+        "two Ready nodes holding the model",
+        READY_TIMEOUT,
+        || async {
+            let h = holders(lab, path).await;
+            if h.len() >= 2 { Ok(h) } else { Err(h) }
+        },
+    )
     .await
 }
 
@@ -280,7 +284,8 @@ links:
         "{get}"
     );
     assert!(
-        get.stdout.contains(status["endpoint"].as_str().expect("endpoint")),
+        get.stdout
+            .contains(status["endpoint"].as_str().expect("endpoint")),
         "the backend in -o wide: {get}"
     );
 
@@ -362,7 +367,9 @@ links:
         let killed_at = unix_now();
         lab.kill_nodelet(i);
         let shards = lab::kill_leftover_ranks(&lab.nodelet(i).data_dir);
-        step!("round {round}: killed {victim} and {shards} shard process(es) (stages on {nodes:?})");
+        step!(
+            "round {round}: killed {victim} and {shards} shard process(es) (stages on {nodes:?})"
+        );
         let deadline = Instant::now() + Duration::from_secs(90);
         let answer = loop {
             if let Some(a) = answered_after(&lines, killed_at) {
@@ -387,7 +394,10 @@ links:
         lab.wait_node_ready(&victim, true, Duration::from_secs(30))
             .await;
         let h = wait_two_holders(&lab, &model_text).await;
-        step!("round {round}: {victim} is back; holders {h:?}; stages on {}", status["nodes"]);
+        step!(
+            "round {round}: {victim} is back; holders {h:?}; stages on {}",
+            status["nodes"]
+        );
     }
     assert!(
         first_holder_lost,
@@ -419,7 +429,8 @@ links:
         .trim()
         .to_string();
     let chat_url = format!("{url}/chat/completions");
-    let body = r#"{"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}"#;
+    let body =
+        r#"{"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}"#;
     let (code, _, answer) = probe(&python, &probe_script, &chat_url, &bob, body).await;
     assert_eq!(code, 403, "{answer}");
     assert!(answer.contains("permission_denied"), "{answer}");

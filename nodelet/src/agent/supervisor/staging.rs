@@ -122,15 +122,13 @@ fn keep_a_whole_copy(job: crate::staging::fetch::Job, rest: u64) {
         );
         return;
     }
-    tokio::task::spawn_blocking(move || {
-        match crate::staging::fetch::stage(&job, &|_| {}) {
-            Ok(s) => tracing::info!(
-                model = %job.path,
-                fetched = s.fetched,
-                "kept a whole copy of the model; serving it to other nodes"
-            ),
-            Err(e) => tracing::warn!(model = %job.path, "making a whole copy of the model: {e}"),
-        }
+    tokio::task::spawn_blocking(move || match crate::staging::fetch::stage(&job, &|_| {}) {
+        Ok(s) => tracing::info!(
+            model = %job.path,
+            fetched = s.fetched,
+            "kept a whole copy of the model; serving it to other nodes"
+        ),
+        Err(e) => tracing::warn!(model = %job.path, "making a whole copy of the model: {e}"),
     });
 }
 
