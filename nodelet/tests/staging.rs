@@ -122,7 +122,7 @@ async fn a_shard_is_staged_verified_repaired_and_resumed() {
     );
     assert_eq!(
         tb_nodelet::staging::copies::held(cache.path()),
-        [job.path.clone()]
+        std::slice::from_ref(&job.path)
     );
     assert_eq!(
         std::fs::read(&copied.path).expect("copy"),
