@@ -1491,6 +1491,10 @@ fn a_model_one_node_holds_gets_a_second_holder_which_serves_once_the_first_is_lo
         sim.add_node(n, 40);
         set_node_status(&mut sim, n, |s| s.probe_port = 7700 + i as u16);
     }
+    // A triangle: any two of them can run a pipeline.
+    cable(&mut sim, "a", "tb1", "b", "tb1");
+    cable(&mut sim, "b", "tb2", "c", "tb1");
+    cable(&mut sim, "c", "tb2", "a", "tb2");
     let model = Object {
         api_version: "tb/v1".into(),
         kind: "Model".into(),
@@ -1570,11 +1574,9 @@ fn a_model_one_node_holds_gets_a_second_holder_which_serves_once_the_first_is_lo
         status.message
     );
     let copier_port = if copier == "b" { 7701 } else { 7702 };
-    let copier_host = if copier == "b" {
-        "10.0.0.2"
-    } else {
-        "10.0.0.3"
-    };
+    let copier_host = NodeStatus::from_value(&sim.node(&copier).status)
+        .host()
+        .to_string();
     for (node, sources, replicate) in &again {
         assert_eq!(
             sources,
