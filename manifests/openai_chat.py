@@ -2,20 +2,33 @@
 
     python openai_chat.py BASE_URL MODEL ["question"]
 
-BASE_URL is the service's endpoint (`tbctl get isvc NAME` shows it, e.g.
-http://10.0.0.1:32324/v1). Prints one JSON object with both answers and their token usage.
+BASE_URL is the service's URL (`tbctl get isvc NAME` shows it, e.g.
+https://10.0.0.9:7401/services/default/chat/v1, which stays put when tb moves the service; or
+rank 0's own endpoint, http://10.0.0.1:32324/v1). The API key is a tb user token, from
+OPENAI_API_KEY; TB_CA_CERT names the cluster CA that the HTTPS URL's certificate is signed by.
+Prints one JSON object with both answers and their token usage.
 """
 
 import json
+import os
+import ssl
 import sys
 
-from openai import OpenAI
+from openai import DefaultHttpxClient, OpenAI
 
 
 def main() -> None:
     base_url, model = sys.argv[1], sys.argv[2]
     question = sys.argv[3] if len(sys.argv) > 3 else "Name three colours of the rainbow."
-    client = OpenAI(base_url=base_url, api_key="unused", timeout=120, max_retries=0)
+    ca = os.environ.get("TB_CA_CERT")
+    http_client = DefaultHttpxClient(verify=ssl.create_default_context(cafile=ca)) if ca else None
+    client = OpenAI(
+        base_url=base_url,
+        api_key=os.environ.get("OPENAI_API_KEY", "unused"),
+        timeout=120,
+        max_retries=0,
+        http_client=http_client,
+    )
     messages = [
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": question},

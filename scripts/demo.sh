@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job, end to end on this machine: start a local tb cluster (one controller and three
 # nodelets on loopback), serve SmolLM2 with tb's built-in engine split across two of them and
-# ask it a question through its OpenAI-compatible endpoint; then a 3-rank job with its logs, and
+# ask it a question through its OpenAI-compatible endpoint and its stable URL; then a 3-rank job with its logs, and
 # a placement on a described lab of four Macs. Everything stops at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +33,16 @@ tbctl get isvc smollm2
 tbctl describe isvc smollm2
 echo "== tbctl chat smollm2 \"What is the capital of France?\""
 tbctl chat smollm2 "What is the capital of France?" --system "You are a helpful assistant." --max-tokens 48
+echo "== the same service at its stable URL (the controller forwards to wherever rank 0 runs)"
+url=$(tbctl get isvc smollm2 -o json | python3 -c 'import json, sys; print(json.load(sys.stdin)["status"]["url"])')
+echo "$url"
+# A tb user token is the API key; it reaches curl through a file descriptor, not its arguments.
+key=$(tbctl admin user create demo --role member -n default)
+curl -s --cacert "$data/controller/ca.pem" -H @<(printf 'Authorization: Bearer %s\n' "$key") \
+  "$url/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "smollm2", "max_tokens": 24, "temperature": 0,
+       "messages": [{"role": "user", "content": "What is the capital of France?"}]}'
+echo
 
 echo "== tbctl apply -f manifests/trainingjob-echo.yaml"
 tbctl apply -f manifests/trainingjob-echo.yaml

@@ -157,9 +157,15 @@ pub struct JobStatus {
     /// The model placement behind `nodes`, when the job names a Model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_placement: Option<PlacementSummary>,
-    /// Where an InferenceService answers (its OpenAI-compatible base URL).
+    /// Where an InferenceService's rank 0 answers now (its OpenAI-compatible base URL): the
+    /// backend behind `url`; it moves when the service is placed again.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub endpoint: String,
+    /// The stable OpenAI-compatible base URL of an InferenceService: the controllers' services
+    /// listener, which forwards to whatever `endpoint` is now (empty when no controller serves
+    /// one).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub url: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -344,6 +350,10 @@ pub struct NodeStatus {
     /// Bytes on disk of the allocations' directories (work dirs, logs) on this node.
     #[serde(default)]
     pub job_disk_bytes: u64,
+    /// Model files (by their Model's `source.path`) this node holds a whole staged copy of and
+    /// serves to nodes that stage from it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

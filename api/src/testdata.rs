@@ -222,6 +222,7 @@ spec:
     context: 4096
     batch: 4
     sources: ["10.0.0.1:7602"]
+    replicate: true
 "#
         }
         Kind::Event => {

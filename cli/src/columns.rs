@@ -80,7 +80,7 @@ fn kind_headers(kind: Kind) -> &'static [&'static str] {
             "PARALLELISM",
             "NODES",
             "READY",
-            "ENDPOINT",
+            "URL",
             "QUEUE",
             "POSITION",
         ],
@@ -106,9 +106,9 @@ fn kind_cells(kind: Kind, o: &Object) -> Vec<String> {
             cell(at(spec, &["parallelism"])),
             isvc_nodes(o),
             condition(o, "Ready").unwrap_or_else(|| "Unknown".into()),
-            at(status, &["endpoint"])
-                .and_then(Value::as_str)
-                .filter(|e| !e.is_empty())
+            // The stable address; a cluster without a services listener has only rank 0's.
+            text(status, "url")
+                .or_else(|| text(status, "endpoint"))
                 .unwrap_or(NONE)
                 .to_string(),
             queue_cell(o),
@@ -191,7 +191,8 @@ fn kind_cells(kind: Kind, o: &Object) -> Vec<String> {
 fn kind_wide_headers(kind: Kind) -> &'static [&'static str] {
     match kind {
         Kind::Node => &["ADDRESS", "ALLOCATED"],
-        Kind::TrainingJob | Kind::InferenceService => &["MESSAGE"],
+        Kind::TrainingJob => &["MESSAGE"],
+        Kind::InferenceService => &["BACKEND", "MESSAGE"],
         _ => &[],
     }
 }
@@ -206,15 +207,21 @@ fn kind_wide_cells(kind: Kind, o: &Object) -> Vec<String> {
             ]
         }
         // Why a job waits: which quota, which Macs, how much memory is short.
-        Kind::TrainingJob | Kind::InferenceService => vec![
-            at(&o.status, &["message"])
-                .and_then(Value::as_str)
-                .filter(|m| !m.is_empty())
-                .unwrap_or(NONE)
-                .to_string(),
+        Kind::TrainingJob => vec![text(&o.status, "message").unwrap_or(NONE).to_string()],
+        // Where the URL forwards to now: rank 0's own endpoint.
+        Kind::InferenceService => vec![
+            text(&o.status, "endpoint").unwrap_or(NONE).to_string(),
+            text(&o.status, "message").unwrap_or(NONE).to_string(),
         ],
         _ => Vec::new(),
     }
+}
+
+/// A non-empty string field of `v`.
+fn text<'a>(v: &'a Value, field: &str) -> Option<&'a str> {
+    at(v, &[field])
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty())
 }
 
 /// A job's queue, as `get` filled it in (`status.queue`; see `commands::usage`).
@@ -570,7 +577,8 @@ mod tests {
                          "labels": {"app": "chat", "tier": "gold"}},
             "spec": {"model": "qwen3-235b", "parallelism": "pipeline", "nodes": {"min": 2, "max": 4}},
             "status": {"conditions": [{"type": "Ready", "status": "True"}],
-                       "endpoint": "http://10.0.0.1:32324/v1"}
+                       "endpoint": "http://10.0.0.1:32324/v1",
+                       "url": "https://10.0.0.9:7401/services/team-a/chat/v1"}
         }));
         let view = View {
             kind: Kind::InferenceService,
@@ -586,10 +594,11 @@ mod tests {
                 "PARALLELISM",
                 "NODES",
                 "READY",
-                "ENDPOINT",
+                "URL",
                 "QUEUE",
                 "POSITION",
                 "AGE",
+                "BACKEND",
                 "MESSAGE",
                 "LABELS"
             ]
@@ -603,10 +612,11 @@ mod tests {
                 "pipeline",
                 "2-4",
                 "True",
-                "http://10.0.0.1:32324/v1",
+                "https://10.0.0.9:7401/services/team-a/chat/v1",
                 "-",
                 "-",
                 "60m",
+                "http://10.0.0.1:32324/v1",
                 "<none>",
                 "app=chat,tier=gold"
             ]

@@ -1,13 +1,15 @@
 //! The TCP ports `tbctl up` gives its processes on 127.0.0.1, so that two local clusters on one
 //! machine need not collide.
 //!
-//! Without `--port-range`, the plan is the historical one: the controller on `--port` (7400),
-//! each nodelet's endpoint on a port the OS picks, and node-i's rank ports (which the scheduler
-//! also hands to the services' OpenAI endpoints) at 32323+100·(i-1) ..= +99.
+//! Without `--port-range`, the plan is the historical one: the controller on `--port` (7400)
+//! and its services listener (the InferenceServices' stable address) on the next port, each
+//! nodelet's endpoint on a port the OS picks, and node-i's rank ports (which the scheduler also
+//! hands to the services' OpenAI endpoints) at 32323+100·(i-1) ..= +99.
 //!
 //! With `--port-range START-END` every port comes from the range: the controller takes START
-//! (its gRPC API and Raft share it), node-i's endpoint START+i, and the rest is split evenly
-//! among the nodelets for their ranks and endpoints (at most [`RANK_PORTS`] each). The link
+//! (its gRPC API and Raft share it), its services listener END, node-i's endpoint START+i, and
+//! the rest is split evenly among the nodelets for their ranks and endpoints (at most
+//! [`RANK_PORTS`] each). The link
 //! probes listen on ports the OS picks on the lab's own loopback addresses, so they never
 //! collide either.
 
@@ -73,6 +75,8 @@ pub struct NodeletPorts {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortPlan {
     pub controller: u16,
+    /// The controller's services listener (`tb-controller --services-listen`).
+    pub services: u16,
     /// node-1 first.
     pub nodelets: Vec<NodeletPorts>,
 }
@@ -93,8 +97,12 @@ impl PortPlan {
                 }
             })
             .collect::<Result<_>>()?;
+        let Some(services) = controller_port.checked_add(1) else {
+            bail!("--port {controller_port}: the services listener needs the port after it");
+        };
         Ok(PortPlan {
             controller: controller_port,
+            services,
             nodelets,
         })
     }
@@ -102,19 +110,21 @@ impl PortPlan {
     /// Every port from `range`: the controller, the nodelets' endpoints, then equal rank blocks.
     pub fn within(range: PortRange, nodelets: u32) -> Result<PortPlan> {
         let n = nodelets.max(1);
-        let fixed = 1 + n;
+        let fixed = 2 + n;
         let need = fixed + n * u32::from(MIN_RANK_PORTS);
         if range.len() < need {
             bail!(
                 "--port-range {range} has {} ports; {nodelets} nodelets need at least {need} \
-                 (1 for the controller, 1 per nodelet, {MIN_RANK_PORTS} per nodelet for ranks \
+                 (2 for the controller, 1 per nodelet, {MIN_RANK_PORTS} per nodelet for ranks \
                  and endpoints)",
                 range.len()
             );
         }
         let per = ((range.len() - fixed) / n).min(u32::from(RANK_PORTS));
         let start = u32::from(range.start);
-        let first_rank = start + fixed;
+        // The controller's two and the nodelets' endpoints come first, but the services
+        // listener takes END.
+        let first_rank = start + fixed - 1;
         let nodelets = (0..n)
             .map(|i| {
                 let lo = first_rank + i * per;
@@ -130,6 +140,7 @@ impl PortPlan {
             .collect();
         Ok(PortPlan {
             controller: range.start,
+            services: range.end,
             nodelets,
         })
     }
@@ -137,7 +148,8 @@ impl PortPlan {
     /// The ports the plan fixes for listening sockets (the controller's and the nodelets'
     /// endpoints), to check they are free before anything starts.
     pub fn listen_ports(&self) -> Vec<u16> {
-        std::iter::once(self.controller)
+        [self.controller, self.services]
+            .into_iter()
             .chain(self.nodelets.iter().filter_map(|n| n.listen))
             .collect()
     }
@@ -159,6 +171,7 @@ mod tests {
     fn the_default_plan_is_the_historical_one() {
         let plan = PortPlan::default_for(7400, 2).expect("plan");
         assert_eq!(plan.controller, 7400);
+        assert_eq!(plan.services, 7401);
         assert_eq!(plan.nodelets[0].ranks.to_string(), "32323-32422");
         assert_eq!(plan.nodelets[1].ranks.to_string(), "32423-32522");
         assert_eq!(plan.nodelets[1].listen, None);
@@ -172,7 +185,7 @@ mod tests {
         let range = parse_port_range("41000-41999").expect("range");
         let plan = PortPlan::within(range, 3).expect("plan");
         assert_eq!(plan.controller, 41000);
-        assert_eq!(plan.listen_ports(), [41000, 41001, 41002, 41003]);
+        assert_eq!(plan.listen_ports(), [41000, 41999, 41001, 41002, 41003]);
         assert_eq!(plan.nodelets[0].ranks.to_string(), "41004-41103");
         assert_eq!(plan.nodelets[2].ranks.to_string(), "41204-41303");
         let mut ports = every_port(&plan);

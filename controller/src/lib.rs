@@ -1,7 +1,7 @@
 //! tb-controller: the replicated control plane. The Raft store (`raft`, `store`) holds every
 //! object (its state machine, the scheduler and placement are pure, in `tb-core`); `service` serves the gRPC API through one `interceptor`, which identifies callers
-//! for `auth`; `tls` holds the cluster CA and the certificates it signs; `server` assembles
-//! them.
+//! for `auth`; `tls` holds the cluster CA and the certificates it signs; `services` serves
+//! InferenceServices at a stable address; `server` assembles them.
 
 pub mod auth;
 pub mod clock;
@@ -13,6 +13,7 @@ pub mod raft;
 pub mod reconciler;
 pub mod server;
 pub mod service;
+pub mod services;
 pub mod store;
 pub mod tls;
 

@@ -45,6 +45,20 @@ struct Args {
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// Serve InferenceServices at a stable address: https://ADDR/services/NAMESPACE/NAME/v1
+    /// (the OpenAI API, with a tb user token as the API key), forwarded to each service's
+    /// current rank 0. Any controller of the cluster may serve it.
+    #[arg(long, value_name = "ADDR")]
+    services_listen: Option<SocketAddr>,
+    /// The base URL clients reach the services listener at, shown in each InferenceService's
+    /// `status.url` (e.g. a name every controller answers to). Default: https://HOST:PORT from
+    /// --advertise's host and --services-listen's port.
+    #[arg(long, value_name = "URL", requires = "services_listen")]
+    services_advertise: Option<String>,
+    /// How long (ms) a request to a service without a ready rank 0 waits for one (while tb
+    /// places it again) before it is answered 503 with Retry-After.
+    #[arg(long, default_value_t = 20_000)]
+    services_wait_ms: u64,
     /// Log format.
     #[arg(long, value_parser = ["text", "json"], default_value = "text")]
     log_format: String,
@@ -149,6 +163,24 @@ async fn main() -> anyhow::Result<()> {
         .advertise
         .clone()
         .unwrap_or_else(|| args.listen.to_string());
+    let services_base = args.services_listen.map(|listen| {
+        args.services_advertise.clone().unwrap_or_else(|| {
+            let scheme = if args.insecure { "http" } else { "https" };
+            let host = tb_controller::tls::host_of(&advertise);
+            let host = if host.contains(':') && !host.starts_with('[') {
+                format!("[{host}]")
+            } else {
+                host.to_string()
+            };
+            format!("{scheme}://{host}:{}", listen.port())
+        })
+    });
+    let services = args
+        .services_listen
+        .map(|listen| tb_controller::services::ServicesOptions {
+            listen,
+            wait: std::time::Duration::from_millis(args.services_wait_ms),
+        });
     let opts = ServerOptions {
         id: args.id,
         listen: args.listen,
@@ -157,6 +189,7 @@ async fn main() -> anyhow::Result<()> {
         initial_cluster: args.initial_cluster.unwrap_or_default(),
         join: args.join,
         metrics_listen: args.metrics_listen,
+        services,
         raft: RaftOptions {
             heartbeat_ms: args.heartbeat_ms,
             election_timeout_min_ms: args.heartbeat_ms * 5,
@@ -169,6 +202,7 @@ async fn main() -> anyhow::Result<()> {
             backoff_base: TimeDelta::milliseconds(args.backoff_base_ms as i64),
             backoff_cap: TimeDelta::milliseconds(args.backoff_cap_ms as i64),
             fair_share_half_life: half_life,
+            services_base,
             ..SchedulerConfig::default()
         },
         scheduler_clock: SchedulerClock::with_offset_file(args.test_clock_offset_file),

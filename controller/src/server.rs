@@ -38,6 +38,8 @@ pub struct ServerOptions {
     /// Wait to be added by `tbctl cluster add-member` instead of forming a cluster.
     pub join: bool,
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve InferenceServices at a stable address (`crate::services`).
+    pub services: Option<crate::services::ServicesOptions>,
     pub raft: RaftOptions,
     pub scheduler: crate::scheduler::SchedulerConfig,
     /// The time the reconcile loop schedules by: the system clock, unless a test shifts it
@@ -125,6 +127,13 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         Some(crate::tls::ControllerTls { ca, cert })
     };
     let server_tls = tls.as_ref().map(crate::tls::ControllerTls::server_config);
+    let services_tls = match (&opts.services, &tls) {
+        (Some(_), Some(t)) => Some(crate::services::listener::server_config(
+            &t.cert.cert_pem,
+            &t.cert.key_pem,
+        )?),
+        _ => None,
+    };
     let secret_path = opts
         .cluster_secret_file
         .clone()
@@ -162,6 +171,19 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding metrics on {addr}"))?;
         tokio::spawn(crate::metrics::serve(l, node.clone()));
+    }
+
+    if let Some(services) = &opts.services {
+        let l = tokio::net::TcpListener::bind(services.listen)
+            .await
+            .with_context(|| format!("binding the services listener on {}", services.listen))?;
+        tracing::info!(listen = %services.listen, "serving InferenceServices at /services/NAMESPACE/NAME/v1");
+        tokio::spawn(crate::services::serve(
+            l,
+            services_tls,
+            node.clone(),
+            services.wait,
+        ));
     }
 
     // Watches are endless streams; on shutdown they are ended so the server can drain.

@@ -38,6 +38,7 @@ async fn a_shard_is_staged_verified_repaired_and_resumed() {
         count: Some(10),
         cache_root: cache.path().to_path_buf(),
         timeout: Duration::from_secs(60),
+        whole: false,
     };
     let run = |job: Job| async move {
         tokio::task::spawn_blocking(move || {
@@ -107,6 +108,32 @@ async fn a_shard_is_staged_verified_repaired_and_resumed() {
     // Everything cached and intact: nothing crosses the wire.
     let (third, _) = run(job.clone()).await;
     assert_eq!(third.expect("cached").fetched, 0);
+
+    // A whole copy: every tensor fetched and the copy recorded; another shard is then staged
+    // from it with no holder to ask.
+    let mut whole = job.clone();
+    whole.whole = true;
+    let (copied, _) = run(whole).await;
+    let copied = copied.expect("whole copy");
+    assert_eq!(
+        copied.fetched,
+        copied.needed - share,
+        "the rest of the file"
+    );
+    assert_eq!(
+        tb_nodelet::staging::copies::held(cache.path()),
+        std::slice::from_ref(&job.path)
+    );
+    assert_eq!(
+        std::fs::read(&copied.path).expect("copy"),
+        std::fs::read(model()).expect("original"),
+        "the copy is the file"
+    );
+    let mut alone = job.clone();
+    alone.sources = Vec::new();
+    alone.first = 0;
+    let (local, _) = run(alone).await;
+    assert_eq!(local.expect("from the local copy").fetched, 0);
 
     // A holder asked for a file that is not a GGUF model refuses, naming it.
     let mut bad = job.clone();

@@ -516,6 +516,8 @@ impl Nodelet {
 
 pub struct Lab {
     addr: String,
+    /// The controller's services listener (InferenceServices' stable address).
+    services_addr: String,
     client: Client,
     tbctl: Tbctl,
     home: PathBuf,
@@ -541,11 +543,14 @@ impl Lab {
                 .unwrap_or_else(|e| panic!("chmod {}: {e}", dir.path().display()));
         }
         let addr = crate::ports::free_addr();
+        let services_addr = crate::ports::free_addr();
         let controller_args = vec![
             "--id".to_string(),
             "1".into(),
             "--listen".into(),
             addr.clone(),
+            "--services-listen".into(),
+            services_addr.clone(),
             "--data-dir".into(),
             dir.path().join("controller").display().to_string(),
             "--heartbeat-ms".into(),
@@ -568,6 +573,7 @@ impl Lab {
             tbctl: Tbctl::new(std::slice::from_ref(&addr), &home),
             home,
             addr,
+            services_addr,
             controller,
             nodelets: Vec::new(),
             files: AtomicU32::new(0),
@@ -688,6 +694,11 @@ impl Lab {
 
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// Where the controller serves InferenceServices (`--services-listen`), `IP:PORT`.
+    pub fn services_addr(&self) -> &str {
+        &self.services_addr
     }
 
     pub fn dir(&self) -> &Path {

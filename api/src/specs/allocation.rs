@@ -90,9 +90,15 @@ pub struct BuiltinAssignment {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<u32>,
     /// Where to stage the weights from when this node does not hold the file: the probe
-    /// servers (`ip:port`) of nodes that do (empty: the file is at `modelPath` here).
+    /// servers (`ip:port`) of nodes that do, a node's own first when it keeps a staged copy
+    /// (empty: the file is at `modelPath` here).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sources: Vec<String>,
+    /// After staging its shard, fetch the rest of the file too and keep the whole copy, which
+    /// this node then serves to others: set while fewer than two nodes hold the file, so that
+    /// losing one holder does not stop the model from being placed again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replicate: bool,
 }
 
 /// The model layers a rank holds: `[first, first + count)`.

@@ -364,6 +364,9 @@ async fn start(
         server.into(),
         "--data-dir".into(),
         dir.join("controller").display().to_string(),
+        // InferenceServices' stable address (`tbctl get isvc` shows each one's URL).
+        "--services-listen".into(),
+        format!("127.0.0.1:{}", plan.services),
     ];
     cluster.spawn(
         "controller",

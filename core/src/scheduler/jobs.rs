@@ -6,13 +6,13 @@
 //! exponential backoff, until `backoffLimit`. InferenceServices restart forever. A job whose
 //! Mac is lost is placed again at once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use tb_api::reason::Reason;
 
 use tb_api::specs::{
     AllocationPhase, AllocationSpec, Backend, BuiltinAssignment, Checkpoints, Desired, Executor,
-    InferenceServiceSpec, JobRef, LayerRange, MlxAssignment, TrainingJobSpec, allocation,
-    parse_spec,
+    InferenceServiceSpec, JobRef, LayerRange, MlxAssignment, ModelSpec, TrainingJobSpec,
+    allocation, parse_spec,
 };
 use tb_api::status::{JobPhase, JobStatus, PlacementSummary, RankPlacement};
 use tb_api::{Kind, Object, ObjectKey, ObjectMeta, Timestamp};
@@ -130,6 +130,23 @@ fn manifest_dir(job: &Object) -> Option<String> {
         .cloned()
 }
 
+/// An InferenceService's stable URL: the controllers' services listener forwards
+/// `/services/NAMESPACE/NAME/v1/...` to its current rank 0, so the address does not move when
+/// the service is placed again.
+fn stable_url(cfg: &SchedulerConfig, job: &Object) -> String {
+    cfg.services_base
+        .as_deref()
+        .map(|base| {
+            format!(
+                "{}/services/{}/{}/v1",
+                base.trim_end_matches('/'),
+                job.metadata.namespace,
+                job.metadata.name
+            )
+        })
+        .unwrap_or_default()
+}
+
 /// Reconcile one job against the cluster; placements it makes are taken out of `view` so the
 /// next job in the same pass sees them.
 ///
@@ -157,6 +174,9 @@ pub fn reconcile_job(
     let before = &parsed.status;
     let mut plan = Plan::default();
     plan.guards.push((job.key(), job.metadata.resource_version));
+    if shape.kind == Kind::InferenceService {
+        status.url = stable_url(cfg, job);
+    }
 
     let current = current_epoch(job, shape, &status, view, &mut plan);
     if status.phase.is_terminal() {
@@ -1240,15 +1260,23 @@ fn create_gang(
         view.models
             .get(&(job.metadata.namespace.clone(), svc.model.clone()))
     });
-    // Nodes that hold the file (none listed: every node reads it at the path) and where their
-    // probe servers, which also serve model staging, listen.
-    let holders: Vec<String> = model.map(|m| m.source.nodes.clone()).unwrap_or_default();
-    let sources: Vec<String> = holders
-        .iter()
-        .filter_map(|n| view.nodes.get(n))
-        .filter(|n| n.status.probe_port != 0)
-        .map(|n| format!("{}:{}", host(&n.name), n.status.probe_port))
-        .collect();
+    // Per rank: where it stages the model from, and whether it keeps a whole copy.
+    let staging: Vec<(Vec<String>, bool)> = match model {
+        Some(m) => {
+            let copies = ModelCopies::of(m, view, slots);
+            slots
+                .iter()
+                .enumerate()
+                .map(|(rank, slot)| {
+                    (
+                        copies.sources_for(&slot.node, &host),
+                        copies.replicate.contains(&rank),
+                    )
+                })
+                .collect()
+        }
+        None => Vec::new(),
+    };
     let builtin = shape.service.as_ref().map(|svc| {
         let model_path = model
             .and_then(|m| m.source.path.clone())
@@ -1263,6 +1291,7 @@ fn create_gang(
             context: svc.context,
             batch: svc.batch,
             sources: Vec::new(),
+            replicate: false,
         }
     });
     let name = job.metadata.name.as_str();
@@ -1313,8 +1342,9 @@ fn create_gang(
                 if rank != 0 {
                     b.endpoint_port = None;
                 }
-                if !holders.is_empty() && !holders.contains(&slot.node) {
+                if let Some((sources, replicate)) = staging.get(rank as usize) {
                     b.sources = sources.clone();
+                    b.replicate = *replicate;
                 }
                 b
             }),
@@ -1356,6 +1386,74 @@ fn create_gang(
                 n.used_ports.insert(p);
             }
         }
+    }
+}
+
+/// Where a built-in service's ranks get the model file: the nodes that hold it (the Model's
+/// `source.nodes`, which have it at its path, and Ready nodes that keep a whole staged copy,
+/// `status.models`), and which ranks make another copy while fewer than two Ready nodes hold
+/// one — so that losing a holder does not stop the service from being placed again.
+struct ModelCopies<'a> {
+    /// The Model's `source.nodes` (empty: every node reads the file at its path).
+    listed: &'a [String],
+    /// Ready nodes that hold the file, listed ones first, with their probe ports (which also
+    /// serve staging).
+    holders: Vec<(&'a str, u16)>,
+    /// Ranks that fetch the whole file and keep it.
+    replicate: BTreeSet<usize>,
+}
+
+impl<'a> ModelCopies<'a> {
+    fn of(model: &'a ModelSpec, view: &'a ClusterView, slots: &[RankSlot]) -> ModelCopies<'a> {
+        let listed = model.source.nodes.as_slice();
+        let path = model.source.path.as_deref().unwrap_or_default();
+        let copy_holders = view
+            .nodes
+            .values()
+            .filter(|n| !path.is_empty() && n.status.models.iter().any(|m| m == path))
+            .filter(|n| !listed.contains(&n.name));
+        let holders: Vec<(&str, u16)> = listed
+            .iter()
+            .filter_map(|n| view.nodes.get(n))
+            .chain(copy_holders)
+            .filter(|n| n.ready && n.status.probe_port != 0)
+            .map(|n| (n.name.as_str(), n.status.probe_port))
+            .collect();
+        let mut replicate = BTreeSet::new();
+        if !listed.is_empty() {
+            let mut wanted = 2usize.saturating_sub(holders.len());
+            let mut seen = BTreeSet::new();
+            for (rank, slot) in slots.iter().enumerate() {
+                if wanted == 0 {
+                    break;
+                }
+                let holds = holders.iter().any(|(h, _)| *h == slot.node);
+                if !holds && seen.insert(slot.node.as_str()) {
+                    replicate.insert(rank);
+                    wanted -= 1;
+                }
+            }
+        }
+        ModelCopies {
+            listed,
+            holders,
+            replicate,
+        }
+    }
+
+    /// The staging sources of a rank on `node`: none on a listed holder (it reads the file at
+    /// its path), else every Ready holder, `node` itself first when it keeps a copy (staging
+    /// then reads it locally).
+    fn sources_for(&self, node: &str, host: &dyn Fn(&str) -> String) -> Vec<String> {
+        if self.listed.is_empty() || self.listed.iter().any(|n| n == node) {
+            return Vec::new();
+        }
+        let mut holders = self.holders.clone();
+        holders.sort_by_key(|(h, _)| *h != node);
+        holders
+            .iter()
+            .map(|(h, port)| format!("{}:{port}", host(h)))
+            .collect()
     }
 }
 

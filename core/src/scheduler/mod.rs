@@ -46,6 +46,10 @@ pub struct SchedulerConfig {
     /// While anything runs, usage is accounted at least this often (and whenever what is held
     /// changes).
     pub usage_interval: TimeDelta,
+    /// The base of InferenceServices' stable URLs (`https://HOST:PORT`, the controllers'
+    /// services listener): each service's `status.url` is `BASE/services/NAMESPACE/NAME/v1`.
+    /// None: no controller serves them, and statuses have no url.
+    pub services_base: Option<String>,
 }
 
 impl Default for SchedulerConfig {
@@ -58,6 +62,7 @@ impl Default for SchedulerConfig {
             default_memory_bytes: 512 << 20,
             fair_share_half_life: TimeDelta::hours(1),
             usage_interval: TimeDelta::seconds(30),
+            services_base: None,
         }
     }
 }

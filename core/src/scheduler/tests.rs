@@ -1453,3 +1453,137 @@ fn objects_the_scheduler_cannot_act_on_report_once_a_minute_and_plan_nothing_bet
     assert!(schedule_runs(&sim, "never").is_empty());
     assert!(schedule_runs(&sim, "mars").is_empty());
 }
+
+/// Changes node `name`'s status and heartbeats it.
+fn set_node_status(sim: &mut Sim, name: &str, change: impl FnOnce(&mut NodeStatus)) {
+    let mut status = NodeStatus::from_value(&sim.node(name).status);
+    change(&mut status);
+    let r = sim.commit(Op::Heartbeat {
+        node: name.into(),
+        credential_hash: format!("c-{name}"),
+        status: status.to_value(),
+    });
+    assert!(matches!(r, Response::Status { .. }), "{r:?}");
+}
+
+/// Each rank's node, staging sources and whether it keeps a whole copy, for `epoch`.
+fn staging_of(sim: &Sim, epoch: u64) -> Vec<(String, Vec<String>, bool)> {
+    let mut allocs: Vec<_> = sim
+        .allocs()
+        .into_iter()
+        .filter(|a| a.1.epoch == epoch)
+        .collect();
+    allocs.sort_by_key(|a| a.1.rank);
+    allocs
+        .into_iter()
+        .map(|(_, s, _)| {
+            let b = s.builtin.expect("built-in");
+            (s.node, b.sources, b.replicate)
+        })
+        .collect()
+}
+
+#[test]
+fn a_model_one_node_holds_gets_a_second_holder_which_serves_once_the_first_is_lost() {
+    let mut sim = Sim::new();
+    sim.cfg.services_base = Some("https://10.0.0.9:7401/".into());
+    for (i, n) in ["a", "b", "c"].into_iter().enumerate() {
+        sim.add_node(n, 40);
+        set_node_status(&mut sim, n, |s| s.probe_port = 7700 + i as u16);
+    }
+    // A triangle: any two of them can run a pipeline.
+    cable(&mut sim, "a", "tb1", "b", "tb1");
+    cable(&mut sim, "b", "tb2", "c", "tb1");
+    cable(&mut sim, "c", "tb2", "a", "tb2");
+    let model = Object {
+        api_version: "tb/v1".into(),
+        kind: "Model".into(),
+        metadata: ObjectMeta {
+            name: "m".into(),
+            namespace: "default".into(),
+            ..Default::default()
+        },
+        spec: json!({"format": "gguf", "source": {"path": "/models/m.gguf", "nodes": ["a"]},
+                     "layers": 40, "bytesPerLayer": "1Gi", "hiddenSize": 4096, "heads": 32,
+                     "kvHeads": 8, "contextLength": 4096}),
+        status: Value::Null,
+    };
+    let model = tb_api::validate_object(&model).expect("valid model");
+    assert!(matches!(
+        sim.commit(Op::Apply {
+            objects: vec![model]
+        }),
+        Response::Applied { .. }
+    ));
+    sim.apply_job(
+        "InferenceService",
+        "chat",
+        json!({"model": "m", "parallelism": "pipeline", "nodes": {"min": 2, "max": 2}}),
+    );
+    sim.settle();
+    let status = sim.job("InferenceService", "chat");
+    assert_eq!(
+        status.url, "https://10.0.0.9:7401/services/default/chat/v1",
+        "the stable URL"
+    );
+    // One holder: a rank elsewhere stages from it and keeps a whole copy; a rank on the
+    // holder reads the file at its path.
+    let first = staging_of(&sim, 1);
+    assert_eq!(first.len(), 2, "{first:?}");
+    for (node, sources, _) in &first {
+        if node == "a" {
+            assert!(sources.is_empty(), "{first:?}");
+        } else {
+            assert_eq!(sources, &["10.0.0.1:7700".to_string()], "{first:?}");
+        }
+    }
+    assert_eq!(
+        first.iter().filter(|(_, _, r)| *r).count(),
+        1,
+        "one more copy makes two holders: {first:?}"
+    );
+    let (copier, _, _) = first.iter().find(|(_, _, r)| *r).expect("a copier").clone();
+    assert_ne!(copier, "a");
+    sim.set_phase(|_| true, AllocationPhase::Running, None, "");
+    set_node_status(&mut sim, &copier, |s| {
+        s.models = vec!["/models/m.gguf".into()]
+    });
+    sim.settle();
+
+    // The first holder falls silent: the service is placed again from the copy.
+    let silent = "a";
+    let others: Vec<&str> = ["a", "b", "c"]
+        .into_iter()
+        .filter(|n| *n != silent)
+        .collect();
+    for _ in 0..6 {
+        sim.advance(2);
+        for n in &others {
+            sim.heartbeat(n);
+        }
+        sim.settle();
+    }
+    sim.obey_stops();
+    sim.settle();
+    let status = sim.job("InferenceService", "chat");
+    let epoch = status.epoch;
+    let again = staging_of(&sim, epoch);
+    assert!(
+        again.iter().all(|(n, _, _)| n != silent),
+        "{again:?} ({})",
+        status.message
+    );
+    let copier_port = if copier == "b" { 7701 } else { 7702 };
+    let copier_host = NodeStatus::from_value(&sim.node(&copier).status)
+        .host()
+        .to_string();
+    for (node, sources, replicate) in &again {
+        assert_eq!(
+            sources,
+            &[format!("{copier_host}:{copier_port}")],
+            "only the copy is left to stage from: {again:?}"
+        );
+        // The node without a copy makes one: two holders again.
+        assert_eq!(*replicate, node != &copier, "{again:?}");
+    }
+}

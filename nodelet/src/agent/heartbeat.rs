@@ -81,6 +81,9 @@ pub fn observe(
         status.allocations = usage.allocations;
         status.job_disk_bytes = usage.job_disk_bytes;
     }
+    if let Some(root) = crate::staging::copies::root() {
+        status.models = crate::staging::copies::held(root);
+    }
     let (isolated, reason, message) = &info.isolation;
     set_condition(
         &mut status.conditions,

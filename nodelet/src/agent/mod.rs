@@ -203,6 +203,8 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         )))
         .serve_with_incoming_shutdown(incoming, shutdown_signal());
 
+    // Whole model copies kept there are served like original files, and reported.
+    crate::staging::copies::set_root(cfg.data_dir.join("models"));
     let supervisor = Supervisor::new(
         cfg.name.clone(),
         cfg.data_dir.clone(),

@@ -114,6 +114,7 @@ mod tests {
                 context: Some(2048),
                 batch: None,
                 sources: Vec::new(),
+                replicate: false,
             }),
             ..Default::default()
         }

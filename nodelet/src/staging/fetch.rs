@@ -30,6 +30,9 @@ pub struct Job {
     /// `models/` under the nodelet's data directory.
     pub cache_root: PathBuf,
     pub timeout: Duration,
+    /// Fetch every tensor of the file (not just the shard's) and record the whole copy
+    /// (`super::copies`), which this nodelet then serves to others.
+    pub whole: bool,
 }
 
 /// How far staging is.
@@ -56,11 +59,23 @@ pub struct Staged {
 
 const VERIFIED: &str = "verified.json";
 
-/// Stages the shard, trying each source in turn; calls `progress` as bytes arrive.
+/// Stages the shard, from a whole copy this nodelet keeps when it has one, else trying each
+/// source in turn; calls `progress` as bytes arrive.
 pub fn stage(job: &Job, progress: &dyn Fn(Progress)) -> Result<Staged, StagingError> {
     let mut last = None;
+    if let Some((_, m)) = super::copies::find(&job.cache_root, &job.path) {
+        match stage_from(None, m, job, progress) {
+            Ok(s) => return Ok(s),
+            Err(e) => {
+                tracing::warn!("the local copy of {} cannot serve: {e}", job.path);
+                last = Some(e);
+            }
+        }
+    }
     for source in &job.sources {
-        match stage_from(*source, job, progress) {
+        let staged = fetch_manifest(*source, &job.path)
+            .and_then(|m| stage_from(Some(*source), m, job, progress));
+        match staged {
             Ok(s) => return Ok(s),
             Err(e) => {
                 tracing::warn!(%source, "staging from this holder failed: {e}");
@@ -123,12 +138,34 @@ fn cache_err(path: &Path) -> impl Fn(std::io::Error) -> StagingError + '_ {
     }
 }
 
+/// Serialises the read-modify-write of `verified.json`: ranks of several allocations (and a
+/// whole copy being made) may stage into one cache directory at once.
+static VERIFIED_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Adds `verified` to the record in `dir` (keeping what others recorded meanwhile).
+fn record_verified(dir: &Path, verified: &BTreeSet<String>) -> Result<(), StagingError> {
+    let _held = VERIFIED_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut all: BTreeSet<String> = std::fs::read(dir.join(VERIFIED))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    all.extend(verified.iter().cloned());
+    let record = serde_json::to_vec(&all).map_err(|e| StagingError::Model(e.to_string()))?;
+    let tmp = dir.join(format!("{VERIFIED}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, record)
+        .and_then(|_| std::fs::rename(&tmp, dir.join(VERIFIED)))
+        .map_err(cache_err(dir))
+}
+
+/// What is missing from the cache is fetched from `source`; with no source (a whole copy
+/// kept here), everything must be present and intact already.
 fn stage_from(
-    source: SocketAddr,
+    source: Option<SocketAddr>,
+    m: Manifest,
     job: &Job,
     progress: &dyn Fn(Progress),
 ) -> Result<Staged, StagingError> {
-    let m = fetch_manifest(source, &job.path)?;
+    let origin = source.map_or_else(|| "the local copy".to_string(), |s| s.to_string());
     let dir = job
         .cache_root
         .join(&m.header_sha256[..32.min(m.header_sha256.len())]);
@@ -142,7 +179,9 @@ fn stage_from(
         .open(&file_path)
         .map_err(cache_err(&file_path))?;
     // Sparse: holes where the other shards' tensors are.
-    file.set_len(m.file_len).map_err(cache_err(&file_path))?;
+    if file.metadata().map_err(cache_err(&file_path))?.len() != m.file_len {
+        file.set_len(m.file_len).map_err(cache_err(&file_path))?;
+    }
     let mut verified: BTreeSet<String> = std::fs::read(dir.join(VERIFIED))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
@@ -157,6 +196,11 @@ fn stage_from(
         sha256: m.header_sha256.clone(),
     };
     if !intact(&mut file, &file_path, &header)? {
+        let Some(source) = source else {
+            return Err(StagingError::Model(format!(
+                "{origin}: its header is damaged"
+            )));
+        };
         fetched += transfer(source, job, &m, true, &[], &mut file, &file_path)?;
         if !intact(&mut file, &file_path, &header)? {
             return Err(StagingError::Corrupt {
@@ -171,17 +215,21 @@ fn stage_from(
     let count = job
         .count
         .unwrap_or_else(|| n_layers.saturating_sub(job.first));
-    let names: Vec<String> = index
-        .shard_tensors(job.first, count)
-        .map_err(|e| StagingError::Model(e.to_string()))?
-        .iter()
-        .map(|t| t.name.clone())
-        .collect();
+    let names: Vec<String> = if job.whole {
+        m.tensors.iter().map(|t| t.name.clone()).collect()
+    } else {
+        index
+            .shard_tensors(job.first, count)
+            .map_err(|e| StagingError::Model(e.to_string()))?
+            .iter()
+            .map(|t| t.name.clone())
+            .collect()
+    };
     let wanted: Vec<&TensorDigest> = names
         .iter()
         .map(|n| {
             m.tensor(n).ok_or_else(|| StagingError::Refused {
-                source_addr: source.to_string(),
+                source_addr: origin.clone(),
                 message: format!("the manifest lacks tensor {n}"),
             })
         })
@@ -203,6 +251,12 @@ fn stage_from(
         if missing.is_empty() {
             break;
         }
+        let Some(source) = source else {
+            return Err(StagingError::Model(format!(
+                "{origin} lacks {} tensor(s) of the shard",
+                missing.len()
+            )));
+        };
         let names: Vec<String> = missing.iter().map(|t| t.name.clone()).collect();
         fetched += transfer(source, job, &m, false, &names, &mut file, &file_path)?;
         let mut still = Vec::new();
@@ -222,15 +276,15 @@ fn stage_from(
             }
         }
         missing = still;
-        let record =
-            serde_json::to_vec(&verified).map_err(|e| StagingError::Model(e.to_string()))?;
-        let tmp = dir.join(format!("{VERIFIED}.tmp"));
-        std::fs::write(&tmp, record)
-            .and_then(|_| std::fs::rename(&tmp, dir.join(VERIFIED)))
-            .map_err(cache_err(&dir))?;
+        record_verified(&dir, &verified)?;
         progress(Progress { have, need });
     }
-    file.sync_all().map_err(cache_err(&file_path))?;
+    if source.is_some() {
+        file.sync_all().map_err(cache_err(&file_path))?;
+    }
+    if job.whole && source.is_some() {
+        super::copies::record(&dir, &job.path, &m).map_err(cache_err(&dir))?;
+    }
     Ok(Staged {
         path: file_path,
         fetched,

@@ -8,7 +8,8 @@
 //! before every use, so a corrupted byte is found and fetched again.
 //!
 //! - [`serve`]: the holder's side, an op of the probe server (the same port on every address);
-//! - [`fetch`]: the fetching side.
+//! - [`fetch`]: the fetching side;
+//! - [`copies`]: whole staged copies a nodelet keeps and serves like the original file.
 //!
 //! ## Protocol (op `F` on the probe server's port)
 //!
@@ -20,6 +21,7 @@
 //! connection (`0`, or `1` + u16 length + message). The server serves only GGUF files, and of
 //! them only the header and whole tensors.
 
+pub mod copies;
 pub mod fetch;
 pub mod serve;
 

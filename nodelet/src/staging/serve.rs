@@ -72,6 +72,19 @@ pub fn manifest(path: &Path) -> Result<Arc<Manifest>, String> {
     Ok(m)
 }
 
+/// The file to serve for `path` and its manifest: the file at that path, or else a whole
+/// staged copy of it this nodelet keeps (`super::copies`).
+fn resolve(path: &str) -> Result<(PathBuf, Arc<Manifest>), String> {
+    let at = Path::new(path);
+    if !at.is_file()
+        && let Some(root) = super::copies::root()
+        && let Some((file, m)) = super::copies::find(root, path)
+    {
+        return Ok((file, Arc::new(m)));
+    }
+    manifest(at).map(|m| (at.to_path_buf(), m))
+}
+
 /// Serves one staging control connection (after its op byte), blocking.
 pub fn serve(mut control: TcpStream) -> std::io::Result<()> {
     control.set_read_timeout(Some(Duration::from_secs(30)))?;
@@ -81,8 +94,8 @@ pub fn serve(mut control: TcpStream) -> std::io::Result<()> {
     })?;
     match req {
         Request::Manifest { path } => {
-            let answer = match manifest(Path::new(&path)) {
-                Ok(m) => serde_json::json!({"ok": &*m}),
+            let answer = match resolve(&path) {
+                Ok((_, m)) => serde_json::json!({"ok": &*m}),
                 Err(e) => serde_json::json!({"error": e}),
             };
             write_frame(&mut control, answer.to_string().as_bytes())
@@ -97,7 +110,7 @@ pub fn serve(mut control: TcpStream) -> std::io::Result<()> {
             let local = control.local_addr()?.ip();
             let peer = control.peer_addr()?.ip();
             let timeout = Duration::from_millis(u64::from(timeout_ms)).min(MAX_SESSION);
-            let outcome = manifest(Path::new(&path)).and_then(|m| {
+            let outcome = resolve(&path).and_then(|(file, m)| {
                 let mut ranges = Vec::new();
                 if header {
                     ranges.push((0, m.header_len));
@@ -115,7 +128,7 @@ pub fn serve(mut control: TcpStream) -> std::io::Result<()> {
                     coordinator: SocketAddr::new(peer, coordinator_port),
                     connect_timeout: timeout.min(Duration::from_secs(30)),
                 };
-                send_ranges(&ep, Path::new(&path), &ranges, timeout).map_err(|e| e.to_string())
+                send_ranges(&ep, &file, &ranges, timeout).map_err(|e| e.to_string())
             });
             let verdict = match outcome {
                 Ok(()) => vec![0u8],

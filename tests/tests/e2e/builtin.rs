@@ -554,9 +554,12 @@ links:
         local["spec"]["builtin"].get("sources").is_none(),
         "{local:#}"
     );
-    let get = lab.tbctl_ok(&["get", "isvc"]).await;
+    // `get` shows the stable URL; `-o wide` the endpoint behind it too.
+    let url = status["url"].as_str().expect("url");
+    assert!(url.ends_with("/services/default/chat/v1"), "{url}");
+    let get = lab.tbctl_ok(&["get", "isvc", "-o", "wide"]).await;
     assert!(
-        get.stdout.contains("ENDPOINT") && get.stdout.contains(&endpoint),
+        get.stdout.contains("URL") && get.stdout.contains(url) && get.stdout.contains(&endpoint),
         "{get}"
     );
 

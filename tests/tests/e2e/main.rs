@@ -24,6 +24,7 @@ mod plan;
 mod priority_lab;
 mod queues_lab;
 mod raft_cluster;
+mod service_failover;
 mod tbctl_jobs;
 mod tls;
 mod watch;

@@ -11,6 +11,9 @@ use crate::agent::controllers::Controllers;
 
 /// How often rank 0 of a built-in service is asked whether it is ready.
 pub(super) const READINESS_EVERY: Duration = Duration::from_secs(1);
+/// How often while it is not: a service placed again after a lost Mac is waited for by its
+/// clients, so its readiness is noticed within a tenth of a second (a loopback GET).
+const NOT_READY_EVERY: Duration = Duration::from_millis(100);
 
 /// Rank 0 of a built-in service: (endpoint URL, health address).
 pub(super) fn endpoint_of(spec: &AllocationSpec) -> Option<(String, String)> {
@@ -72,7 +75,12 @@ pub(super) async fn watch_readiness(
             }
             last = Some(ready);
         }
-        tokio::time::sleep(READINESS_EVERY).await;
+        let every = if ready {
+            READINESS_EVERY
+        } else {
+            NOT_READY_EVERY
+        };
+        tokio::time::sleep(every).await;
     }
 }
 

@@ -48,7 +48,12 @@ impl Supervisor {
             count: spec.layers.map(|l| l.count as usize),
             cache_root: self.data_dir.join("models"),
             timeout: Duration::from_secs(3600),
+            whole: false,
         };
+        let whole = b.replicate.then(|| crate::staging::fetch::Job {
+            whole: true,
+            ..job.clone()
+        });
         let progress = Arc::new(Mutex::new(None::<crate::staging::fetch::Progress>));
         let seen = progress.clone();
         let mut work = tokio::task::spawn_blocking(move || {
@@ -86,12 +91,45 @@ impl Supervisor {
                     &staging_status(&b.model, s.needed, s.needed),
                 )
                 .await;
+                if let Some(whole) = whole {
+                    keep_a_whole_copy(whole, s.file_len.saturating_sub(s.needed));
+                }
                 Ok((s.path, s.needed))
             }
             Ok(Err(e)) => Err(format!("staging {}: {e}", b.model)),
             Err(e) => Err(format!("staging {} stopped: {e}", b.model)),
         }
     }
+}
+
+/// Space left free on the cache's disk after a whole copy is made.
+const COPY_HEADROOM: u64 = 1 << 30;
+
+/// Fetches the rest of the file in the background (the rank starts at once on its shard) and
+/// records the whole copy, which this nodelet then reports and serves; skipped when the disk
+/// has no room for `rest` more bytes.
+#[allow(clippy::useless_conversion)] // statvfs counts are u32 on macOS, u64 on Linux
+fn keep_a_whole_copy(job: crate::staging::fetch::Job, rest: u64) {
+    let free = nix::sys::statvfs::statvfs(&job.cache_root)
+        .map(|v| u64::from(v.blocks_available()).saturating_mul(u64::from(v.fragment_size())))
+        .unwrap_or(0);
+    if free < rest.saturating_add(COPY_HEADROOM) {
+        tracing::warn!(
+            model = %job.path,
+            free,
+            rest,
+            "no room for a whole copy of the model on this node's disk"
+        );
+        return;
+    }
+    tokio::task::spawn_blocking(move || match crate::staging::fetch::stage(&job, &|_| {}) {
+        Ok(s) => tracing::info!(
+            model = %job.path,
+            fetched = s.fetched,
+            "kept a whole copy of the model; serving it to other nodes"
+        ),
+        Err(e) => tracing::warn!(model = %job.path, "making a whole copy of the model: {e}"),
+    });
 }
 
 #[cfg(test)]
