@@ -15,6 +15,7 @@
 //! - [`objects`] builds the JSON objects the tests apply and reads fields back;
 //! - [`netns`] builds an emulated lab as root: network namespaces as Macs, shaped links as
 //!   cables, the real binaries inside;
+//! - [`linearizability`] records register histories and checks them (e2e tests, `tb-chaos`);
 //! - [`tbctl`] runs the CLI and captures its exit code and output;
 //! - [`wait`] polls a condition until a deadline, so tests never sleep for a guessed time.
 //!
@@ -31,6 +32,7 @@ pub mod client;
 pub mod cluster;
 pub mod controller;
 pub mod lab;
+pub mod linearizability;
 pub mod netns;
 pub mod objects;
 pub mod ports;
