@@ -90,7 +90,10 @@ mod tests {
             .check()
             .expect_err("no disk has that much room");
         let m = e.to_string();
-        assert!(m.starts_with("no space left on the controller's data disk"), "{m}");
+        assert!(
+            m.starts_with("no space left on the controller's data disk"),
+            "{m}"
+        );
         assert!(m.contains(&dir.path().display().to_string()), "{m}");
     }
 

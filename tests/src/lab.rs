@@ -613,7 +613,8 @@ impl Lab {
                 .get(i - 1)
                 .cloned()
                 .unwrap_or_else(|| lab.dir.path().join(&name));
-            let data_arg = if opts.relative_data_dirs && opts.nodelet_data_dirs.get(i - 1).is_none() {
+            let data_arg = if opts.relative_data_dirs && opts.nodelet_data_dirs.get(i - 1).is_none()
+            {
                 name.clone()
             } else {
                 data_dir.display().to_string()

@@ -148,7 +148,9 @@ pub fn check(events: &[Event], initial: &str) -> Result<(), String> {
             }
             Event::Return { id, ret } => {
                 let Some(&(thread, key)) = invoked.get(id) else {
-                    return Err(format!("malformed history: return of {id} before its invoke"));
+                    return Err(format!(
+                        "malformed history: return of {id} before its invoke"
+                    ));
                 };
                 per_key.entry(key).or_default().push(e);
                 testers

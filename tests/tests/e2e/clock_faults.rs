@@ -20,8 +20,8 @@ use tb_tests::objects::{request_id, unique_namespace};
 use tb_tests::{Cluster, ClusterOptions, TestDir, step};
 
 use crate::cron::{
-    CALL_BUDGET, LEAD_MS, MINUTE_MS, TestClock, events_of, job_name, schedule, slots_of,
-    snapshot, stamp, wait_for_slot,
+    CALL_BUDGET, LEAD_MS, MINUTE_MS, TestClock, events_of, job_name, schedule, slots_of, snapshot,
+    stamp, wait_for_slot,
 };
 
 const HOUR_MS: i64 = 3_600_000;
@@ -51,7 +51,8 @@ async fn nodes_stay_ready(lab: &Lab, why: &str) {
 async fn time_to_notice_a_dead_node(lab: &mut Lab) -> Duration {
     lab.kill_nodelet(1);
     let killed = Instant::now();
-    lab.wait_node_ready("node-2", false, detection_bound()).await;
+    lab.wait_node_ready("node-2", false, detection_bound())
+        .await;
     let took = killed.elapsed();
     step!("node-2 NotReady {took:?} after its nodelet was killed");
     took
@@ -121,7 +122,10 @@ async fn node_grace_survives_a_real_clock_jump_of_the_controller() {
     let mut opts = LabOptions::new(2);
     opts.controller_env = vec![
         ("LD_PRELOAD".into(), libfaketime().display().to_string()),
-        ("FAKETIME_TIMESTAMP_FILE".into(), offset.display().to_string()),
+        (
+            "FAKETIME_TIMESTAMP_FILE".into(),
+            offset.display().to_string(),
+        ),
         // Read the file on every call, so the jump happens while the controller runs.
         ("FAKETIME_NO_CACHE".into(), "1".into()),
         // A real jump (date -s) moves the wall clock only.
@@ -188,7 +192,10 @@ async fn schedules_neither_run_twice_nor_flood_across_clock_jumps() {
     clock.sleep_until(first + 3_000).await;
     let snap = snapshot(&client, &ns).await;
     assert_eq!(
-        slots_of(&snap.jobs).into_iter().map(stamp).collect::<Vec<_>>(),
+        slots_of(&snap.jobs)
+            .into_iter()
+            .map(stamp)
+            .collect::<Vec<_>>(),
         [stamp(first)],
         "after the backward jump: {:?}",
         snap.jobs.keys()

@@ -172,7 +172,11 @@ pub(crate) fn schedule(namespace: &str, starting_deadline_seconds: Option<u64>) 
 }
 
 /// A linearizable list of `kind` in `namespace`, parsed, from whichever member answers.
-pub(crate) async fn list(client: &Client, kind: &str, namespace: &str) -> Result<Vec<Value>, String> {
+pub(crate) async fn list(
+    client: &Client,
+    kind: &str,
+    namespace: &str,
+) -> Result<Vec<Value>, String> {
     client.list_values(kind, namespace, CALL_BUDGET).await
 }
 

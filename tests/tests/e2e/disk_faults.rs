@@ -186,7 +186,11 @@ async fn a_full_data_disk_refuses_writes_clearly_and_recovers_without_a_restart(
     );
 
     // Reads still work, and the controller is alive, still refusing a while later.
-    assert_all_there(&acked, &names_on(&client, &addr, &ns).await, "on a full disk");
+    assert_all_there(
+        &acked,
+        &names_on(&client, &addr, &ns).await,
+        "on a full disk",
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(c.is_running(), "the controller exited:\n{}", c.log_tail(40));
     let again = apply_one(&client, &addr, &ns, "during").await;
@@ -198,13 +202,20 @@ async fn a_full_data_disk_refuses_writes_clearly_and_recovers_without_a_restart(
 
     disk.free_filler();
     let started = Instant::now();
-    wait::expect("a write once space returns", Duration::from_secs(10), || async {
-        apply_one(&client, &addr, &ns, "after")
-            .await
-            .map_err(|e| format!("{}: {}", e.code(), e.message()))
-    })
+    wait::expect(
+        "a write once space returns",
+        Duration::from_secs(10),
+        || async {
+            apply_one(&client, &addr, &ns, "after")
+                .await
+                .map_err(|e| format!("{}: {}", e.code(), e.message()))
+        },
+    )
     .await;
-    step!("writable again {:?} after the filler went", started.elapsed());
+    step!(
+        "writable again {:?} after the filler went",
+        started.elapsed()
+    );
     acked.push("after".into());
     assert!(c.is_running());
     assert_all_there(&acked, &names_on(&client, &addr, &ns).await, "after");
@@ -300,7 +311,10 @@ async fn a_leader_whose_disk_fills_hands_over_and_catches_up_when_space_returns(
         .await
         .unwrap_or_else(|e| panic!("a write through the full member: {e:?}"));
     acked.push("via-full".into());
-    let view = cluster.member_view(full).await.expect("the full member answers");
+    let view = cluster
+        .member_view(full)
+        .await
+        .expect("the full member answers");
     step!("the full member: {view:?}");
     assert!(
         cluster.member_mut(full).is_running(),
@@ -328,4 +342,149 @@ async fn a_leader_whose_disk_fills_hands_over_and_catches_up_when_space_returns(
     );
     drop(cluster);
     drop(disks);
+}
+
+/// A Model only node-1 holds and a two-stage built-in service: node-2 stages its shard.
+fn staged_service_yaml(model: &std::path::Path) -> String {
+    format!(
+        "apiVersion: tb/v1
+kind: Model
+metadata:
+  name: smollm2
+spec:
+  format: gguf
+  source:
+    path: {}
+    nodes: [node-1]
+  architecture: llama
+  layers: 30
+  hiddenSize: 576
+  heads: 9
+  kvHeads: 3
+  contextLength: 8192
+  vocabSize: 49152
+  bytesPerLayer: 2Mi
+  totalBytes: 98Mi
+---
+apiVersion: tb/v1
+kind: InferenceService
+metadata:
+  name: chat
+spec:
+  model: smollm2
+  executor: builtin
+  parallelism: pipeline
+  nodes:
+    min: 2
+    max: 2
+  context: 2048
+  batch: 2
+",
+        model.display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staging_onto_a_full_nodelet_disk_says_so_and_succeeds_once_space_returns() {
+    use tb_tests::lab::{Lab, LabOptions};
+    let model = tb_engine::test_model_path();
+    assert!(
+        model.is_file(),
+        "{} is missing: run scripts/fetch-model.sh",
+        model.display()
+    );
+    let model = model.canonicalize().unwrap_or(model);
+    let dir = TestDir::new("disk-full-staging");
+    // node-2's data disk: 160 MiB, of which the filler leaves about 12 (its shard needs ~50).
+    let disk = SmallDisk::mount(dir.path().join("node2-disk"), "160m");
+    let topology = dir.write(
+        "lab.yaml",
+        "macs:
+  - {name: node-1, ports: [{name: lo, address: 127.0.3.1}]}
+  - {name: node-2, ports: [{name: lo, address: 127.0.3.2}]}
+links:
+  - {between: [node-1/lo, node-2/lo], bandwidthGbps: 80, latencyUs: 10}
+",
+    );
+    {
+        let mut f = std::fs::File::create(disk.filler()).expect("filler");
+        f.write_all(&vec![0u8; 148 << 20])
+            .expect("writing the filler");
+    }
+    let mut opts = LabOptions::new(2);
+    opts.topology = Some(topology);
+    opts.nodelet_data_dirs = vec![dir.path().join("node-1"), disk.path.join("node-2")];
+    let lab = Lab::start_with("disk-full-staging", opts).await;
+    lab.apply_yaml(&staged_service_yaml(&model)).await;
+
+    let refused = wait::expect(
+        "node-2's rank failing to stage for want of space",
+        Duration::from_secs(120),
+        || async {
+            let allocs = lab.list("Allocation", "default").await?;
+            allocs
+                .into_iter()
+                .filter(|a| a["spec"]["node"] == "node-2")
+                .map(|a| {
+                    a["status"]["message"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string()
+                })
+                .find(|m| m.contains("no space left on the nodelet's data disk"))
+                .ok_or_else(|| "not yet".to_string())
+        },
+    )
+    .await;
+    step!("refused: {refused}");
+    assert!(
+        refused.contains(&disk.path.display().to_string()) && refused.contains("MiB more"),
+        "the message names the disk and the sizes: {refused}"
+    );
+    // Nothing unverified is trusted: no tensor is recorded as verified.
+    for cache in std::fs::read_dir(disk.path.join("node-2/models"))
+        .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default()
+    {
+        let verified = std::fs::read_to_string(cache.join("verified.json")).unwrap_or_default();
+        assert!(
+            verified.is_empty() || verified.trim() == "[]",
+            "tensors recorded as verified after a refused staging: {verified}"
+        );
+    }
+
+    disk.free_filler();
+    step!("filler deleted");
+    let ready = wait::expect(
+        "the service Ready once space returns",
+        Duration::from_secs(240),
+        || async {
+            let out = lab.tbctl(&["get", "isvc", "chat", "-o", "json"]).await;
+            let v: Value = serde_json::from_str(&out.stdout).map_err(|e| e.to_string())?;
+            let ready = v["status"]["conditions"].as_array().is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            });
+            if ready {
+                Ok(v["status"].clone())
+            } else {
+                Err(v["status"].to_string())
+            }
+        },
+    )
+    .await;
+    step!("ready: {ready}");
+    let allocs = lab
+        .list("Allocation", "default")
+        .await
+        .expect("allocations");
+    let staged = allocs
+        .iter()
+        .filter(|a| a["spec"]["node"] == "node-2")
+        .filter_map(|a| a["status"]["stagedBytes"].as_u64())
+        .max()
+        .unwrap_or(0);
+    assert!(staged > 0, "node-2 staged nothing: {allocs:#?}");
+    drop(lab);
+    drop(disk);
 }

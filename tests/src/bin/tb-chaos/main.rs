@@ -9,17 +9,12 @@
 //! checker the e2e test uses), and a separate writer's acknowledged objects are listed back:
 //! an acknowledged write that is missing is a lost write.
 //!
-//! **Nodelets.** A controller and three nodelets; a two-rank gang job is started again and
-//! again and one of its nodelets is SIGKILLed while the gang starts, then restarted. Every rank
-//! appends `epoch rank pid` lines to one file while it runs; a line of an older epoch written
-//! after a newer epoch's first line is a stale rank running beside its replacement.
-//!
 //! Prints a table: faults injected, operations, lost acknowledged writes (must be 0),
-//! linearizability, the longest time without a successful write, stale ranks (must be 0).
-//! Exits non-zero when a check fails. Not a CI test (it runs for as long as it is told);
-//! `--smoke` (a few faults) is what `scripts/bench-smoke.sh` runs.
+//! linearizability, the longest time without a successful write, write recovery after a
+//! fault. Exits non-zero when a check fails. Not a CI test (it runs for as long as it is
+//! told); `--smoke` (a few faults) is what `scripts/bench-smoke.sh` runs.
 //!
-//!   tb-chaos --faults 1000 --minutes 60 --nodelet-kills 100
+//!   tb-chaos --faults 1000 --minutes 60
 //!   tb-chaos --smoke
 
 use std::collections::BTreeSet;
@@ -27,8 +22,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-mod nodelets;
 
 use clap::Parser;
 use rand::{Rng, SeedableRng};
@@ -42,10 +35,7 @@ struct Args {
     /// Controller faults to inject.
     #[arg(long, default_value_t = 1000)]
     faults: usize,
-    /// Nodelet kills during gang starts.
-    #[arg(long, default_value_t = 100)]
-    nodelet_kills: usize,
-    /// Stop injecting (in each part) after this many minutes, whatever the counts.
+    /// Stop injecting after this many minutes, whatever the count.
     #[arg(long, default_value_t = 60.0)]
     minutes: f64,
     /// Concurrent register clients.
@@ -60,12 +50,6 @@ struct Args {
     /// Directory holding tb-controller, tb-nodelet and tbctl (default: this binary's own).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
-    /// Skip the nodelet part.
-    #[arg(long)]
-    no_nodelets: bool,
-    /// Skip the controller part.
-    #[arg(long)]
-    no_controllers: bool,
 }
 
 /// Registers per round.
@@ -76,7 +60,6 @@ async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     if args.smoke {
         args.faults = args.faults.min(6);
-        args.nodelet_kills = args.nodelet_kills.min(2);
         args.minutes = args.minutes.min(5.0);
     }
     let bin_dir = match &args.bin_dir {
@@ -90,23 +73,9 @@ async fn main() -> anyhow::Result<()> {
     // SAFETY: set before any other thread of ours reads the environment.
     unsafe { std::env::set_var("TB_TEST_BIN_DIR", &bin_dir) };
 
-    let mut failed = Vec::new();
-    let mut rows = Vec::new();
-    if !args.no_controllers {
-        let r = controller_chaos(&args).await;
-        failed.extend(r.failures());
-        rows.extend(r.rows());
-    }
-    if !args.no_nodelets {
-        let r = nodelets::nodelet_chaos(
-            args.nodelet_kills,
-            Duration::from_secs_f64(args.minutes * 60.0),
-            args.seed,
-        )
-        .await;
-        failed.extend(r.failures());
-        rows.extend(r.rows());
-    }
+    let report = controller_chaos(&args).await;
+    let failed = report.failures();
+    let rows = report.rows();
     println!("\n| measure | value |\n|---|---|");
     for (k, v) in rows {
         println!("| {k} | {v} |");
@@ -431,11 +400,7 @@ async fn controller_chaos(args: &Args) -> ControllerReport {
     }
 
     // Every acknowledged object must be there.
-    let acked: Vec<String> = run
-        .acked
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+    let acked: Vec<String> = run.acked.lock().unwrap_or_else(|p| p.into_inner()).clone();
     report.acked = acked.len();
     match run
         .client
@@ -447,10 +412,7 @@ async fn controller_chaos(args: &Args) -> ControllerReport {
                 .iter()
                 .filter_map(|v| v["metadata"]["name"].as_str().map(str::to_string))
                 .collect();
-            report.lost = acked
-                .into_iter()
-                .filter(|n| !present.contains(n))
-                .collect();
+            report.lost = acked.into_iter().filter(|n| !present.contains(n)).collect();
         }
         Err(e) => report.aborted = Some(format!("listing the acknowledged objects: {e}")),
     }
