@@ -151,7 +151,7 @@ impl RaftNode {
         let disk = DiskGuard::new(data_dir, opts.min_free_disk);
         let mut waited = 0u64;
         while let Err(e) = disk.check() {
-            if waited % 30 == 0 {
+            if waited.is_multiple_of(30) {
                 tracing::error!("{e}; waiting for room before opening the database");
             }
             waited += 1;
