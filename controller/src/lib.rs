@@ -7,6 +7,8 @@ pub mod auth;
 pub mod clock;
 pub mod credentials;
 pub mod datadir;
+pub mod disk_guard;
+pub mod heartbeat_ages;
 pub mod interceptor;
 pub mod metrics;
 pub mod raft;

@@ -68,6 +68,12 @@ struct Args {
     /// Log entries kept after a snapshot for followers slightly behind.
     #[arg(long, default_value_t = 1_000)]
     keep_after_snapshot: u64,
+    /// Space the data disk keeps free (bytes; K, M, G, Ki, Mi, Gi suffixes): with less, this
+    /// controller refuses writes with "no space left on the controller's data disk", stops
+    /// campaigning and hands leadership to another controller, so that its database is never
+    /// cut short by a full disk. It takes writes again once there is room (no restart).
+    #[arg(long, default_value = "64Mi", value_parser = parse_bytes)]
+    min_free_disk: u64,
     /// Raft heartbeat interval in milliseconds. Elections time out after 5–10 heartbeats, and a
     /// new leader is elected about 15–20 heartbeats after the old one dies.
     #[arg(long, default_value_t = 50)]
@@ -124,6 +130,13 @@ enum Sub {
         /// Where to write ca.pem and ca.key (neither may exist).
         dir: PathBuf,
     },
+}
+
+/// A byte count such as `64Mi`, `1G` or `500000`.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    tb_api::quantity::Quantity::parse(s)
+        .map(|q| q.bytes())
+        .map_err(|e| format!("expected bytes such as 64Mi or 1G: {e}"))
 }
 
 fn init_logging(format: &str) {
@@ -196,6 +209,7 @@ async fn main() -> anyhow::Result<()> {
             election_timeout_max_ms: args.heartbeat_ms * 10,
             snapshot_every: args.snapshot_every,
             keep_after_snapshot: args.keep_after_snapshot,
+            min_free_disk: args.min_free_disk,
         },
         scheduler: SchedulerConfig {
             node_grace: TimeDelta::milliseconds(args.node_grace_ms as i64),

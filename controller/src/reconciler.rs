@@ -9,6 +9,7 @@ use futures::StreamExt;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::clock::SchedulerClock;
+use crate::heartbeat_ages::HeartbeatAges;
 use crate::raft::RaftNode;
 use crate::scheduler::{self, Clock, SchedulerConfig};
 use crate::store::{Command, Op, Response, StoreError};
@@ -25,6 +26,7 @@ pub async fn run(node: Arc<RaftNode>, cfg: SchedulerConfig, time: SchedulerClock
     let mut changes = node.store().hub.subscribe();
     let mut leader_since = None;
     let mut memo = scheduler::memo::Memo::default();
+    let mut heartbeats = HeartbeatAges::default();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(TICK) => {}
@@ -40,13 +42,16 @@ pub async fn run(node: Arc<RaftNode>, cfg: SchedulerConfig, time: SchedulerClock
         }
         if !node.is_leader() {
             leader_since = None;
+            heartbeats.reset();
             continue;
         }
         let since = *leader_since.get_or_insert_with(|| time.now());
-        let clock = Clock::new(time.now(), since);
-        let plans = {
+        let (plans, stamp) = {
             let state = node.store().read();
-            scheduler::reconcile_with(&state, &clock, &cfg, &mut memo)
+            let clock =
+                Clock::new(time.now(), since).with_heartbeat_ages(heartbeats.observe(&state));
+            let plans = scheduler::reconcile_with(&state, &clock, &cfg, &mut memo);
+            (plans, clock.stamp)
         };
         // Placements and state changes first; of the refreshed "why it waits" messages only a
         // bounded number per pass (the rest are computed again on the next one).
@@ -58,7 +63,7 @@ pub async fn run(node: Arc<RaftNode>, cfg: SchedulerConfig, time: SchedulerClock
         let mut outcomes = futures::stream::iter(plans.into_iter().map(|plan| {
             let cmd = Command {
                 request_id: String::new(),
-                now: clock.stamp.to_string(),
+                now: stamp.to_string(),
                 op: Op::Plan(plan),
                 user: String::new(),
             };

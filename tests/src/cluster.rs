@@ -4,6 +4,7 @@
 //! Questions about the cluster are answered from each member's own view (its entry in its own
 //! `Cluster.Status` answer), never from one member's opinion of the others.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +28,9 @@ pub struct ClusterOptions {
     pub keep_after_snapshot: Option<u64>,
     /// More flags for every member (joiners included), after the harness's own.
     pub extra_args: Vec<String>,
+    /// Member `i`'s data directory, when given (e.g. on a small filesystem of the test's);
+    /// default: one in the test directory.
+    pub data_dirs: Vec<PathBuf>,
 }
 
 impl ClusterOptions {
@@ -38,6 +42,7 @@ impl ClusterOptions {
             snapshot_every: None,
             keep_after_snapshot: None,
             extra_args: Vec::new(),
+            data_dirs: Vec::new(),
         }
     }
 
@@ -79,6 +84,9 @@ impl Cluster {
                 c.snapshot_every = opts.snapshot_every;
                 c.keep_after_snapshot = opts.keep_after_snapshot;
                 c.extra_args = opts.extra_args.clone();
+                if let Some(d) = opts.data_dirs.get(id as usize - 1) {
+                    c.data_dir = d.clone();
+                }
                 c
             })
             .collect();

@@ -64,6 +64,13 @@ pub struct LabOptions {
     /// More environment for every nodelet (e.g. a `HOME` of the test's own, where a Model's
     /// `~/...` path points).
     pub nodelet_env: Vec<(String, String)>,
+    /// More arguments for the controller (e.g. `--test-clock-offset-file FILE`).
+    pub controller_args: Vec<String>,
+    /// More environment for the controller (e.g. libfaketime's `LD_PRELOAD`).
+    pub controller_env: Vec<(String, String)>,
+    /// Nodelet `i`'s data directory, when given (e.g. on a small filesystem of the test's);
+    /// default: `node-<i+1>` in the lab's directory.
+    pub nodelet_data_dirs: Vec<PathBuf>,
 }
 
 impl LabOptions {
@@ -79,6 +86,9 @@ impl LabOptions {
             isolated: false,
             nodelet_args: Vec::new(),
             nodelet_env: Vec::new(),
+            controller_args: Vec::new(),
+            controller_env: Vec::new(),
+            nodelet_data_dirs: Vec::new(),
         }
     }
 }
@@ -560,12 +570,19 @@ impl Lab {
             "--backoff-base-ms".into(),
             opts.backoff_base.as_millis().to_string(),
         ];
-        let controller_args = [controller_args, crate::auth::controller_args()].concat();
-        let controller = Proc::start(
+        let controller_args = [
+            controller_args,
+            crate::auth::controller_args(),
+            opts.controller_args.clone(),
+        ]
+        .concat();
+        let controller = Proc::start_with_env(
             "controller",
             &crate::bins::controller(),
             controller_args,
             dir.path().join("controller.log"),
+            None,
+            opts.controller_env.clone(),
         );
         let home = dir.sub("home");
         let mut lab = Lab {
@@ -598,8 +615,13 @@ impl Lab {
         let bin = nodelet_bin();
         for i in 1..=opts.nodelets {
             let name = format!("node-{i}");
-            let data_dir = lab.dir.path().join(&name);
-            let data_arg = if opts.relative_data_dirs {
+            let data_dir = opts
+                .nodelet_data_dirs
+                .get(i - 1)
+                .cloned()
+                .unwrap_or_else(|| lab.dir.path().join(&name));
+            let data_arg = if opts.relative_data_dirs && opts.nodelet_data_dirs.get(i - 1).is_none()
+            {
                 name.clone()
             } else {
                 data_dir.display().to_string()

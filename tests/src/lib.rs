@@ -16,7 +16,7 @@
 //! - [`netns`] builds an emulated lab as root: network namespaces as Macs, shaped links as
 //!   cables, the real binaries inside;
 //! - [`partition`] cuts and heals the emulated lab's network (one way, both ways, a cable);
-//! - [`linearizable`] checks a recorded history of register reads and writes;
+//! - [`linearizability`] records register histories and checks them (e2e tests, `tb-chaos`);
 //! - [`tbctl`] runs the CLI and captures its exit code and output;
 //! - [`wait`] polls a condition until a deadline, so tests never sleep for a guessed time.
 //!
@@ -33,7 +33,7 @@ pub mod client;
 pub mod cluster;
 pub mod controller;
 pub mod lab;
-pub mod linearizable;
+pub mod linearizability;
 pub mod netns;
 pub mod objects;
 pub mod partition;

@@ -68,6 +68,8 @@ struct Pending {
 
 struct Shared {
     db: Arc<Database>,
+    /// Hints (the committed index, purges) are not written while the disk is low.
+    disk: Option<crate::disk_guard::DiskGuard>,
     pending: Mutex<Pending>,
     jobs: Mutex<mpsc::Sender<Job>>,
 }
@@ -78,7 +80,7 @@ pub struct LogStore {
 }
 
 impl LogStore {
-    pub fn new(db: Arc<Database>) -> io::Result<Self> {
+    pub fn new(db: Arc<Database>, disk: Option<crate::disk_guard::DiskGuard>) -> io::Result<Self> {
         let tx = db.begin_write().map_err(io_err)?;
         tx.open_table(LOG).map_err(io_err)?;
         tx.open_table(META).map_err(io_err)?;
@@ -99,6 +101,7 @@ impl LogStore {
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             db,
+            disk,
             pending: Mutex::new(Pending {
                 last_log_id,
                 last_purged,
@@ -145,6 +148,19 @@ fn write_loop(shared: std::sync::Weak<Shared>, rx: mpsc::Receiver<Job>) {
         let Some(shared) = shared.upgrade() else {
             return;
         };
+        // A batch of hints only may be dropped (the committed index is recomputed after a
+        // restart, a purge is repeated): while the disk is low, skipping it keeps a full disk
+        // from ever failing a redb write, which would leave the database unusable until
+        // reopened. Appends are refused earlier (`disk_guard`).
+        let hints_only = !batch
+            .iter()
+            .any(|j| matches!(j, Job::Append { .. } | Job::Truncate { .. }));
+        if hints_only
+            && let Some(disk) = &shared.disk
+            && disk.check().is_err()
+        {
+            continue;
+        }
         let result = commit_batch(&shared.db, &batch);
         let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
         for job in batch {

@@ -28,6 +28,7 @@ pub use service::RaftService;
 pub use state_machine::Shared;
 
 use crate::credentials::Credentials;
+use crate::disk_guard::DiskGuard;
 use crate::metrics::Metrics;
 use crate::store::{Command, Response};
 use network::{GrpcPeers, Method, Peers};
@@ -63,6 +64,8 @@ pub struct RaftOptions {
     pub snapshot_every: u64,
     /// Entries kept after a snapshot, for followers slightly behind.
     pub keep_after_snapshot: u64,
+    /// Bytes the data disk keeps free: below it this member refuses writes (see `disk_guard`).
+    pub min_free_disk: u64,
 }
 
 impl Default for RaftOptions {
@@ -73,6 +76,7 @@ impl Default for RaftOptions {
             election_timeout_max_ms: 500,
             snapshot_every: 10_000,
             keep_after_snapshot: 1_000,
+            min_free_disk: crate::disk_guard::DEFAULT_MIN_FREE,
         }
     }
 }
@@ -87,6 +91,9 @@ pub enum Unavailable {
     LeaderUnreachable(String),
     #[error("raft stopped: {0}")]
     Fatal(String),
+    /// This member (or the leader) has too little room on its data disk to take a write.
+    #[error("{0}")]
+    DiskFull(String),
     #[error("{0}")]
     Other(String),
 }
@@ -98,6 +105,8 @@ enum ProposeReply {
     /// Not the leader (any more); try there.
     NotLeader(Option<NodeId>),
     Failed(String),
+    /// The leader's data disk is (nearly) full: the message says where and how much.
+    DiskFull(String),
 }
 
 /// What the leader tells a follower that wants to serve a linearizable read.
@@ -120,6 +129,8 @@ pub struct RaftNode {
     peers: Peers,
     credentials: Arc<Credentials>,
     metrics: Arc<Metrics>,
+    /// The data disk's free-space check; `None` for an in-memory member.
+    disk: Option<DiskGuard>,
 }
 
 impl RaftNode {
@@ -135,6 +146,17 @@ impl RaftNode {
         use anyhow::Context;
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("creating data dir {}", data_dir.display()))?;
+        // Opening the database writes to it: on a full disk that would fail (and a service
+        // manager would restart this process again and again). Wait for room instead.
+        let disk = DiskGuard::new(data_dir, opts.min_free_disk);
+        let mut waited = 0u64;
+        while let Err(e) = disk.check() {
+            if waited.is_multiple_of(30) {
+                tracing::error!("{e}; waiting for room before opening the database");
+            }
+            waited += 1;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
         let path = data_dir.join(DB_FILE);
         // redb caches up to 1 GiB by default; the store keeps its own copy of every object in
         // memory, so a small page cache is enough for the log and snapshots.
@@ -144,7 +166,9 @@ impl RaftNode {
             .with_context(|| format!("opening {}", path.display()))?;
         let credentials = Arc::new(credentials);
         let peers = Peers::Grpc(GrpcPeers::new(credentials.clone()));
-        Self::start_with(id, addr, db, opts, peers, credentials).await
+        let node = Self::start_with(id, addr, db, opts, peers, credentials, Some(disk)).await?;
+        tokio::spawn(watch_disk(Arc::downgrade(&node)));
+        Ok(node)
     }
 
     /// Start a member of an in-process cluster: its log and state in memory, its peers
@@ -165,7 +189,7 @@ impl RaftNode {
             net: net.clone(),
         });
         let credentials = Arc::new(Credentials::none());
-        let node = Self::start_with(id, addr, db, opts, peers, credentials).await?;
+        let node = Self::start_with(id, addr, db, opts, peers, credentials, None).await?;
         net.register(&node);
         Ok(node)
     }
@@ -177,10 +201,12 @@ impl RaftNode {
         opts: &RaftOptions,
         peers: Peers,
         credentials: Arc<Credentials>,
+        disk: Option<DiskGuard>,
     ) -> anyhow::Result<Arc<RaftNode>> {
         use anyhow::Context;
         let db = Arc::new(db);
-        let log = log_store::LogStore::new(db.clone()).context("opening the raft log")?;
+        let log =
+            log_store::LogStore::new(db.clone(), disk.clone()).context("opening the raft log")?;
         let metrics = Arc::new(Metrics::default());
         let sm = StateMachine::open(db, metrics.clone()).context("loading the latest snapshot")?;
         let shared = sm.shared();
@@ -207,7 +233,13 @@ impl RaftNode {
             peers,
             credentials,
             metrics,
+            disk,
         }))
+    }
+
+    /// `Err` while this member's data disk has less than the reserve free (see `disk_guard`).
+    pub fn check_disk(&self) -> Result<(), crate::disk_guard::DiskFull> {
+        self.disk.as_ref().map_or(Ok(()), DiskGuard::check)
     }
 
     /// Form a new cluster from `members` (id → address) if this member has never been part of
@@ -288,6 +320,7 @@ impl RaftNode {
             match result {
                 Ok(ProposeReply::Done(r)) => return Ok(*r),
                 Ok(ProposeReply::Failed(e)) => return Err(Unavailable::Other(e)),
+                Ok(ProposeReply::DiskFull(e)) => return Err(Unavailable::DiskFull(e)),
                 Ok(ProposeReply::NotLeader(_)) => {}
                 Err(e) => last_err = e,
             }
@@ -297,6 +330,11 @@ impl RaftNode {
     }
 
     async fn propose_local(&self, cmd: Command) -> Result<ProposeReply, Unavailable> {
+        // The leader's own log write must not hit a full disk (redb would be unusable until
+        // reopened): refuse before appending.
+        if let Err(e) = self.check_disk() {
+            return Ok(ProposeReply::DiskFull(e.to_string()));
+        }
         match self.raft.client_write(cmd).await {
             Ok(resp) => Ok(ProposeReply::Done(Box::new(resp.data))),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
@@ -479,6 +517,62 @@ impl RaftNode {
 
     pub async fn shutdown(&self) {
         let _ = self.raft.shutdown().await;
+    }
+}
+
+/// How often the data disk's free space is measured in the background.
+const DISK_WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// While the data disk is low: stop campaigning (a vote and a new leader's first entry are
+/// writes) and, as leader, hand leadership to another voter so the cluster keeps taking writes.
+/// Everything comes back on its own when space returns.
+async fn watch_disk(node: std::sync::Weak<RaftNode>) {
+    let mut low = false;
+    loop {
+        tokio::time::sleep(DISK_WATCH_EVERY).await;
+        let Some(node) = node.upgrade() else {
+            return;
+        };
+        match node.check_disk() {
+            Err(e) => {
+                if !low {
+                    tracing::error!("{e}; refusing writes and elections until there is room");
+                    node.raft.runtime_config().elect(false);
+                    low = true;
+                }
+                if node.is_leader() {
+                    node.hand_over_leadership().await;
+                }
+            }
+            Ok(()) if low => {
+                tracing::info!("the data disk has room again; taking writes and elections");
+                node.raft.runtime_config().elect(true);
+                low = false;
+            }
+            Ok(()) => {}
+        }
+    }
+}
+
+impl RaftNode {
+    /// Ask the most up-to-date other voter to take over (a leader whose disk is low).
+    async fn hand_over_leadership(&self) {
+        let m = self.raft_metrics();
+        let Some(replication) = &m.replication else {
+            return;
+        };
+        let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
+        let best = replication
+            .iter()
+            .filter(|(id, _)| **id != self.id && voters.contains(id))
+            .max_by_key(|(_, matched)| matched.map(|l| l.index))
+            .map(|(id, _)| *id);
+        if let Some(to) = best {
+            tracing::warn!(to, "data disk low: handing leadership over");
+            if let Err(e) = self.raft.trigger().transfer_leader(to).await {
+                tracing::warn!("handing leadership to {to}: {e}");
+            }
+        }
     }
 }
 

@@ -31,6 +31,11 @@ fn decode<T: DeserializeOwned>(req: Request<RaftPayload>) -> Result<T, Status> {
         .map_err(|e| Status::invalid_argument(format!("malformed raft message: {e}")))
 }
 
+/// A member whose data disk is low refuses what would write to it.
+fn disk_full(e: crate::disk_guard::DiskFull) -> Status {
+    Status::resource_exhausted(e.to_string())
+}
+
 fn encode<T: Serialize>(value: &T) -> Result<TonicResponse<RaftPayload>, Status> {
     serde_json::to_vec(value)
         .map(|data| TonicResponse::new(RaftPayload { data }))
@@ -43,12 +48,19 @@ impl RaftRpc for RaftService {
         &self,
         req: Request<RaftPayload>,
     ) -> Result<TonicResponse<RaftPayload>, Status> {
-        let rpc = decode(req)?;
+        let rpc: openraft::raft::AppendEntriesRequest<TypeConfig> = decode(req)?;
+        // Entries would be written to the log: refused while the disk is low (the leader
+        // retries; heartbeats, which write nothing, still pass and keep this member a follower).
+        if !rpc.entries.is_empty() {
+            self.node.check_disk().map_err(disk_full)?;
+        }
         encode(&self.node.raft.append_entries(rpc).await)
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<TonicResponse<RaftPayload>, Status> {
         let rpc = decode(req)?;
+        // Granting a vote writes it first.
+        self.node.check_disk().map_err(disk_full)?;
         encode(&self.node.raft.vote(rpc).await)
     }
 
@@ -57,6 +69,7 @@ impl RaftRpc for RaftService {
         req: Request<RaftPayload>,
     ) -> Result<TonicResponse<RaftPayload>, Status> {
         let (vote, meta, data): (super::Vote, super::SnapshotMeta, Vec<u8>) = decode(req)?;
+        self.node.check_disk().map_err(disk_full)?;
         let snapshot = Snapshot {
             meta,
             snapshot: Cursor::new(data),
@@ -91,6 +104,7 @@ impl RaftRpc for RaftService {
         let cmd: Command = decode(req)?;
         let reply = match self.node.propose_local(cmd).await {
             Ok(r) => r,
+            Err(super::Unavailable::DiskFull(e)) => ProposeReply::DiskFull(e),
             Err(e) => ProposeReply::Failed(e.to_string()),
         };
         encode(&reply)

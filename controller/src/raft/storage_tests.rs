@@ -25,7 +25,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Red
         let dir = tempfile::tempdir().map_err(storage_error)?;
         let db = redb::Database::create(dir.path().join("tb.redb")).map_err(storage_error)?;
         let db = Arc::new(db);
-        let log = LogStore::new(db.clone()).map_err(storage_error)?;
+        let log = LogStore::new(db.clone(), None).map_err(storage_error)?;
         let sm = StateMachine::open(db, Default::default()).map_err(storage_error)?;
         Ok((dir, log, sm))
     }

@@ -90,7 +90,11 @@ pub(crate) fn now() -> String {
 }
 
 pub(crate) fn unavailable(e: Unavailable) -> Status {
-    Status::unavailable(e.to_string())
+    match e {
+        // Not retryable as such: it lasts until someone frees space, and says where.
+        Unavailable::DiskFull(m) => Status::resource_exhausted(m),
+        e => Status::unavailable(e.to_string()),
+    }
 }
 
 pub(crate) fn store_error(e: StoreError) -> Status {

@@ -18,6 +18,8 @@ pub mod view;
 #[cfg(test)]
 mod tests;
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::json;
 use tb_api::reason::Reason;
@@ -75,6 +77,12 @@ pub struct Clock {
     pub stamp: Timestamp,
     /// When this controller became leader.
     pub leader_since: DateTime<Utc>,
+    /// How long ago each node's latest heartbeat reached the store, measured by the leader on
+    /// its monotonic clock from when it saw the heartbeat (a new leader has seen every node
+    /// just now). When set, node grace uses these ages and not the wall clock, so a jump of
+    /// the leader's clock neither loses every node nor hides a lost one. `None` (the
+    /// simulator): ages from `now` and the heartbeat stamps.
+    pub heartbeat_ages: Option<BTreeMap<String, TimeDelta>>,
 }
 
 impl Clock {
@@ -83,7 +91,14 @@ impl Clock {
             now,
             stamp: Timestamp::from_datetime(now),
             leader_since,
+            heartbeat_ages: None,
         }
+    }
+
+    /// The same pass, with node heartbeat ages measured on the leader's monotonic clock.
+    pub fn with_heartbeat_ages(mut self, ages: BTreeMap<String, TimeDelta>) -> Clock {
+        self.heartbeat_ages = Some(ages);
+        self
     }
 }
 

@@ -18,17 +18,27 @@ pub fn reconcile_nodes(view: &ClusterView, clock: &Clock, cfg: &SchedulerConfig)
     let trusted_since = clock.leader_since + cfg.node_grace;
     for node in view.nodes.values() {
         let mut plan = Plan::default();
-        let stale = match time_of(&node.status.last_heartbeat_time) {
-            Some(t) => {
+        // The leader's monotonic measure when there is one: a node it has not seen yet (just
+        // joined) counts as seen now.
+        let monotonic_age = clock
+            .heartbeat_ages
+            .as_ref()
+            .map(|ages| ages.get(&node.name).copied().unwrap_or_default());
+        let stale = match (monotonic_age, time_of(&node.status.last_heartbeat_time)) {
+            (Some(age), _) => age > cfg.node_grace,
+            (None, Some(t)) => {
                 clock.now.signed_duration_since(t) > cfg.node_grace && clock.now >= trusted_since
             }
-            None => clock.now >= trusted_since,
+            (None, None) => clock.now >= trusted_since,
         };
         let mut ready = node.ready;
         if node.ready && stale {
             ready = false;
             let mut status: NodeStatus = node.status.clone();
-            let silent = since(&node.status.last_heartbeat_time, clock.now);
+            let silent = match monotonic_age {
+                Some(age) => format!("{}s", age.num_seconds()),
+                None => since(&node.status.last_heartbeat_time, clock.now),
+            };
             let message = format!("no heartbeat for {silent}");
             set_condition(
                 &mut status.conditions,

@@ -132,9 +132,20 @@ pub fn fetch_manifest(source: SocketAddr, path: &str) -> Result<Manifest, Stagin
 }
 
 fn cache_err(path: &Path) -> impl Fn(std::io::Error) -> StagingError + '_ {
-    move |e| StagingError::Cache {
-        path: path.display().to_string(),
-        message: e.to_string(),
+    move |e| {
+        // The disk filled while writing (another process took the room): say so plainly.
+        if e.raw_os_error() == Some(nix::libc::ENOSPC) {
+            let dir = path.parent().unwrap_or(path);
+            return StagingError::NoSpace {
+                dir: dir.display().to_string(),
+                need: "more room".into(),
+                free: super::human_bytes(super::free_bytes(dir).unwrap_or(0)),
+            };
+        }
+        StagingError::Cache {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        }
     }
 }
 
@@ -170,6 +181,7 @@ fn stage_from(
         .cache_root
         .join(&m.header_sha256[..32.min(m.header_sha256.len())]);
     std::fs::create_dir_all(&dir).map_err(cache_err(&dir))?;
+    super::check_space(&dir, m.header_len)?;
     let file_path = dir.join("model.gguf");
     let mut file = std::fs::OpenOptions::new()
         .read(true)
@@ -247,6 +259,9 @@ fn stage_from(
         }
     }
     progress(Progress { have, need });
+    // Refuse before writing a byte when the shard cannot fit: a disk filled half-way by a
+    // transfer that then fails helps nobody.
+    super::check_space(&dir, missing.iter().map(|t| t.len).sum())?;
     for attempt in 0..2 {
         if missing.is_empty() {
             break;

@@ -105,6 +105,48 @@ pub enum StagingError {
     },
     #[error("the model file: {0}")]
     Model(String),
+    /// Checked before fetching (and what a refused write means): nothing is written that
+    /// cannot be finished, and the message says where and how much.
+    #[error(
+        "no space left on the nodelet's data disk: staging needs {need} in {dir}, which \
+         has {free} free; free some space there (staging starts again with the next placement)"
+    )]
+    NoSpace {
+        dir: String,
+        need: String,
+        free: String,
+    },
+}
+
+/// Bytes as a short human figure (binary units).
+pub fn human_bytes(bytes: u64) -> String {
+    let mib = bytes as f64 / (1u64 << 20) as f64;
+    if mib >= 1024.0 {
+        format!("{:.1} GiB", mib / 1024.0)
+    } else {
+        format!("{mib:.1} MiB")
+    }
+}
+
+/// Bytes free to this process on the filesystem of `dir` (None: it cannot be asked).
+pub fn free_bytes(dir: &std::path::Path) -> Option<u64> {
+    let s = nix::sys::statvfs::statvfs(dir).ok()?;
+    Some((s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64))
+}
+
+/// Room kept beyond the bytes to fetch (the verified record, filesystem overhead).
+pub const SPACE_MARGIN: u64 = 1 << 20;
+
+/// `Err(NoSpace)` when `dir` lacks room for `need` more bytes.
+pub fn check_space(dir: &std::path::Path, need: u64) -> Result<(), StagingError> {
+    match free_bytes(dir) {
+        Some(free) if free < need.saturating_add(SPACE_MARGIN) => Err(StagingError::NoSpace {
+            dir: dir.display().to_string(),
+            need: format!("{} more", human_bytes(need)),
+            free: human_bytes(free),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Hex SHA-256 of `bytes`.

@@ -24,14 +24,14 @@ use tb_tests::{Client, Cluster, ClusterOptions, TestDir, step, wait};
 /// The Schedule's name (jobs are `every-<minutes since the epoch>`).
 const SCHEDULE: &str = "every";
 /// How far before a slot the test clock is set: the slot then arrives by itself.
-const LEAD_MS: i64 = 300;
+pub(crate) const LEAD_MS: i64 = 300;
 /// How long a slot's job may take to appear: an election and a reconcile pass, on a loaded
 /// machine.
-const SLOT_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const SLOT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Retry budget of one read or write through the cluster.
-const CALL_BUDGET: Duration = Duration::from_secs(30);
+pub(crate) const CALL_BUDGET: Duration = Duration::from_secs(30);
 const CONVERGE_TIMEOUT: Duration = Duration::from_secs(30);
-const MINUTE_MS: i64 = 60_000;
+pub(crate) const MINUTE_MS: i64 = 60_000;
 
 /// The label, annotations, event reasons and status field the scheduler uses
 /// (`api/src/specs/schedule.rs`, `core/src/scheduler/schedules.rs`).
@@ -40,14 +40,14 @@ const ANNOTATION_SCHEDULE_UID: &str = "tb/schedule-uid";
 const ANNOTATION_SCHEDULED_TIME: &str = "tb/scheduled-time";
 
 /// The shared test clock of one cluster: the offset file its controllers read.
-struct TestClock {
+pub(crate) struct TestClock {
     file: PathBuf,
     offset_ms: i64,
 }
 
 impl TestClock {
     /// An offset file in `dir`, starting at 0 (the system clock).
-    fn new(dir: &TestDir) -> TestClock {
+    pub(crate) fn new(dir: &TestDir) -> TestClock {
         let mut clock = TestClock {
             file: dir.path().join("clock-offset-ms"),
             offset_ms: 0,
@@ -57,7 +57,7 @@ impl TestClock {
     }
 
     /// The flags that put a controller on this clock.
-    fn controller_args(&self) -> [String; 2] {
+    pub(crate) fn controller_args(&self) -> [String; 2] {
         [
             "--test-clock-offset-file".to_string(),
             self.file.display().to_string(),
@@ -65,7 +65,7 @@ impl TestClock {
     }
 
     /// Write the offset atomically (a controller never reads half a number).
-    fn set_offset(&mut self, offset_ms: i64) {
+    pub(crate) fn set_offset(&mut self, offset_ms: i64) {
         let tmp = self.file.with_extension("tmp");
         std::fs::write(&tmp, format!("{offset_ms}\n"))
             .unwrap_or_else(|e| panic!("writing {}: {e}", tmp.display()));
@@ -75,25 +75,25 @@ impl TestClock {
     }
 
     /// The controllers' time now (ms since the epoch).
-    fn now_ms(&self) -> i64 {
+    pub(crate) fn now_ms(&self) -> i64 {
         system_ms() + self.offset_ms
     }
 
     /// Set the controllers' time to `at_ms` (ms since the epoch); it flows on from there.
-    fn set_now(&mut self, at_ms: i64) {
+    pub(crate) fn set_now(&mut self, at_ms: i64) {
         self.set_offset(at_ms - system_ms());
     }
 
     /// Move the controllers' time to `LEAD_MS` before the next minute boundary (forward, or
     /// back by less than `LEAD_MS`: no boundary is ever crossed) and return that slot (ms).
-    fn just_before_next_slot(&mut self) -> i64 {
+    pub(crate) fn just_before_next_slot(&mut self) -> i64 {
         let slot = next_minute(self.now_ms());
         self.set_now(slot - LEAD_MS);
         slot
     }
 
     /// Sleep until the controllers' time is `at_ms`.
-    async fn sleep_until(&self, at_ms: i64) {
+    pub(crate) async fn sleep_until(&self, at_ms: i64) {
         let wait = at_ms - self.now_ms();
         if wait > 0 {
             tokio::time::sleep(Duration::from_millis(wait as u64)).await;
@@ -101,7 +101,7 @@ impl TestClock {
     }
 }
 
-fn system_ms() -> i64 {
+pub(crate) fn system_ms() -> i64 {
     let since = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("the system clock is after 1970");
@@ -109,12 +109,12 @@ fn system_ms() -> i64 {
 }
 
 /// The first minute boundary strictly after `ms`.
-fn next_minute(ms: i64) -> i64 {
+pub(crate) fn next_minute(ms: i64) -> i64 {
     (ms.div_euclid(MINUTE_MS) + 1) * MINUTE_MS
 }
 
 /// A slot as the store writes it (RFC 3339, UTC, milliseconds): `2026-01-01T00:00:00.000Z`.
-fn stamp(slot_ms: i64) -> String {
+pub(crate) fn stamp(slot_ms: i64) -> String {
     let secs = slot_ms.div_euclid(1000);
     let millis = slot_ms.rem_euclid(1000);
     let (days, sod) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
@@ -142,12 +142,12 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 }
 
 /// The job the scheduler creates for a slot (`schedules::job_name`).
-fn job_name(slot_ms: i64) -> String {
+pub(crate) fn job_name(slot_ms: i64) -> String {
     format!("{SCHEDULE}-{}", slot_ms.div_euclid(MINUTE_MS))
 }
 
 /// A Schedule that starts a one-rank exec job every minute.
-fn schedule(namespace: &str, starting_deadline_seconds: Option<u64>) -> Value {
+pub(crate) fn schedule(namespace: &str, starting_deadline_seconds: Option<u64>) -> Value {
     let mut spec = json!({
         "schedule": "* * * * *",
         "jobTemplate": {
@@ -172,7 +172,11 @@ fn schedule(namespace: &str, starting_deadline_seconds: Option<u64>) -> Value {
 }
 
 /// A linearizable list of `kind` in `namespace`, parsed, from whichever member answers.
-async fn list(client: &Client, kind: &str, namespace: &str) -> Result<Vec<Value>, String> {
+pub(crate) async fn list(
+    client: &Client,
+    kind: &str,
+    namespace: &str,
+) -> Result<Vec<Value>, String> {
     client.list_values(kind, namespace, CALL_BUDGET).await
 }
 
@@ -194,15 +198,15 @@ fn last_schedule_time(schedule: &Value) -> String {
 
 /// A consistent view of what the Schedule did: its status and jobs, read so that no slot was
 /// handled in between (the status is read before and after the lists and must not move).
-struct Snapshot {
-    last_schedule_time: String,
+pub(crate) struct Snapshot {
+    pub(crate) last_schedule_time: String,
     /// The jobs created for the Schedule (label and uid annotation), by name.
-    jobs: BTreeMap<String, Value>,
+    pub(crate) jobs: BTreeMap<String, Value>,
     /// Events about the Schedule: (reason, message, count).
-    events: Vec<(String, String, u64)>,
+    pub(crate) events: Vec<(String, String, u64)>,
 }
 
-async fn snapshot(client: &Client, namespace: &str) -> Snapshot {
+pub(crate) async fn snapshot(client: &Client, namespace: &str) -> Snapshot {
     wait::expect(
         "a consistent snapshot of the Schedule",
         SLOT_TIMEOUT,
@@ -260,7 +264,7 @@ async fn snapshot(client: &Client, namespace: &str) -> Snapshot {
 
 /// Wait until the job for `slot_ms` exists and the Schedule records the slot as handled;
 /// returns the job.
-async fn wait_for_slot(client: &Client, namespace: &str, slot_ms: i64) -> Value {
+pub(crate) async fn wait_for_slot(client: &Client, namespace: &str, slot_ms: i64) -> Value {
     let name = job_name(slot_ms);
     let when = stamp(slot_ms);
     wait::expect(
@@ -286,7 +290,7 @@ async fn wait_for_slot(client: &Client, namespace: &str, slot_ms: i64) -> Value 
 
 /// Every job carries the scheduled-time annotation of the slot in its name, and no slot has
 /// two jobs; returns the slots (ms) that have one.
-fn slots_of(jobs: &BTreeMap<String, Value>) -> BTreeSet<i64> {
+pub(crate) fn slots_of(jobs: &BTreeMap<String, Value>) -> BTreeSet<i64> {
     let mut by_time: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     let mut slots = BTreeSet::new();
     for (name, job) in jobs {
@@ -312,7 +316,7 @@ fn slots_of(jobs: &BTreeMap<String, Value>) -> BTreeSet<i64> {
 }
 
 /// Events of `reason`, as (message, count).
-fn events_of<'a>(snap: &'a Snapshot, reason: &str) -> Vec<(&'a str, u64)> {
+pub(crate) fn events_of<'a>(snap: &'a Snapshot, reason: &str) -> Vec<(&'a str, u64)> {
     snap.events
         .iter()
         .filter(|(r, _, _)| r == reason)

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tb_api::proto::ApplyRequest;
-use tb_tests::linearizable::{self, History, register_client_paced};
+use tb_tests::linearizability::{self, History, register_client_paced};
 use tb_tests::netns::{EmulatedLab, MacSpec, NsRuntime, Shape};
 use tb_tests::objects::{self, model, parse, unique_namespace};
 use tb_tests::{Client, partition, step};
@@ -601,7 +601,7 @@ async fn controller_partition(name: &str, fault: Fault) -> Option<Measured> {
     let events = history.events();
     let returned = events
         .iter()
-        .filter(|e| matches!(e, linearizable::Event::Return { .. }))
+        .filter(|e| matches!(e, linearizability::Event::Return { .. }))
         .count();
     step!(
         "register history: {} events, {returned} returned",
@@ -609,7 +609,7 @@ async fn controller_partition(name: &str, fault: Fault) -> Option<Measured> {
     );
     let checked = tokio::time::timeout(
         Duration::from_secs(90),
-        tokio::task::spawn_blocking(move || linearizable::check(&events, INITIAL)),
+        tokio::task::spawn_blocking(move || linearizability::check(&events, INITIAL)),
     )
     .await
     .expect("the linearizability check did not finish within 90s")
