@@ -54,9 +54,7 @@ pub enum SnapshotFileError {
         "the snapshot is truncated: its header promises {expected} bytes of data, the file holds {found}"
     )]
     Truncated { expected: u64, found: u64 },
-    #[error(
-        "the snapshot is corrupt: {found} bytes of data where its header promises {expected}"
-    )]
+    #[error("the snapshot is corrupt: {found} bytes of data where its header promises {expected}")]
     TrailingBytes { expected: u64, found: u64 },
     #[error(
         "the snapshot is corrupt: its data does not match the checksum in its header (sha256 {expected}, found {found})"
@@ -199,7 +197,10 @@ mod tests {
         let last = f.len() - 1;
         f[last] ^= 1;
         let e = decode(&f).expect_err("altered");
-        assert!(matches!(e, SnapshotFileError::ChecksumMismatch { .. }), "{e}");
+        assert!(
+            matches!(e, SnapshotFileError::ChecksumMismatch { .. }),
+            "{e}"
+        );
         let mut f = file(b"0123456789");
         f.push(b'x');
         assert!(matches!(

@@ -68,6 +68,9 @@ pub struct Config {
     pub job_disk_limit: u64,
     /// What exec jobs' `python` and `python3` run (`--python`); None: the PATH decides.
     pub python: Option<PathBuf>,
+    /// The protocol version sent with the join and every heartbeat (tb_api::version::PROTOCOL;
+    /// another only in tests).
+    pub protocol_version: u32,
 }
 
 /// The default `--job-disk-limit`: 10 GiB.
@@ -163,6 +166,7 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         &cfg.name,
         cfg.join_token.as_ref(),
         node,
+        cfg.protocol_version,
     )
     .await?;
     controllers.set_credential(&credential.credential);
@@ -213,6 +217,7 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         links,
         supervisor,
         cfg.heartbeat,
+        cfg.protocol_version,
     ));
     tokio::spawn(Prober::new(cfg.name.clone(), controllers.clone(), cfg.probe).run());
     tracing::info!(node = %cfg.name, listen = %cfg.listen, "tb-nodelet running");

@@ -28,15 +28,15 @@ use tb_tests::{Client, Cluster, ClusterOptions, step, wait};
 use tonic::{Code, Status};
 
 /// The value every register holds before the recorded history starts.
-const INITIAL: &str = "init";
+pub(super) const INITIAL: &str = "init";
 
 /// A client task and its incarnation: a new one after each write of unknown outcome.
-type ThreadId = (usize, usize);
+pub(super) type ThreadId = (usize, usize);
 type Op = RegisterOp<String>;
 type Ret = RegisterRet<String>;
 
 #[derive(Debug, Clone)]
-enum Event {
+pub(super) enum Event {
     Invoke {
         id: usize,
         thread: ThreadId,
@@ -59,13 +59,13 @@ enum Event {
 
 /// The history of all clients, in the order things happened.
 #[derive(Default)]
-struct History {
+pub(super) struct History {
     events: Mutex<Vec<Event>>,
     next_id: AtomicUsize,
 }
 
 impl History {
-    fn push(&self, e: Event) {
+    pub(super) fn push(&self, e: Event) {
         self.events
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -73,7 +73,7 @@ impl History {
     }
 
     /// Record an invocation *before* the request is sent.
-    fn invoke(&self, thread: ThreadId, key: usize, op: Op) -> usize {
+    pub(super) fn invoke(&self, thread: ThreadId, key: usize, op: Op) -> usize {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         self.push(Event::Invoke {
             id,
@@ -84,7 +84,7 @@ impl History {
         id
     }
 
-    fn events(&self) -> Vec<Event> {
+    pub(super) fn events(&self) -> Vec<Event> {
         self.events
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -93,7 +93,7 @@ impl History {
 }
 
 /// Check each key's history; `Err` describes the first key whose history is not linearizable.
-fn check(events: &[Event], initial: &str) -> Result<(), String> {
+pub(super) fn check(events: &[Event], initial: &str) -> Result<(), String> {
     let dropped: std::collections::HashSet<usize> = events
         .iter()
         .filter_map(|e| match e {
@@ -157,7 +157,7 @@ fn never_sent(e: &Status) -> bool {
         && (m.contains("tcp connect error") || m.contains("connection refused"))
 }
 
-async fn client_task(
+pub(super) async fn client_task(
     client: Arc<Client>,
     ns: String,
     c: usize,

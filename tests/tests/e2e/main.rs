@@ -5,9 +5,11 @@
 
 mod api_semantics;
 mod auth;
+mod backups;
 mod bounds;
 mod builtin;
 mod cli;
+mod corrupt_data;
 mod cron;
 mod emulated_lab;
 mod examples;
@@ -25,4 +27,5 @@ mod queues_lab;
 mod raft_cluster;
 mod tbctl_jobs;
 mod tls;
+mod upgrades;
 mod watch;
