@@ -322,6 +322,16 @@ async fn rejoin(
 ) {
     match crate::rebuild::rejoin(&credentials, &peers, node.id, &node.addr).await {
         Ok(()) => {
+            // Promotion does not wait for the snapshot to be installed here: a read-index
+            // barrier does (every write committed so far is applied on this member).
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+            while let Err(e) = node.linearize().await {
+                if tokio::time::Instant::now() >= deadline {
+                    tracing::error!(error = %e, "rebuilding from peers: added back, but not caught up");
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
             let status = node.member_status();
             tracing::info!(
                 id = node.id,
