@@ -169,7 +169,8 @@ mod tests {
     #[test]
     fn a_file_reads_back_as_written() {
         let body = br#"{"objects":{}}"#;
-        let (header, read) = decode(&file(body)).expect("valid");
+        let f = file(body);
+        let (header, read) = decode(&f).expect("valid");
         assert_eq!(read, body);
         assert_eq!(header.format, FORMAT);
         assert_eq!(header.cluster_id, "c-1");
