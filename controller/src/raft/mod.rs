@@ -220,7 +220,6 @@ pub fn write_restored(
 }
 
 /// A running Raft member with its store.
-
 pub struct RaftNode {
     pub id: NodeId,
     pub addr: String,

@@ -170,11 +170,7 @@ async fn a_snapshot_restores_every_object_user_and_schedule_as_a_new_cluster() {
     std::fs::write(&altered, &changed).expect("write");
     let (ok, text) = restore(&altered, &restored, "127.0.0.1:1");
     assert!(!ok && text.contains("checksum"), "{text}");
-    let (ok, text) = restore(
-        &cluster.member(0).log_path().to_path_buf(),
-        &restored,
-        "x:1",
-    );
+    let (ok, text) = restore(cluster.member(0).log_path(), &restored, "x:1");
     assert!(!ok && text.contains("not a tb snapshot file"), "{text}");
     assert!(!restored.exists(), "nothing written for a refused file");
 
