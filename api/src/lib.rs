@@ -22,11 +22,13 @@ pub mod quantity;
 pub mod reason;
 pub mod selector;
 mod serde_util;
+pub mod snapshot_file;
 pub mod specs;
 pub mod status;
 pub mod timestamp;
 pub mod tls_failure;
 pub mod validate;
+pub mod version;
 
 #[cfg(test)]
 mod testdata;

@@ -125,6 +125,9 @@ pub enum Command {
     /// The controller cluster: status and membership.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Backups of the whole cluster: `snapshot save FILE` (restore with `tb-controller restore`).
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
     /// Contexts in tbctl's config file.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -650,6 +653,17 @@ pub enum ClusterCommand {
     RemoveMember {
         /// The controller's id (its --id; `tbctl cluster status` lists them).
         id: u64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Save a consistent copy of every object, user, token hash and schedule, taken on the
+    /// leader after every acknowledged write, to FILE (written whole, mode 0600: it holds
+    /// credential hashes). Admins only.
+    Save {
+        /// The file to write (replaced whole if it exists).
+        file: std::path::PathBuf,
     },
 }
 

@@ -28,8 +28,9 @@ use tb_api::proto::{
     DeleteUserResponse, GetRequest, GetResponse, HeartbeatRequest, HeartbeatResponse,
     IssueTokenRequest, IssueTokenResponse, JoinRequest, JoinResponse, ListRequest, ListResponse,
     ListUsersRequest, ListUsersResponse, LogLine, LogsRequest, RemoveMemberRequest,
-    RevokeTokenRequest, RevokeTokenResponse, UpdateStatusRequest, UpdateStatusResponse, WatchEvent,
-    WatchRequest, WhoAmIRequest, WhoAmIResponse,
+    RevokeTokenRequest, RevokeTokenResponse, SaveSnapshotRequest, SnapshotChunk,
+    UpdateStatusRequest, UpdateStatusResponse, WatchEvent, WatchRequest, WhoAmIRequest,
+    WhoAmIResponse,
 };
 use tokio::time::Instant;
 use tonic::service::interceptor::InterceptedService;
@@ -591,6 +592,14 @@ impl Client {
         })
         .await
         .map(|r| r.status)
+    }
+
+    /// A snapshot file of the whole store, streamed in pieces (`tbctl snapshot save`).
+    pub async fn save_snapshot(&mut self) -> Result<Streaming<SnapshotChunk>, RpcError> {
+        self.call("SaveSnapshot", |ch, _| async move {
+            cluster(ch).save_snapshot(SaveSnapshotRequest {}).await
+        })
+        .await
     }
 
     pub async fn remove_member(

@@ -2,6 +2,12 @@
 //! key, the cluster secret and the first admin's token: the directory is kept 0700 and every
 //! file in it 0600, set when they are made and corrected at every start for a directory made by
 //! an older version (or by hand) with looser modes.
+//!
+//! It also holds its format version (`format-version`): what a tb-controller must understand
+//! to read the directory. A directory without one is of format 1 (made before the record was
+//! written) and gets one; a directory of a newer format than this build reads is refused
+//! before anything in it is opened, so an older tb-controller never misreads or rewrites what a
+//! newer one wrote.
 
 use std::path::Path;
 
@@ -11,6 +17,47 @@ use anyhow::Context;
 pub const DIR_MODE: u32 = 0o700;
 /// Every file's mode.
 pub const FILE_MODE: u32 = 0o600;
+
+/// The file that holds the data dir's format version.
+pub const FORMAT_FILE: &str = "format-version";
+/// The newest data dir format this build reads (and the one it writes).
+pub const FORMAT: u32 = 1;
+
+/// Refuse a data dir of a newer format than this build reads (or whose record is unreadable);
+/// returns the directory's format, None for a directory without a record (new, or of format
+/// 1 made before the record was written).
+pub fn check_format(dir: &Path) -> anyhow::Result<Option<u32>> {
+    let path = dir.join(FORMAT_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let version: u32 = text.trim().parse().map_err(|_| {
+        anyhow::anyhow!(
+            "{}: expected a format version (a number), found \"{}\"",
+            path.display(),
+            tb_api::bounds::Quoted(text.trim())
+        )
+    })?;
+    if version > FORMAT {
+        anyhow::bail!(
+            "data dir {} has format version {version}; this tb-controller reads up to {FORMAT} \
+             — upgrade tb-controller",
+            dir.display()
+        );
+    }
+    Ok(Some(version))
+}
+
+/// Record this build's format in `dir` when it has no record yet (0600, written whole).
+pub fn record_format(dir: &Path) -> anyhow::Result<()> {
+    if check_format(dir)?.is_some() {
+        return Ok(());
+    }
+    crate::auth::write_private(&dir.join(FORMAT_FILE), &format!("{FORMAT}\n"))
+        .with_context(|| format!("writing {}", dir.join(FORMAT_FILE).display()))
+}
 
 /// Create `dir` (0700) or tighten it and its files; `db_file` (in `dir`) is created empty with
 /// mode 0600 when missing, so the database never exists with the default mode. Returns what was
@@ -75,6 +122,32 @@ mod tests {
         prepare(&dir, "tb.redb").expect("prepare");
         assert_eq!(mode(&dir), 0o700);
         assert_eq!(mode(&dir.join("tb.redb")), 0o600);
+    }
+
+    #[test]
+    fn a_dir_without_a_format_is_version_1_and_a_newer_one_is_refused() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("data");
+        prepare(&dir, "tb.redb").expect("prepare");
+        assert_eq!(check_format(&dir).expect("no record"), None);
+        record_format(&dir).expect("record");
+        assert_eq!(check_format(&dir).expect("recorded"), Some(FORMAT));
+        assert_eq!(mode(&dir.join(FORMAT_FILE)), 0o600);
+        std::fs::write(dir.join(FORMAT_FILE), format!("{}\n", FORMAT + 1)).expect("write");
+        let e = check_format(&dir).expect_err("newer").to_string();
+        assert!(
+            e.contains(&format!("has format version {}", FORMAT + 1))
+                && e.contains(&format!("reads up to {FORMAT}"))
+                && e.contains("upgrade tb-controller"),
+            "{e}"
+        );
+        assert!(
+            record_format(&dir).is_err(),
+            "a newer record is never overwritten"
+        );
+        std::fs::write(dir.join(FORMAT_FILE), "banana\n").expect("write");
+        let e = check_format(&dir).expect_err("garbage").to_string();
+        assert!(e.contains("expected a format version"), "{e}");
     }
 
     #[test]

@@ -120,6 +120,12 @@ struct Args {
     /// in the clear.
     #[arg(long, conflicts_with_all = ["tls_ca_cert", "tls_ca_key", "tls_san"])]
     insecure: bool,
+    /// When this member's database (DATA_DIR/tb.redb) is damaged: move it aside, have the
+    /// cluster remove this member, start empty and be added back, caught up by the leader.
+    /// Needs the other members' addresses from --initial-cluster and a majority of them up.
+    /// Without it, a damaged database stops the start with what to do.
+    #[arg(long)]
+    rebuild_from_peers: bool,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -129,6 +135,22 @@ enum Sub {
     InitCa {
         /// Where to write ca.pem and ca.key (neither may exist).
         dir: PathBuf,
+    },
+    /// Make a new data dir from a snapshot file (`tbctl snapshot save`): a cluster of one
+    /// member with every object, user, token and schedule the snapshot holds, and a new
+    /// cluster id. Then start tb-controller on it with the same --id and --data-dir.
+    Restore {
+        /// The snapshot file.
+        file: PathBuf,
+        /// The new data dir (must be new or empty).
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// The id the restored member will start with (its --id).
+        #[arg(long, default_value_t = 1)]
+        id: u64,
+        /// The address the restored member will be reached at (its --advertise, or --listen).
+        #[arg(long, default_value = "127.0.0.1:7400")]
+        advertise: String,
     },
 }
 
@@ -160,6 +182,36 @@ async fn main() -> anyhow::Result<()> {
         let ca = tb_controller::tls::Ca::create()?;
         ca.save(dir)?;
         println!("{}", dir.join(tb_controller::tls::CA_CERT_FILE).display());
+        return Ok(());
+    }
+    if let Some(Sub::Restore {
+        file,
+        data_dir,
+        id,
+        advertise,
+    }) = &args.command
+    {
+        let started = std::time::Instant::now();
+        let r = tb_controller::restore::restore(file, data_dir, *id, advertise)
+            .context("tb-controller restore")?;
+        let from = if r.from_cluster.is_empty() {
+            "a cluster without an id".to_string()
+        } else {
+            format!("cluster {}", r.from_cluster)
+        };
+        println!(
+            "restored {} objects ({} schedules) and {} users at revision {} of {from} into {} \
+             in {} ms: new cluster {}, member {id} at {advertise}\n\
+             start it with: tb-controller --data-dir {} --id {id} --listen {advertise}",
+            r.objects,
+            r.schedules,
+            r.users,
+            r.revision,
+            r.data_dir.display(),
+            started.elapsed().as_millis(),
+            r.cluster_id,
+            r.data_dir.display(),
+        );
         return Ok(());
     }
     let Some(data_dir) = args.data_dir.clone() else {
@@ -229,6 +281,7 @@ async fn main() -> anyhow::Result<()> {
             },
             extra_names: args.tls_san,
         },
+        rebuild_from_peers: args.rebuild_from_peers,
     };
     run(opts).await.context("tb-controller")
 }

@@ -52,6 +52,9 @@ pub struct ServerOptions {
     /// `<data-dir>/admin.token`.
     pub admin_token_file: Option<PathBuf>,
     pub tls: TlsOptions,
+    /// When the database is damaged: move it aside and get the state back from the other
+    /// members of `initial_cluster` (`crate::rebuild`) instead of refusing to start.
+    pub rebuild_from_peers: bool,
 }
 
 /// How a controller does TLS.
@@ -107,10 +110,13 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
             Some(_) => {}
         }
     }
+    // A data dir of a newer format is left untouched.
+    crate::datadir::check_format(&opts.data_dir)?;
     // Secrets and state live here: 0700, files 0600, before anything is written.
     for fixed in crate::datadir::prepare(&opts.data_dir, crate::raft::DB_FILE)? {
         tracing::warn!(change = %fixed, "tightened a mode in the data dir");
     }
+    crate::datadir::record_format(&opts.data_dir)?;
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("binding {}", opts.listen))?;
@@ -139,15 +145,8 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| opts.data_dir.join("cluster.secret"));
     let secret = crate::auth::load_or_create_secret(&secret_path)?;
-    let credentials = crate::credentials::Credentials::new(tls, secret);
-    let node = RaftNode::start(
-        opts.id,
-        opts.advertise.clone(),
-        &opts.data_dir,
-        &opts.raft,
-        credentials,
-    )
-    .await?;
+    let credentials = Arc::new(crate::credentials::Credentials::new(tls, secret));
+    let (node, rebuilding) = start_raft(&opts, &credentials).await?;
     let admin_token = match &opts.admin_token_file {
         None => None,
         Some(p) => {
@@ -231,7 +230,9 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         });
     let server = tokio::spawn(serve);
 
-    if !opts.join {
+    if let Some(peers) = rebuilding {
+        tokio::spawn(rejoin(node.clone(), credentials.clone(), peers));
+    } else if !opts.join {
         let members = if opts.initial_cluster.is_empty() {
             BTreeMap::from([(opts.id, opts.advertise.clone())])
         } else {
@@ -268,6 +269,106 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Start Raft on the data dir's database. A damaged database stops the start with what to do
+/// about it, unless `--rebuild-from-peers` asks to move it aside and start on a new one: then
+/// this member has first been removed from the cluster, and the peers to rejoin through are
+/// returned with the node.
+async fn start_raft(
+    opts: &ServerOptions,
+    credentials: &Arc<crate::credentials::Credentials>,
+) -> anyhow::Result<(Arc<RaftNode>, Option<Vec<String>>)> {
+    let start = || {
+        RaftNode::start(
+            opts.id,
+            opts.advertise.clone(),
+            &opts.data_dir,
+            &opts.raft,
+            credentials.clone(),
+        )
+    };
+    let damaged = match start().await {
+        Ok(node) => return Ok((node, None)),
+        Err(e) => match e.downcast::<crate::raft::Damaged>() {
+            Ok(d) => d,
+            Err(e) => return Err(e),
+        },
+    };
+    let db = damaged.path.clone();
+    let peers: Vec<String> = opts
+        .initial_cluster
+        .iter()
+        .filter(|(id, _)| **id != opts.id)
+        .map(|(_, addr)| addr.clone())
+        .collect();
+    if !opts.rebuild_from_peers {
+        tracing::error!(file = %db.display(), reason = %damaged.reason, "the database is damaged; not starting");
+        anyhow::bail!(
+            "{damaged}. This controller cannot start from it. If it is a member of a cluster \
+             whose other members are healthy, start it again with --rebuild-from-peers: the file \
+             is moved aside and the leader sends this member the cluster's state. Otherwise \
+             restore the cluster from a snapshot file: tb-controller restore FILE --data-dir \
+             NEW_DIR (docs/backups.md)."
+        );
+    }
+    if peers.is_empty() {
+        anyhow::bail!(
+            "{damaged}. --rebuild-from-peers needs the other members' addresses: start with the \
+             --initial-cluster this member was formed with"
+        );
+    }
+    tracing::warn!(
+        file = %db.display(),
+        reason = %damaged.reason,
+        "the database is damaged; rebuilding this member from its peers"
+    );
+    crate::rebuild::leave(credentials, &peers, opts.id)
+        .await
+        .context("rebuilding from peers")?;
+    tracing::info!(
+        id = opts.id,
+        "removed this member from the cluster while it has no state"
+    );
+    let aside = crate::rebuild::move_aside(&db)?;
+    tracing::warn!(damaged = %aside.display(), "moved the damaged database aside");
+    // A new, empty database (0600, as `prepare` makes it).
+    crate::datadir::prepare(&opts.data_dir, crate::raft::DB_FILE)?;
+    let node = start().await?;
+    Ok((node, Some(peers)))
+}
+
+/// Ask to be added back once serving (the leader reaches this member to catch it up), and say
+/// how it went: the member serves as a voter again, or stays out of the cluster.
+async fn rejoin(
+    node: Arc<RaftNode>,
+    credentials: Arc<crate::credentials::Credentials>,
+    peers: Vec<String>,
+) {
+    match crate::rebuild::rejoin(&credentials, &peers, node.id, &node.addr).await {
+        Ok(()) => {
+            // Promotion does not wait for the snapshot to be installed here: a read-index
+            // barrier does (every write committed so far is applied on this member).
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+            while let Err(e) = node.linearize().await {
+                if tokio::time::Instant::now() >= deadline {
+                    tracing::error!(error = %e, "rebuilding from peers: added back, but not caught up");
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let status = node.member_status();
+            tracing::info!(
+                id = node.id,
+                applied = status.applied_index,
+                "rebuilt from peers: caught up by the leader and a voter again"
+            );
+        }
+        Err(e) => tracing::error!(
+            error = %format!("{e:#}"),
+            "rebuilding from peers: not added back; add it with `tbctl cluster add-member`"
+        ),
+    }
+}
+
 /// Make the first admin user of a new cluster, once: every member that forms the cluster
 /// proposes it, the first to commit wins, and only the winner writes its token (when it made
 /// one) to `<data-dir>/admin.token`, mode 0600.
@@ -291,6 +392,7 @@ async fn bootstrap_admin(node: Arc<RaftNode>, data_dir: PathBuf, given: Option<S
             created_at: String::new(),
             description: "made with the cluster".into(),
         },
+        cluster_id: uuid::Uuid::new_v4().to_string(),
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {

@@ -47,6 +47,10 @@ struct Args {
     /// Removed: a token on the command line is readable by every local user (`ps`).
     #[arg(long, hide = true, value_name = "TOKEN")]
     join_token: Option<String>,
+    /// For tests only: claim this protocol version (tb_api::version) instead of this build's,
+    /// to check how controllers treat nodelets of other versions.
+    #[arg(long, hide = true, value_name = "N")]
+    test_protocol_version: Option<u32>,
     /// Talk plain TCP to the controllers when no CA is configured: the join token and the
     /// node's credential then cross the network in clear text. Only for controllers started
     /// with --insecure. A CA, when there is one, is always used.
@@ -220,6 +224,9 @@ async fn main() -> anyhow::Result<()> {
         job_disk_limit: args.job_disk_limit.bytes(),
         python: args.python,
         engine_calibration: args.engine_calibration == "on",
+        protocol_version: args
+            .test_protocol_version
+            .unwrap_or(tb_api::version::PROTOCOL),
     };
     run(cfg).await
 }

@@ -109,6 +109,11 @@ impl Controller {
         &self.config
     }
 
+    /// Change how the next start starts it (e.g. a flag for one restart).
+    pub fn config_mut(&mut self) -> &mut ControllerConfig {
+        &mut self.config
+    }
+
     pub fn id(&self) -> u64 {
         self.config.id
     }

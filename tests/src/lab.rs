@@ -957,6 +957,21 @@ impl Lab {
         n.proc.restart(Some(args));
     }
 
+    /// Start nodelet `i` again (killing it first if it runs) with some flags set: each
+    /// `(FLAG, VALUE)` replaces the value FLAG has among its arguments, or is added.
+    pub fn restart_nodelet_with(&mut self, i: usize, flags: &[(&str, &str)]) {
+        crate::step!("restarting {} with {flags:?}", self.nodelets[i].name);
+        let n = &mut self.nodelets[i];
+        let mut args = n.proc.args.clone();
+        for (flag, value) in flags {
+            match args.iter().position(|a| a == flag) {
+                Some(pos) if pos + 1 < args.len() => args[pos + 1] = value.to_string(),
+                _ => args.extend([flag.to_string(), value.to_string()]),
+            }
+        }
+        n.proc.restart(Some(args));
+    }
+
     /// Whether nodelet `i`'s process has exited (with its status).
     pub fn nodelet_exit_status(&mut self, i: usize) -> Option<ExitStatus> {
         self.nodelets[i].proc.exit_status()

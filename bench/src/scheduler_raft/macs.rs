@@ -133,6 +133,7 @@ pub(super) async fn join(
     let req = JoinRequest {
         token: token.into(),
         node_json: node.to_json(),
+        protocol_version: Some(tb_api::version::PROTOCOL),
     };
     let anonymous = NodesClient::new(channel.clone());
     let reply = retry(&format!("Nodes/Join {name}"), || {
@@ -180,6 +181,7 @@ impl Mac {
             node: self.name.clone(),
             credential: self.credential.clone(),
             status_json: status.to_value().to_string(),
+            protocol_version: Some(tb_api::version::PROTOCOL),
         };
         let reply = retry(&format!("Nodes/Heartbeat {}", self.name), || {
             let (mut c, req) = (self.nodes.clone(), req.clone());

@@ -24,6 +24,7 @@ pub mod logs;
 pub mod model;
 pub mod observe;
 pub mod plan;
+pub mod snapshot;
 pub mod token;
 pub mod top;
 pub mod topology;
@@ -219,6 +220,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
         .map(|()| 0),
         Command::Token(c) => token::run(&mut ctx, c).await.map(|()| 0),
         Command::Cluster(c) => cluster::run(&mut ctx, c).await.map(|()| 0),
+        Command::Snapshot(c) => snapshot::run(&mut ctx, c).await.map(|()| 0),
         Command::Whoami => auth::whoami(&mut ctx).await.map(|()| 0),
         Command::Auth(c) => auth::auth(&mut ctx, c).await,
         Command::Admin(c) => auth::admin(&mut ctx, c).await.map(|()| 0),

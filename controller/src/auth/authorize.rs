@@ -80,9 +80,11 @@ pub const TOKEN: &str = "Token";
 pub const JOIN_TOKEN: &str = "JoinToken";
 pub const AUDIT_LOG: &str = "AuditLog";
 pub const CLUSTER_MEMBER: &str = "ClusterMember";
+/// A copy of the whole store (`tbctl snapshot save`): every object and every credential's hash.
+pub const CLUSTER_SNAPSHOT: &str = "ClusterSnapshot";
 
 /// What only admins may read.
-const ADMIN_READ: [&str; 4] = [USER, TOKEN, JOIN_TOKEN, AUDIT_LOG];
+const ADMIN_READ: [&str; 5] = [USER, TOKEN, JOIN_TOKEN, AUDIT_LOG, CLUSTER_SNAPSHOT];
 /// What members may write in their namespaces.
 const JOB_KINDS: [&str; 4] = ["Model", "InferenceService", "TrainingJob", "Schedule"];
 
@@ -285,6 +287,10 @@ mod tests {
             (&member, List, USER, "", "", None, false),
             (&member, List, AUDIT_LOG, "", "", None, false),
             (&member, Create, CLUSTER_MEMBER, "", "", None, false),
+            // The store's copy holds every credential's hash: admins only.
+            (&member, Get, CLUSTER_SNAPSHOT, "", "", None, false),
+            (&viewer, Get, CLUSTER_SNAPSHOT, "", "", None, false),
+            (&mac1, Get, CLUSTER_SNAPSHOT, "", "", None, false),
             // Viewers: read only.
             (&viewer, Get, "TrainingJob", "default", "j", None, true),
             (&viewer, Watch, "Allocation", "", "", None, true),

@@ -140,6 +140,23 @@ fn get_meta<T: serde::de::DeserializeOwned>(db: &Database, key: &str) -> io::Res
     }
 }
 
+/// Start a restored member's log after `last`, the snapshot it starts from: nothing to replay,
+/// and `last` counts as committed (it was, in the cluster the snapshot was taken of).
+pub(super) fn write_restored_floor(db: &Database, last: &LogId) -> io::Result<()> {
+    let purged = serde_json::to_vec(last).map_err(io_err)?;
+    let committed = serde_json::to_vec(&Some(*last)).map_err(io_err)?;
+    let tx = db.begin_write().map_err(io_err)?;
+    {
+        tx.open_table(LOG).map_err(io_err)?;
+        let mut meta = tx.open_table(META).map_err(io_err)?;
+        meta.insert(LAST_PURGED, purged.as_slice())
+            .map_err(io_err)?;
+        meta.insert(COMMITTED, committed.as_slice())
+            .map_err(io_err)?;
+    }
+    tx.commit().map_err(io_err)
+}
+
 /// The writer thread: take every queued job, apply them in one transaction, commit, report.
 fn write_loop(shared: std::sync::Weak<Shared>, rx: mpsc::Receiver<Job>) {
     while let Ok(first) = rx.recv() {

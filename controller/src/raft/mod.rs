@@ -11,6 +11,7 @@ mod state_machine;
 mod storage_tests;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -117,10 +118,120 @@ struct ReadIndexReply {
     applied: Option<LogId>,
 }
 
-/// A running Raft member with its store.
 /// The member's database in its data dir.
 pub const DB_FILE: &str = "tb.redb";
 
+/// The member's database cannot be read whole: redb refused to open it, its checksums do not
+/// hold, or its log or snapshot does not decode. Nothing was written to it.
+#[derive(Debug, thiserror::Error)]
+#[error("{} is damaged: {reason}", path.display())]
+pub struct Damaged {
+    pub path: std::path::PathBuf,
+    pub reason: String,
+}
+
+/// Open `path` (created when missing) and verify every page's checksum before Raft reads it:
+/// a member must not vote or acknowledge from a log it cannot fully read. redb repairs what an
+/// unclean stop leaves on its own when it opens; what it has to repair in the check is damage
+/// (and repairing it could roll back a commit this member acknowledged), so that is refused too.
+fn open_checked(path: &Path) -> anyhow::Result<redb::Database> {
+    let damaged = |reason: String| {
+        anyhow::Error::new(Damaged {
+            path: path.to_path_buf(),
+            reason,
+        })
+    };
+    let opened = std::panic::catch_unwind(|| {
+        // redb caches up to 1 GiB by default; the store keeps its own copy of every object in
+        // memory, so a small page cache is enough for the log and snapshots.
+        let mut db = redb::Builder::new()
+            .set_cache_size(REDB_CACHE_BYTES)
+            .create(path)?;
+        let clean = db.check_integrity()?;
+        Ok::<_, redb::DatabaseError>((db, clean))
+    });
+    match opened {
+        Ok(Ok((db, true))) => Ok(db),
+        Ok(Ok((_, false))) => Err(damaged(
+            "its checksums did not hold (redb could only repair it by going back to an older commit)"
+                .into(),
+        )),
+        // Not the file's fault: another process has it open, or it may not be read.
+        Ok(Err(e @ redb::DatabaseError::DatabaseAlreadyOpen)) => Err(anyhow::anyhow!(
+            "opening {}: {e} (is another tb-controller using this data dir?)",
+            path.display()
+        )),
+        Ok(Err(redb::DatabaseError::Storage(redb::StorageError::Io(e))))
+            if matches!(
+                e.kind(),
+                io::ErrorKind::PermissionDenied | io::ErrorKind::NotFound
+            ) =>
+        {
+            Err(anyhow::anyhow!("opening {}: {e}", path.display()))
+        }
+        Ok(Err(e)) => Err(damaged(e.to_string())),
+        Err(_) => Err(damaged("redb failed while reading it".into())),
+    }
+}
+
+/// The log, the state machine (from the latest snapshot) and the metrics over `db`.
+fn load(
+    db: redb::Database,
+    disk: Option<DiskGuard>,
+) -> io::Result<(log_store::LogStore, StateMachine, Arc<Metrics>)> {
+    let db = Arc::new(db);
+    let log = log_store::LogStore::new(db.clone(), disk)?;
+    let metrics = Arc::new(Metrics::default());
+    let sm = StateMachine::open(db, metrics.clone())?;
+    Ok((log, sm, metrics))
+}
+
+/// Write a new single-member store at `path` (which must not hold one) whose state is `state`
+/// (the store as JSON) at log index `revision`: member `id` at `addr` is its only voter. The
+/// member starts from it as from a snapshot, with an empty log after it.
+pub fn write_restored(
+    path: &Path,
+    id: NodeId,
+    addr: &str,
+    state: &[u8],
+    revision: u64,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let db = redb::Builder::new()
+        .set_cache_size(REDB_CACHE_BYTES)
+        .create(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    // A new cluster: no leader has been elected in it yet, so the entries it starts after
+    // carry term 0, as openraft's own first membership entry does.
+    let last = LogId::new(
+        openraft::impls::leader_id_adv::LeaderId {
+            term: 0,
+            node_id: 0,
+        },
+        revision.max(1),
+    );
+    let membership = openraft::Membership::new(
+        vec![BTreeSet::from([id])],
+        BTreeMap::from([(
+            id,
+            BasicNode {
+                addr: addr.to_string(),
+            },
+        )]),
+    )
+    .map_err(|e| anyhow::anyhow!("the restored membership: {e}"))?;
+    let meta = SnapshotMeta {
+        last_log_id: Some(last),
+        last_membership: StoredMembership::new(Some(last), membership),
+    };
+    state_machine::write_restored_snapshot(&db, &meta, state)
+        .with_context(|| format!("writing the snapshot into {}", path.display()))?;
+    log_store::write_restored_floor(&db, &last)
+        .with_context(|| format!("writing the log into {}", path.display()))?;
+    Ok(())
+}
+
+/// A running Raft member with its store.
 pub struct RaftNode {
     pub id: NodeId,
     pub addr: String,
@@ -135,13 +246,14 @@ pub struct RaftNode {
 
 impl RaftNode {
     /// Open (or create) the member's redb database in `data_dir` and start Raft; other
-    /// controllers are reached over gRPC.
+    /// controllers are reached over gRPC. A database that cannot be read whole is reported as
+    /// [`Damaged`] (downcast the error), so the caller can say what to do about it.
     pub async fn start(
         id: NodeId,
         addr: String,
         data_dir: &Path,
         opts: &RaftOptions,
-        credentials: Credentials,
+        credentials: impl Into<Arc<Credentials>>,
     ) -> anyhow::Result<Arc<RaftNode>> {
         use anyhow::Context;
         std::fs::create_dir_all(data_dir)
@@ -158,15 +270,26 @@ impl RaftNode {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
         let path = data_dir.join(DB_FILE);
-        // redb caches up to 1 GiB by default; the store keeps its own copy of every object in
-        // memory, so a small page cache is enough for the log and snapshots.
-        let db = redb::Builder::new()
-            .set_cache_size(REDB_CACHE_BYTES)
-            .create(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        let credentials = Arc::new(credentials);
+        let db = open_checked(&path)?;
+        let credentials = credentials.into();
         let peers = Peers::Grpc(GrpcPeers::new(credentials.clone()));
-        let node = Self::start_with(id, addr, db, opts, peers, credentials, Some(disk)).await?;
+        let damaged = |e: io::Error| Damaged {
+            path: path.clone(),
+            reason: e.to_string(),
+        };
+        let (log, sm, metrics) = load(db, Some(disk.clone())).map_err(damaged)?;
+        let node = Self::start_with(
+            id,
+            addr,
+            log,
+            sm,
+            metrics,
+            opts,
+            peers,
+            credentials,
+            Some(disk),
+        )
+        .await?;
         tokio::spawn(watch_disk(Arc::downgrade(&node)));
         Ok(node)
     }
@@ -189,26 +312,26 @@ impl RaftNode {
             net: net.clone(),
         });
         let credentials = Arc::new(Credentials::none());
-        let node = Self::start_with(id, addr, db, opts, peers, credentials, None).await?;
+        let (log, sm, metrics) = load(db, None).context("loading the in-memory store")?;
+        let node =
+            Self::start_with(id, addr, log, sm, metrics, opts, peers, credentials, None).await?;
         net.register(&node);
         Ok(node)
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn start_with(
         id: NodeId,
         addr: String,
-        db: redb::Database,
+        log: log_store::LogStore,
+        sm: StateMachine,
+        metrics: Arc<Metrics>,
         opts: &RaftOptions,
         peers: Peers,
         credentials: Arc<Credentials>,
         disk: Option<DiskGuard>,
     ) -> anyhow::Result<Arc<RaftNode>> {
         use anyhow::Context;
-        let db = Arc::new(db);
-        let log =
-            log_store::LogStore::new(db.clone(), disk.clone()).context("opening the raft log")?;
-        let metrics = Arc::new(Metrics::default());
-        let sm = StateMachine::open(db, metrics.clone()).context("loading the latest snapshot")?;
         let shared = sm.shared();
         let config = openraft::Config {
             cluster_name: "tb".into(),

@@ -115,6 +115,22 @@ async fn write_snapshot(
     .await
 }
 
+/// Write the snapshot a restored member starts from.
+pub(super) fn write_restored_snapshot(
+    db: &Database,
+    meta: &SnapshotMeta,
+    data: &[u8],
+) -> io::Result<()> {
+    let meta = serde_json::to_vec(meta).map_err(io_err)?;
+    let tx = db.begin_write().map_err(io_err)?;
+    {
+        let mut table = tx.open_table(SNAPSHOT).map_err(io_err)?;
+        table.insert(META, meta.as_slice()).map_err(io_err)?;
+        table.insert(DATA, data).map_err(io_err)?;
+    }
+    tx.commit().map_err(io_err)
+}
+
 /// Builds a snapshot from a copy of the state taken when the build was requested.
 pub struct SnapshotBuilder {
     db: Arc<Database>,

@@ -1,18 +1,21 @@
 //! The `Cluster` gRPC service: membership and health of the controller cluster.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+
+use futures::Stream;
 
 use tb_api::proto::cluster_client::ClusterClient;
 use tb_api::proto::cluster_server::Cluster;
 use tb_api::proto::{
     AddMemberRequest, AddMemberResponse, ClusterStatusRequest, ClusterStatusResponse,
-    RemoveMemberRequest, RemoveMemberResponse,
+    RemoveMemberRequest, RemoveMemberResponse, SaveSnapshotRequest, SnapshotChunk,
 };
 use tonic::{Request, Response, Status};
 
-use super::{caller, check};
-use crate::auth::authorize::CLUSTER_MEMBER;
+use super::{caller, check, unavailable};
+use crate::auth::authorize::{CLUSTER_MEMBER, CLUSTER_SNAPSHOT};
 use crate::auth::{Access, Verb};
 use crate::raft::RaftNode;
 
@@ -48,6 +51,31 @@ impl ClusterService {
             credentials.peer_auth(),
         )))
     }
+}
+
+/// The size of the pieces a snapshot file is streamed in (well under gRPC's message limit).
+const SNAPSHOT_CHUNK: usize = 1024 * 1024;
+
+type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotChunk, Status>> + Send>>;
+
+/// The snapshot file of this member's store, once it reflects every acknowledged write.
+async fn snapshot_file(node: &RaftNode) -> Result<Vec<u8>, Status> {
+    // The barrier: every write acknowledged before the request is applied here.
+    node.linearize().await.map_err(unavailable)?;
+    let state = node.store().read().clone();
+    tokio::task::spawn_blocking(move || {
+        let body = serde_json::to_vec(&state)
+            .map_err(|e| Status::internal(format!("encoding the store: {e}")))?;
+        let header = tb_api::snapshot_file::SnapshotHeader::for_body(
+            &state.cluster_id,
+            state.revision,
+            &super::now(),
+            &body,
+        );
+        Ok(tb_api::snapshot_file::encode(&header, &body))
+    })
+    .await
+    .map_err(|e| Status::internal(format!("encoding the store: {e}")))?
 }
 
 fn check_address(addr: &str) -> Result<(), Status> {
@@ -102,6 +130,40 @@ impl Cluster for ClusterService {
         Ok(Response::new(AddMemberResponse {
             status: Some(self.node.cluster_status().await),
         }))
+    }
+
+    type SaveSnapshotStream = SnapshotStream;
+
+    async fn save_snapshot(
+        &self,
+        req: Request<SaveSnapshotRequest>,
+    ) -> Result<Response<Self::SaveSnapshotStream>, Status> {
+        let who = caller(&req);
+        check(
+            &self.node,
+            &who,
+            &Access::new(Verb::Get, CLUSTER_SNAPSHOT, "", ""),
+        )?;
+        if let Some(mut leader) = self.leader_client().await? {
+            // The leader sees a controller ask: the caller is named here.
+            tracing::info!(caller = %who.audit_name(), "snapshot file asked for; taken on the leader");
+            let stream = leader.save_snapshot(req.into_inner()).await?.into_inner();
+            return Ok(Response::new(Box::pin(stream)));
+        }
+        let started = std::time::Instant::now();
+        let file = snapshot_file(&self.node).await?;
+        // Who took a copy of every credential's hash is worth knowing.
+        tracing::info!(
+            caller = %who.audit_name(),
+            bytes = file.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "snapshot file taken"
+        );
+        let chunks: Vec<Result<SnapshotChunk, Status>> = file
+            .chunks(SNAPSHOT_CHUNK)
+            .map(|c| Ok(SnapshotChunk { data: c.to_vec() }))
+            .collect();
+        Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
     }
 
     async fn remove_member(

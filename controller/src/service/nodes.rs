@@ -135,6 +135,8 @@ impl Nodes for NodesService {
 
     async fn join(&self, req: Request<JoinRequest>) -> Result<TonicResponse<JoinResponse>, Status> {
         let req = req.into_inner();
+        tb_api::version::check_nodelet(req.protocol_version)
+            .map_err(Status::failed_precondition)?;
         if req.token.is_empty() {
             return Err(Status::unauthenticated(
                 "a join token is required (tbctl token create)",
@@ -177,6 +179,9 @@ impl Nodes for NodesService {
         let req = req.into_inner();
         tb_api::name::validate_name(&req.node)
             .map_err(|m| Status::invalid_argument(format!("node: {m}")))?;
+        // Checked at every beat too: a nodelet upgraded in place keeps its credential.
+        tb_api::version::check_nodelet(req.protocol_version)
+            .map_err(Status::failed_precondition)?;
         // Strict and bounded like any status: the heartbeat is proposed before the store
         // checks its credential.
         let status = tb_api::load::parse_status_json(Kind::Node, &req.status_json)

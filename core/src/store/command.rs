@@ -119,6 +119,10 @@ pub enum Op {
     BootstrapAdmin {
         token_hash: String,
         token: TokenRecord,
+        /// The new cluster's id (random, chosen by the member that proposes this); the first
+        /// to commit wins. Absent from commands logged before clusters had ids.
+        #[serde(default)]
+        cluster_id: String,
     },
     /// Record a refusal that never reached the store (a denied mutation).
     RecordAudit {

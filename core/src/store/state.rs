@@ -102,6 +102,10 @@ pub struct State {
     /// Whether the first admin was made (once per cluster).
     #[serde(default)]
     pub bootstrapped: bool,
+    /// The cluster's id, chosen when it was formed (or restored from a snapshot file); empty
+    /// for a cluster formed before clusters had ids.
+    #[serde(default)]
+    pub cluster_id: String,
     /// The last `MAX_AUDIT` mutations by users, oldest first.
     #[serde(default)]
     pub audit: VecDeque<AuditRecord>,
@@ -168,8 +172,12 @@ impl State {
                 (self.issue_token(&cmd.now, token_hash, token), Vec::new())
             }
             Op::RevokeToken { id } => (self.revoke_token(id), Vec::new()),
-            Op::BootstrapAdmin { token_hash, token } => (
-                self.bootstrap_admin(&cmd.now, token_hash, token),
+            Op::BootstrapAdmin {
+                token_hash,
+                token,
+                cluster_id,
+            } => (
+                self.bootstrap_admin(&cmd.now, token_hash, token, cluster_id),
                 Vec::new(),
             ),
             Op::RecordAudit { record } => {

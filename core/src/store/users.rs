@@ -231,6 +231,7 @@ impl State {
         now: &str,
         hash: &str,
         token: &TokenRecord,
+        cluster_id: &str,
     ) -> Response {
         if self.bootstrapped {
             return rejected(StoreError::AlreadyExists(
@@ -238,6 +239,7 @@ impl State {
             ));
         }
         self.bootstrapped = true;
+        self.cluster_id = cluster_id.to_string();
         if !self.users.contains_key(&token.user) {
             self.users.insert(
                 token.user.clone(),
@@ -317,6 +319,7 @@ mod tests {
         let op = |h: &str| Op::BootstrapAdmin {
             token_hash: h.into(),
             token: token("a1", ADMIN_USER),
+            cluster_id: format!("cluster-{h}"),
         };
         assert_eq!(run(&mut s, 1, "", op("h1")), Response::Done);
         assert!(matches!(
@@ -325,6 +328,10 @@ mod tests {
         ));
         assert_eq!(s.users[ADMIN_USER].role, Role::Admin);
         assert!(s.user_tokens.contains_key("h1") && !s.user_tokens.contains_key("h2"));
+        assert_eq!(
+            s.cluster_id, "cluster-h1",
+            "the first to commit names the cluster"
+        );
         // Not a user's doing: nothing audited.
         assert!(s.audit.is_empty());
     }

@@ -191,6 +191,7 @@ pub async fn run(
     links: Links,
     supervisor: Arc<Supervisor>,
     mut interval: Duration,
+    protocol_version: u32,
 ) {
     // One client for the life of the nodelet: it keeps its connection to the controller that
     // answered last. A beat may take at most one interval, so a slow round never stacks up.
@@ -202,6 +203,7 @@ pub async fn run(
             node: credential.node.clone(),
             credential: credential.credential.clone(),
             status_json: status.to_value().to_string(),
+            protocol_version: Some(protocol_version),
         };
         let sent_at = std::time::Instant::now();
         match client.heartbeat(req).await {
@@ -216,6 +218,10 @@ pub async fn run(
             }
             Err(e) if e.is_unanswered() => {
                 tracing::debug!("heartbeat not delivered: {e}");
+            }
+            // A controller that no longer serves this nodelet's version says what to upgrade.
+            Err(e) if e.code == tonic::Code::FailedPrecondition => {
+                tracing::error!("heartbeat refused: {e}")
             }
             Err(e) => tracing::warn!("heartbeat refused: {e}"),
         }

@@ -111,6 +111,7 @@ pub async fn establish(
     name: &str,
     token: Option<&JoinTokenSource>,
     node: Object,
+    protocol_version: u32,
 ) -> anyhow::Result<Credential> {
     if let Some(c) = load(data_dir)? {
         if c.node != name {
@@ -134,6 +135,7 @@ pub async fn establish(
         .join(JoinRequest {
             token,
             node_json: node.to_json(),
+            protocol_version: Some(protocol_version),
         })
         .await
         .map_err(|e| anyhow::anyhow!("joining as {name}: {e}"))?;

@@ -71,6 +71,9 @@ pub struct Config {
     pub python: Option<PathBuf>,
     /// Measure the built-in engine's decode speed after start (`--engine-calibration on`).
     pub engine_calibration: bool,
+    /// The protocol version sent with the join and every heartbeat (tb_api::version::PROTOCOL;
+    /// another only in tests).
+    pub protocol_version: u32,
 }
 
 /// The default `--job-disk-limit`: 10 GiB.
@@ -170,6 +173,7 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         &cfg.name,
         cfg.join_token.as_ref(),
         node,
+        cfg.protocol_version,
     )
     .await?;
     controllers.set_credential(&credential.credential);
@@ -223,6 +227,7 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         links,
         supervisor,
         cfg.heartbeat,
+        cfg.protocol_version,
     ));
     tokio::spawn(Prober::new(cfg.name.clone(), controllers.clone(), cfg.probe).run());
     tracing::info!(node = %cfg.name, listen = %cfg.listen, "tb-nodelet running");

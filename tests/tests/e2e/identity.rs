@@ -36,6 +36,7 @@ async fn join(addr: &str, token: &str, name: &str) -> Result<String, tonic::Stat
         .join(JoinRequest {
             token: token.into(),
             node_json: node_json(name),
+            protocol_version: Some(tb_api::version::PROTOCOL),
         })
         .await
         .map(|r| r.into_inner().credential)
@@ -51,6 +52,7 @@ async fn heartbeat(addr: &str, name: &str, credential: &str) -> Result<(), tonic
             node: name.into(),
             credential: credential.into(),
             status_json: "{}".into(),
+            protocol_version: Some(tb_api::version::PROTOCOL),
         })
         .await
         .map(drop)

@@ -9,46 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use rand::{Rng, SeedableRng};
-use tb_tests::linearizability::{Counts, History, INITIAL, Outcome, check, register_op};
+use tb_tests::linearizability::{Counts, History, INITIAL, check, register_client_paced};
 use tb_tests::objects::{self, model, unique_namespace};
-use tb_tests::{Client, Cluster, ClusterOptions, step, wait};
-
-async fn client_task(
-    client: Arc<Client>,
-    ns: String,
-    c: usize,
-    ops: usize,
-    keys: usize,
-    history: Arc<History>,
-    done: Arc<AtomicUsize>,
-) {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7 + c as u64);
-    let mut incarnation = 0;
-    let members = client.addrs().to_vec();
-    for i in 0..ops {
-        let key = rng.random_range(0..keys);
-        let name = format!("reg-{key}");
-        let addr = &members[rng.random_range(0..members.len())];
-        let write = rng.random_bool(0.5).then(|| format!("c{c}-{i}"));
-        let outcome = register_op(
-            &client,
-            addr,
-            &ns,
-            &name,
-            key,
-            (c, incarnation),
-            write,
-            &history,
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-        if let Outcome::Unknown(_) = outcome {
-            incarnation += 1;
-        }
-        done.fetch_add(1, Ordering::SeqCst);
-    }
-}
+use tb_tests::{Cluster, ClusterOptions, step, wait};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_and_writes_are_linearizable_across_a_leader_kill() {
@@ -75,7 +38,7 @@ async fn reads_and_writes_are_linearizable_across_a_leader_kill() {
     let done = Arc::new(AtomicUsize::new(0));
     let tasks: Vec<_> = (0..CLIENTS)
         .map(|c| {
-            tokio::spawn(client_task(
+            tokio::spawn(register_client_paced(
                 client.clone(),
                 ns.clone(),
                 c,
@@ -83,6 +46,7 @@ async fn reads_and_writes_are_linearizable_across_a_leader_kill() {
                 KEYS,
                 history.clone(),
                 done.clone(),
+                Duration::ZERO,
             ))
         })
         .collect();

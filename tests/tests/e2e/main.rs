@@ -5,10 +5,12 @@
 
 mod api_semantics;
 mod auth;
+mod backups;
 mod bounds;
 mod builtin;
 mod cli;
 mod clock_faults;
+mod corrupt_data;
 mod cron;
 mod disk_faults;
 mod emulated_lab;
@@ -29,4 +31,5 @@ mod raft_cluster;
 mod service_failover;
 mod tbctl_jobs;
 mod tls;
+mod upgrades;
 mod watch;
