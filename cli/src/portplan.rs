@@ -216,7 +216,7 @@ mod tests {
             .expect_err("too small")
             .to_string();
         assert!(
-            e.contains("has 11 ports") && e.contains("at least 19"),
+            e.contains("has 11 ports") && e.contains("at least 20"),
             "{e}"
         );
         for bad in ["41000", "0-10", "10-5", "1-70000", "a-b"] {
