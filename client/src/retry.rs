@@ -35,6 +35,10 @@ pub fn is_retryable(s: &Status) -> bool {
         Code::Unknown | Code::Internal => {
             std::error::Error::source(s).is_some() || names_the_transport(s.message())
         }
+        // A member whose data disk is full refuses what it would have to write; another
+        // member (or this one, once space returns) may take it. Other exhausted resources
+        // (a message too large) are final.
+        Code::ResourceExhausted => s.message().contains("no space left on the controller's"),
         _ => false,
     }
 }

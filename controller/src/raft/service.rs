@@ -49,9 +49,12 @@ impl RaftRpc for RaftService {
         req: Request<RaftPayload>,
     ) -> Result<TonicResponse<RaftPayload>, Status> {
         let rpc: openraft::raft::AppendEntriesRequest<TypeConfig> = decode(req)?;
-        // Entries would be written to the log: refused while the disk is low (the leader
-        // retries; heartbeats, which write nothing, still pass and keep this member a follower).
-        if !rpc.entries.is_empty() {
+        // Entries would be written to the log, and a vote this member has not seen (a new
+        // leader's first heartbeat) would be written before anything else: refused while the
+        // disk is low, since a failed write stops the member (the leader retries). Heartbeats
+        // of the leader it knows write nothing, still pass and keep it a follower.
+        let new_vote = self.node.raft_metrics().vote != rpc.vote;
+        if !rpc.entries.is_empty() || new_vote {
             self.node.check_disk().map_err(disk_full)?;
         }
         encode(&self.node.raft.append_entries(rpc).await)

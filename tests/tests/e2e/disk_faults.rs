@@ -303,14 +303,21 @@ async fn a_leader_whose_disk_fills_hands_over_and_catches_up_when_space_returns(
         "controller {leader} leads {:?} after the disk filled",
         started.elapsed()
     );
-    // The cluster takes writes, through any member (the full one forwards to the leader).
+    // The cluster takes writes through the other members.
     for i in 0..20 {
         acked.push(write(format!("during-{i}")).await);
     }
-    apply_one(&client, &cluster.addr(full), &ns, "via-full")
-        .await
-        .unwrap_or_else(|e| panic!("a write through the full member: {e:?}"));
-    acked.push("via-full".into());
+    // Through the full member a write is forwarded when it knows the new leader, or refused
+    // clearly: the new leader's first heartbeat carries a vote the member would have to write
+    // before anything else, and a failed write would stop its Raft, so it refuses that too
+    // until space returns.
+    match apply_one(&client, &cluster.addr(full), &ns, "via-full").await {
+        Ok(()) => acked.push("via-full".into()),
+        Err(e) => assert!(
+            e.code() == Code::ResourceExhausted && e.message().contains("no space left"),
+            "a write through the full member: {e:?}"
+        ),
+    }
     let view = cluster
         .member_view(full)
         .await
@@ -319,6 +326,10 @@ async fn a_leader_whose_disk_fills_hands_over_and_catches_up_when_space_returns(
     assert!(
         cluster.member_mut(full).is_running(),
         "the full member exited"
+    );
+    assert_ne!(
+        view.state, "shutdown",
+        "the full member's Raft stopped (a write hit the full disk): {view:?}"
     );
 
     disks[full].free_filler();
