@@ -25,8 +25,7 @@ fn alone(shard: &mut Shard, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
             .expect("prefill"),
     );
     let (mut tokens, mut all) = (Vec::new(), Vec::new());
-    let mut pos = prompt.len();
-    for _ in 0..STEPS {
+    for pos in prompt.len()..prompt.len() + STEPS {
         let next = argmax(&l);
         tokens.push(next);
         all.push(l);
@@ -35,7 +34,6 @@ fn alone(shard: &mut Shard, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
                 .forward(100, StageInput::Tokens(vec![next]), pos)
                 .expect("decode"),
         );
-        pos += 1;
     }
     shard.drop_sequence(100);
     (tokens, all)

@@ -252,7 +252,7 @@ impl Step {
         let mut entries = Vec::new();
         if matches!(op, Op::Batch | Op::Tokens) {
             let body = &b[HEADER..];
-            if body.len() % ENTRY != 0 {
+            if !body.len().is_multiple_of(ENTRY) {
                 return Err(format!(
                     "batch of {} bytes, not a whole number of {ENTRY}-byte entries",
                     body.len()
