@@ -60,3 +60,46 @@ pub fn unique_namespace(prefix: &str) -> String {
 pub fn request_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
+
+/// SmolLM2 (the GGUF at `model`) as a Model, and `chat`: a built-in InferenceService of it
+/// split over two Macs in a pipeline (context 2048, batch 2). With `holder`, only that node is
+/// said to hold the file, and the other stage fetches its shard from it.
+pub fn smollm2_service_yaml(model: &str, holder: Option<&str>) -> String {
+    let nodes = holder
+        .map(|h| format!("\n    nodes: [{h}]"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: tb/v1
+kind: Model
+metadata:
+  name: smollm2
+spec:
+  format: gguf
+  source:
+    path: {model}{nodes}
+  architecture: llama
+  layers: 30
+  hiddenSize: 576
+  heads: 9
+  kvHeads: 3
+  contextLength: 8192
+  vocabSize: 49152
+  bytesPerLayer: 2Mi
+  totalBytes: 98Mi
+---
+apiVersion: tb/v1
+kind: InferenceService
+metadata:
+  name: chat
+spec:
+  model: smollm2
+  executor: builtin
+  parallelism: pipeline
+  nodes:
+    min: 2
+    max: 2
+  context: 2048
+  batch: 2
+"
+    )
+}

@@ -21,6 +21,7 @@ use tb_engine::generate::Engine;
 use tb_engine::sample::SamplingParams;
 use tb_engine::shard::LoadOptions;
 use tb_tests::lab::{self, Lab, LabOptions, Proc};
+use tb_tests::objects::smollm2_service_yaml;
 use tb_tests::ports::free_port;
 use tb_tests::step;
 use tb_tests::workdir::TestDir;
@@ -374,46 +375,6 @@ async fn concurrent_requests_get_the_tokens_each_gets_alone() {
     }
 }
 
-fn service_yaml(model: &Path) -> String {
-    format!(
-        "apiVersion: tb/v1
-kind: Model
-metadata:
-  name: smollm2
-spec:
-  format: gguf
-  source:
-    path: {}
-    # Only node-1 holds the file: the rank on node-2 stages its shard from node-1.
-    nodes: [node-1]
-  architecture: llama
-  layers: 30
-  hiddenSize: 576
-  heads: 9
-  kvHeads: 3
-  contextLength: 8192
-  vocabSize: 49152
-  bytesPerLayer: 2Mi
-  totalBytes: 98Mi
----
-apiVersion: tb/v1
-kind: InferenceService
-metadata:
-  name: chat
-spec:
-  model: smollm2
-  executor: builtin
-  parallelism: pipeline
-  nodes:
-    min: 2
-    max: 2
-  context: 2048
-  batch: 2
-",
-        model.display()
-    )
-}
-
 /// Waits until every Node reports the figures its nodelet measured of tb's engine.
 async fn wait_engine_figures(lab: &Lab) {
     let deadline = Instant::now() + READY_TIMEOUT;
@@ -507,7 +468,11 @@ links:
     opts.nodelet_args = vec!["--engine-calibration".into(), "on".into()];
     let lab = Lab::start_with("builtin-service", opts).await;
     wait_engine_figures(&lab).await;
-    lab.apply_yaml(&service_yaml(&model)).await;
+    lab.apply_yaml(&smollm2_service_yaml(
+        &model.display().to_string(),
+        Some("node-1"),
+    ))
+    .await;
     let status = wait_ready(&lab, 1).await;
     step!("ready: {status}");
     let endpoint = status["endpoint"].as_str().expect("endpoint").to_string();

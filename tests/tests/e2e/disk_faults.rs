@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tb_tests::cluster::ELECTION_TIMEOUT;
-use tb_tests::objects::{self, model, unique_namespace};
+use tb_tests::objects::{self, model, smollm2_service_yaml, unique_namespace};
 use tb_tests::workdir::TestDir;
 use tb_tests::{Client, Cluster, ClusterOptions, Controller, ControllerConfig, step, wait};
 use tonic::Code;
@@ -355,46 +355,6 @@ async fn a_leader_whose_disk_fills_hands_over_and_catches_up_when_space_returns(
     drop(disks);
 }
 
-/// A Model only node-1 holds and a two-stage built-in service: node-2 stages its shard.
-fn staged_service_yaml(model: &std::path::Path) -> String {
-    format!(
-        "apiVersion: tb/v1
-kind: Model
-metadata:
-  name: smollm2
-spec:
-  format: gguf
-  source:
-    path: {}
-    nodes: [node-1]
-  architecture: llama
-  layers: 30
-  hiddenSize: 576
-  heads: 9
-  kvHeads: 3
-  contextLength: 8192
-  vocabSize: 49152
-  bytesPerLayer: 2Mi
-  totalBytes: 98Mi
----
-apiVersion: tb/v1
-kind: InferenceService
-metadata:
-  name: chat
-spec:
-  model: smollm2
-  executor: builtin
-  parallelism: pipeline
-  nodes:
-    min: 2
-    max: 2
-  context: 2048
-  batch: 2
-",
-        model.display()
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn staging_onto_a_full_nodelet_disk_says_so_and_succeeds_once_space_returns() {
     use tb_tests::lab::{Lab, LabOptions};
@@ -426,7 +386,11 @@ links:
     opts.topology = Some(topology);
     opts.nodelet_data_dirs = vec![dir.path().join("node-1"), disk.path.join("node-2")];
     let lab = Lab::start_with("disk-full-staging", opts).await;
-    lab.apply_yaml(&staged_service_yaml(&model)).await;
+    lab.apply_yaml(&smollm2_service_yaml(
+        &model.display().to_string(),
+        Some("node-1"),
+    ))
+    .await;
 
     let refused = wait::expect(
         "node-2's rank failing to stage for want of space",

@@ -34,7 +34,7 @@ use serde_json::Value;
 use tb_api::proto::ApplyRequest;
 use tb_tests::linearizability::{self, History, register_client_paced};
 use tb_tests::netns::{EmulatedLab, MacSpec, NsRuntime, Shape};
-use tb_tests::objects::{self, model, parse, unique_namespace};
+use tb_tests::objects::{self, model, parse, smollm2_service_yaml, unique_namespace};
 use tb_tests::{Client, partition, step};
 
 /// The value every register holds before the recorded history starts.
@@ -1142,42 +1142,8 @@ async fn a_cut_cable_between_two_pipeline_stages_makes_the_service_not_ready_unt
     lab.start_nodelets(&token, &topology, PROBE_PORT);
     lab.wait_nodes_ready(Duration::from_secs(60)).await;
     let rt = lab.hub_runtime();
-    lab.apply_yaml(&format!(
-        "apiVersion: tb/v1
-kind: Model
-metadata:
-  name: smollm2
-spec:
-  format: gguf
-  source:
-    path: {}
-  architecture: llama
-  layers: 30
-  hiddenSize: 576
-  heads: 9
-  kvHeads: 3
-  contextLength: 8192
-  vocabSize: 49152
-  bytesPerLayer: 2Mi
-  totalBytes: 98Mi
----
-apiVersion: tb/v1
-kind: InferenceService
-metadata:
-  name: chat
-spec:
-  model: smollm2
-  executor: builtin
-  parallelism: pipeline
-  nodes:
-    min: 2
-    max: 2
-  context: 2048
-  batch: 2
-",
-        model.display()
-    ))
-    .await;
+    lab.apply_yaml(&smollm2_service_yaml(&model.display().to_string(), None))
+        .await;
     let started = Instant::now();
     let status = wait_serving(&lab, &rt, "chat", SERVICE_READY).await;
     let epoch = status["epoch"].as_u64().unwrap_or(0);

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use tb_tests::lab::{self, Lab, LabOptions};
+use tb_tests::objects::smollm2_service_yaml;
 use tb_tests::step;
 use tb_tests::workdir::TestDir;
 use tokio::io::AsyncBufReadExt;
@@ -92,45 +93,6 @@ fn model_path() -> std::path::PathBuf {
         p.display()
     );
     p.canonicalize().unwrap_or(p)
-}
-
-fn service_yaml(model: &str) -> String {
-    format!(
-        "apiVersion: tb/v1
-kind: Model
-metadata:
-  name: smollm2
-spec:
-  format: gguf
-  source:
-    path: {model}
-    # Only node-1 holds the file: the others stage from it, and one keeps a whole copy.
-    nodes: [node-1]
-  architecture: llama
-  layers: 30
-  hiddenSize: 576
-  heads: 9
-  kvHeads: 3
-  contextLength: 8192
-  vocabSize: 49152
-  bytesPerLayer: 2Mi
-  totalBytes: 98Mi
----
-apiVersion: tb/v1
-kind: InferenceService
-metadata:
-  name: chat
-spec:
-  model: smollm2
-  executor: builtin
-  parallelism: pipeline
-  nodes:
-    min: 2
-    max: 2
-  context: 2048
-  batch: 2
-"
-    )
 }
 
 fn unix_now() -> f64 {
@@ -280,7 +242,8 @@ links:
     let mut opts = LabOptions::new(3);
     opts.topology = Some(topology);
     let mut lab = Lab::start_with("service-failover", opts).await;
-    lab.apply_yaml(&service_yaml(&model_text)).await;
+    lab.apply_yaml(&smollm2_service_yaml(&model_text, Some("node-1")))
+        .await;
     let mut status = wait_ready(&lab, 0).await;
     step!("ready: {status}");
     let url = status["url"].as_str().expect("url").to_string();
