@@ -58,6 +58,8 @@ pub enum EngineError {
     DuplicateSequence { seq: u64 },
     #[error("the batched step failed: {detail}")]
     BatchFailed { detail: String },
+    #[error("LoRA adapter {path}: {detail}")]
+    BadAdapter { path: PathBuf, detail: String },
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
 }

@@ -5,6 +5,7 @@
 //!
 //! Features `metal` and `accelerate` forward to candle's.
 
+pub mod adapter;
 pub mod calibrate;
 pub mod chat;
 pub mod error;

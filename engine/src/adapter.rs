@@ -1,0 +1,695 @@
+//! LoRA adapters in the PEFT layout (`adapter_config.json` + `adapter_model.safetensors`), the
+//! files Hugging Face PEFT, TRL and llama.cpp's converter read and write.
+//!
+//! In memory an [`Adapter`] holds each adapted matrix's pair in *engine layout*: the rows of the
+//! GGUF tensor it adapts. llama.cpp's converter permutes the rows of llama/mistral `q_proj` and
+//! `k_proj` (the interleaved RoPE of `rope_i`), so the `lora_B` of those two is permuted the same
+//! way on load and back on save; files on disk are always in Hugging Face row order, so an
+//! adapter trained by tb loads in PEFT and one trained by PEFT loads in tb.
+//!
+//! The adapted weight is `W + scale · B·A` with `scale = alpha / rank` (`alpha / sqrt(rank)`
+//! with rsLoRA). Only `bias: none`, `fan_in_fan_out: false` adapters of the llama blocks' seven
+//! linear layers are accepted; anything else is refused with the key or field that is wrong.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{EngineError, Result};
+use crate::gguf::ModelConfig;
+
+/// The config file of a PEFT adapter directory.
+pub const CONFIG_FILE: &str = "adapter_config.json";
+/// The weights file of a PEFT adapter directory.
+pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
+/// Larger adapter files are refused: a rank-256 adapter of every linear layer of a 70B model is
+/// about 3.4 GB in f32, and anything past this is not an adapter.
+pub const MAX_WEIGHTS_BYTES: u64 = 8 << 30;
+/// Larger config files are refused (PEFT writes well under 2 KiB).
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// Ranks above this are refused.
+pub const MAX_RANK: usize = 1024;
+
+/// A linear layer of a llama block that an adapter may adapt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Target {
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+}
+
+impl Target {
+    /// All targets, in block order.
+    pub const ALL: [Target; 7] = [
+        Target::Q,
+        Target::K,
+        Target::V,
+        Target::O,
+        Target::Gate,
+        Target::Up,
+        Target::Down,
+    ];
+
+    /// The module name PEFT uses (`q_proj`, ..., `down_proj`).
+    pub fn module(self) -> &'static str {
+        match self {
+            Target::Q => "q_proj",
+            Target::K => "k_proj",
+            Target::V => "v_proj",
+            Target::O => "o_proj",
+            Target::Gate => "gate_proj",
+            Target::Up => "up_proj",
+            Target::Down => "down_proj",
+        }
+    }
+
+    /// The submodule of the block that holds it (`self_attn` or `mlp`).
+    fn parent(self) -> &'static str {
+        match self {
+            Target::Q | Target::K | Target::V | Target::O => "self_attn",
+            Target::Gate | Target::Up | Target::Down => "mlp",
+        }
+    }
+
+    /// Parses a PEFT module name; `q`, `k`, ... are accepted as short forms.
+    pub fn parse(name: &str) -> Option<Target> {
+        let name = name.strip_suffix("_proj").unwrap_or(name);
+        Some(match name {
+            "q" => Target::Q,
+            "k" => Target::K,
+            "v" => Target::V,
+            "o" => Target::O,
+            "gate" => Target::Gate,
+            "up" => Target::Up,
+            "down" => Target::Down,
+            _ => return None,
+        })
+    }
+
+    /// (in, out) features of this layer in `config`'s model.
+    pub fn shape(self, config: &ModelConfig) -> (usize, usize) {
+        let q = config.heads * config.head_dim;
+        let kv = config.kv_heads * config.head_dim;
+        match self {
+            Target::Q => (config.hidden, q),
+            Target::K | Target::V => (config.hidden, kv),
+            Target::O => (q, config.hidden),
+            Target::Gate | Target::Up => (config.hidden, config.ffn),
+            Target::Down => (config.ffn, config.hidden),
+        }
+    }
+
+    /// Heads whose rows llama.cpp's converter permuted for this target, if it did.
+    fn permuted_heads(self, config: &ModelConfig) -> Option<usize> {
+        if !rope_interleaved(config) {
+            return None;
+        }
+        match self {
+            Target::Q => Some(config.heads),
+            Target::K => Some(config.kv_heads),
+            _ => None,
+        }
+    }
+}
+
+/// llama and mistral GGUFs store q/k rows permuted for interleaved RoPE; qwen2 does not.
+fn rope_interleaved(config: &ModelConfig) -> bool {
+    config.architecture != "qwen2"
+}
+
+/// The hyper-parameters of an adapter (`targets` in block order, as [`Adapter::load`] gives them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraConfig {
+    pub rank: usize,
+    pub alpha: f32,
+    pub dropout: f32,
+    /// rsLoRA: scale by alpha / sqrt(rank) instead of alpha / rank.
+    pub rslora: bool,
+    pub targets: Vec<Target>,
+    /// What the adapter was trained on (PEFT's `base_model_name_or_path`).
+    pub base_model: String,
+}
+
+impl LoraConfig {
+    /// The factor applied to B·A.
+    pub fn scale(&self) -> f32 {
+        if self.rslora {
+            self.alpha / (self.rank as f32).sqrt()
+        } else {
+            self.alpha / self.rank as f32
+        }
+    }
+}
+
+/// One adapted matrix: `a` is [rank, in], `b` is [out, rank], both f32, `b`'s rows in engine
+/// layout.
+#[derive(Debug, Clone)]
+pub struct LoraPair {
+    pub a: Tensor,
+    pub b: Tensor,
+}
+
+impl LoraPair {
+    /// `scale · x·Aᵀ·Bᵀ` for x of shape [..., in]: the adapter's addition to the layer's output.
+    pub fn delta(&self, x: &Tensor, scale: f32) -> Result<Tensor> {
+        let h = x.broadcast_matmul(&self.a.t()?)?;
+        let y = h.broadcast_matmul(&self.b.t()?)?;
+        Ok((y * f64::from(scale))?)
+    }
+}
+
+/// A LoRA adapter: its config and a pair per (block, target) it adapts.
+#[derive(Debug, Clone)]
+pub struct Adapter {
+    pub config: LoraConfig,
+    pub pairs: BTreeMap<(usize, Target), LoraPair>,
+}
+
+/// The fields of `adapter_config.json` tb reads and writes (PEFT's names).
+#[derive(Debug, Serialize, Deserialize)]
+struct PeftConfig {
+    #[serde(default = "lora")]
+    peft_type: String,
+    r: usize,
+    lora_alpha: f32,
+    #[serde(default)]
+    lora_dropout: f32,
+    target_modules: TargetModules,
+    #[serde(default)]
+    base_model_name_or_path: Option<String>,
+    #[serde(default = "none")]
+    bias: String,
+    #[serde(default)]
+    fan_in_fan_out: bool,
+    #[serde(default)]
+    use_rslora: bool,
+    #[serde(default)]
+    use_dora: bool,
+    #[serde(default)]
+    task_type: Option<String>,
+    #[serde(default)]
+    inference_mode: bool,
+    #[serde(default)]
+    layers_to_transform: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+enum TargetModules {
+    List(Vec<String>),
+    Pattern(String),
+}
+
+fn lora() -> String {
+    "LORA".into()
+}
+
+fn none() -> String {
+    "none".into()
+}
+
+fn bad(path: &Path, detail: impl Into<String>) -> EngineError {
+    EngineError::BadAdapter {
+        path: path.to_path_buf(),
+        detail: detail.into(),
+    }
+}
+
+fn io(path: &Path, source: std::io::Error) -> EngineError {
+    EngineError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// `base_model.model.model.layers.{layer}.{self_attn|mlp}.{module}.lora_{A|B}.weight`.
+fn key(layer: usize, target: Target, which: char) -> String {
+    format!(
+        "base_model.model.model.layers.{layer}.{}.{}.lora_{which}.weight",
+        target.parent(),
+        target.module()
+    )
+}
+
+/// Parses a PEFT key into (layer, target, 'A' | 'B'); None for anything else.
+fn parse_key(key: &str) -> Option<(usize, Target, char)> {
+    let rest = key.strip_prefix("base_model.model.")?;
+    let rest = rest.strip_prefix("model.").unwrap_or(rest);
+    let rest = rest.strip_prefix("layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (parent, rest) = rest.split_once('.')?;
+    let (module, rest) = rest.split_once('.')?;
+    let target = Target::parse(module)?;
+    if parent != target.parent() {
+        return None;
+    }
+    // PEFT saves without the adapter name; older files kept `.default`.
+    let rest = rest.replace(".default", "");
+    let which = match rest.as_str() {
+        "lora_A.weight" => 'A',
+        "lora_B.weight" => 'B',
+        _ => return None,
+    };
+    Some((layer, target, which))
+}
+
+/// Reorders the rows of `b` [heads·head_dim, r] between Hugging Face order (`to_engine`) and
+/// llama.cpp's permuted order: within each head, HF keeps the two RoPE halves apart
+/// ([2, d/2]) where the GGUF interleaves them ([d/2, 2]).
+fn permute_rows(b: &Tensor, heads: usize, to_engine: bool) -> Result<Tensor> {
+    let (out, r) = b.dims2()?;
+    let d = out / heads;
+    let split = if to_engine {
+        b.reshape((heads, 2, d / 2, r))?
+    } else {
+        b.reshape((heads, d / 2, 2, r))?
+    };
+    Ok(split.transpose(1, 2)?.contiguous()?.reshape((out, r))?)
+}
+
+impl Adapter {
+    /// The scale applied to every pair.
+    pub fn scale(&self) -> f32 {
+        self.config.scale()
+    }
+
+    /// The pair adapting `target` of block `layer`, if the adapter has one.
+    pub fn pair(&self, layer: usize, target: Target) -> Option<&LoraPair> {
+        self.pairs.get(&(layer, target))
+    }
+
+    /// Blocks the adapter touches.
+    pub fn layers(&self) -> impl Iterator<Item = usize> + '_ {
+        let mut seen: Vec<usize> = self.pairs.keys().map(|(l, _)| *l).collect();
+        seen.dedup();
+        seen.into_iter()
+    }
+
+    /// Reads the PEFT directory `dir` for a model of `config`, checking every key and shape, onto
+    /// `device` in f32.
+    pub fn load(dir: &Path, config: &ModelConfig, device: &Device) -> Result<Adapter> {
+        let config_path = dir.join(CONFIG_FILE);
+        let text = read_bounded(&config_path, MAX_CONFIG_BYTES)?;
+        let peft: PeftConfig = serde_json::from_slice(&text).map_err(|e| {
+            bad(
+                &config_path,
+                format!("line {}, column {}: {e}", e.line(), e.column()),
+            )
+        })?;
+        let lora_config = check_config(&config_path, &peft)?;
+
+        let weights_path = dir.join(WEIGHTS_FILE);
+        let size = std::fs::metadata(&weights_path)
+            .map_err(|e| io(&weights_path, e))?
+            .len();
+        if size > MAX_WEIGHTS_BYTES {
+            return Err(bad(
+                &weights_path,
+                format!("{size} bytes is larger than an adapter can be ({MAX_WEIGHTS_BYTES})"),
+            ));
+        }
+        let tensors = load_safetensors(&weights_path, device)?;
+        let mut halves: BTreeMap<(usize, Target), (Option<Tensor>, Option<Tensor>)> =
+            BTreeMap::new();
+        for (name, tensor) in tensors {
+            let Some((layer, target, which)) = parse_key(&name) else {
+                return Err(bad(
+                    &weights_path,
+                    format!(
+                        "tensor {name:?} is not a LoRA weight of a llama block \
+                         (expected base_model.model.model.layers.N.self_attn|mlp.MODULE.lora_A|B.weight)"
+                    ),
+                ));
+            };
+            if layer >= config.n_layers {
+                return Err(bad(
+                    &weights_path,
+                    format!(
+                        "tensor {name} adapts block {layer}, but the model has {} blocks",
+                        config.n_layers
+                    ),
+                ));
+            }
+            let slot = halves.entry((layer, target)).or_default();
+            let tensor = tensor.to_dtype(DType::F32)?;
+            if which == 'A' {
+                slot.0 = Some(tensor);
+            } else {
+                slot.1 = Some(tensor);
+            }
+        }
+        let mut pairs = BTreeMap::new();
+        for ((layer, target), (a, b)) in halves {
+            let (Some(a), Some(b)) = (a, b) else {
+                return Err(bad(
+                    &weights_path,
+                    format!(
+                        "block {layer} {} has only one of lora_A and lora_B",
+                        target.module()
+                    ),
+                ));
+            };
+            let (inp, out) = target.shape(config);
+            let r = lora_config.rank;
+            if a.dims() != [r, inp] || b.dims() != [out, r] {
+                return Err(bad(
+                    &weights_path,
+                    format!(
+                        "block {layer} {}: lora_A is {:?} and lora_B {:?}, expected [{r}, {inp}] and [{out}, {r}] for this model at rank {r}",
+                        target.module(),
+                        a.dims(),
+                        b.dims()
+                    ),
+                ));
+            }
+            let b = match target.permuted_heads(config) {
+                Some(heads) => permute_rows(&b, heads, true)?,
+                None => b,
+            };
+            pairs.insert((layer, target), LoraPair { a, b });
+        }
+        if pairs.is_empty() {
+            return Err(bad(&weights_path, "holds no LoRA weights"));
+        }
+        Ok(Adapter {
+            config: lora_config,
+            pairs,
+        })
+    }
+
+    /// Writes the adapter as a PEFT directory `dir` (made if missing) for a model of `config`.
+    /// Each file is written beside its final name and renamed, so a reader never sees half a file.
+    pub fn save(&self, dir: &Path, config: &ModelConfig) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+        let mut tensors: HashMap<String, Tensor> = HashMap::new();
+        for ((layer, target), pair) in &self.pairs {
+            let b = match target.permuted_heads(config) {
+                Some(heads) => permute_rows(&pair.b, heads, false)?,
+                None => pair.b.clone(),
+            };
+            tensors.insert(key(*layer, *target, 'A'), pair.a.contiguous()?);
+            tensors.insert(key(*layer, *target, 'B'), b);
+        }
+        let weights = dir.join(WEIGHTS_FILE);
+        let tmp = temp_name(&weights);
+        candle_core::safetensors::save(&tensors, &tmp)?;
+        std::fs::rename(&tmp, &weights).map_err(|e| io(&weights, e))?;
+
+        let mut targets = self.config.targets.clone();
+        targets.sort();
+        targets.dedup();
+        let modules: Vec<String> = targets.iter().map(|t| t.module().to_string()).collect();
+        let peft = PeftConfig {
+            peft_type: lora(),
+            r: self.config.rank,
+            lora_alpha: self.config.alpha,
+            lora_dropout: self.config.dropout,
+            target_modules: TargetModules::List(modules),
+            base_model_name_or_path: Some(self.config.base_model.clone()),
+            bias: none(),
+            fan_in_fan_out: false,
+            use_rslora: self.config.rslora,
+            use_dora: false,
+            task_type: Some("CAUSAL_LM".into()),
+            inference_mode: true,
+            layers_to_transform: None,
+        };
+        let json = serde_json::to_vec_pretty(&peft).map_err(|e| bad(dir, e.to_string()))?;
+        let config_path = dir.join(CONFIG_FILE);
+        let tmp = temp_name(&config_path);
+        std::fs::write(&tmp, json).map_err(|e| io(&tmp, e))?;
+        std::fs::rename(&tmp, &config_path).map_err(|e| io(&config_path, e))?;
+        Ok(())
+    }
+}
+
+fn temp_name(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    path.with_file_name(name)
+}
+
+fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
+    let size = std::fs::metadata(path).map_err(|e| io(path, e))?.len();
+    if size > max {
+        return Err(bad(path, format!("{size} bytes; at most {max} expected")));
+    }
+    std::fs::read(path).map_err(|e| io(path, e))
+}
+
+/// candle's safetensors reader, with its error turned into one that names the file.
+fn load_safetensors(path: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
+    candle_core::safetensors::load(path, device)
+        .map_err(|e| bad(path, format!("not a readable safetensors file: {e}")))
+}
+
+fn check_config(path: &Path, peft: &PeftConfig) -> Result<LoraConfig> {
+    if !peft.peft_type.eq_ignore_ascii_case("LORA") {
+        return Err(bad(
+            path,
+            format!("peft_type is {:?}; tb runs LORA adapters", peft.peft_type),
+        ));
+    }
+    if peft.r == 0 || peft.r > MAX_RANK {
+        return Err(bad(
+            path,
+            format!("r is {}; expected 1..={MAX_RANK}", peft.r),
+        ));
+    }
+    if !peft.lora_alpha.is_finite() || peft.lora_alpha <= 0.0 {
+        return Err(bad(
+            path,
+            format!(
+                "lora_alpha is {}; expected a positive number",
+                peft.lora_alpha
+            ),
+        ));
+    }
+    if peft.bias != "none" {
+        return Err(bad(
+            path,
+            format!(
+                "bias is {:?}; tb runs adapters with bias \"none\"",
+                peft.bias
+            ),
+        ));
+    }
+    if peft.fan_in_fan_out {
+        return Err(bad(
+            path,
+            "fan_in_fan_out is true; tb expects false (llama)",
+        ));
+    }
+    if peft.use_dora {
+        return Err(bad(path, "use_dora is true; tb runs plain LoRA"));
+    }
+    if peft.layers_to_transform.is_some() {
+        // The weights file says which blocks are adapted; the field only restricts training.
+        tracing::debug!(path = %path.display(), "layers_to_transform ignored: the weights name their blocks");
+    }
+    let mut targets = match &peft.target_modules {
+        TargetModules::List(list) => list
+            .iter()
+            .map(|m| {
+                Target::parse(m).ok_or_else(|| {
+                    bad(
+                        path,
+                        format!(
+                            "target_modules names {m:?}; tb adapts q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj and down_proj"
+                        ),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?,
+        // A regex: the weights file says which modules are adapted.
+        TargetModules::Pattern(_) => Target::ALL.to_vec(),
+    };
+    targets.sort();
+    targets.dedup();
+    Ok(LoraConfig {
+        rank: peft.r,
+        alpha: peft.lora_alpha,
+        dropout: peft.lora_dropout,
+        rslora: peft.use_rslora,
+        targets,
+        base_model: peft.base_model_name_or_path.clone().unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(arch: &str) -> ModelConfig {
+        ModelConfig {
+            architecture: arch.into(),
+            n_layers: 2,
+            hidden: 8,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 4,
+            ffn: 12,
+            vocab: 16,
+            context: 32,
+            rope_theta: 10000.0,
+            rms_eps: 1e-5,
+        }
+    }
+
+    fn adapter(config: &ModelConfig) -> Adapter {
+        let dev = Device::Cpu;
+        let mut pairs = BTreeMap::new();
+        for (i, target) in [Target::Q, Target::K, Target::V, Target::Down]
+            .into_iter()
+            .enumerate()
+        {
+            let (inp, out) = target.shape(config);
+            let a: Vec<f32> = (0..2 * inp).map(|v| (v + i) as f32 * 0.5).collect();
+            let b: Vec<f32> = (0..out * 2).map(|v| (v * 3 + i) as f32).collect();
+            pairs.insert(
+                (1, target),
+                LoraPair {
+                    a: Tensor::from_vec(a, (2, inp), &dev).expect("a"),
+                    b: Tensor::from_vec(b, (out, 2), &dev).expect("b"),
+                },
+            );
+        }
+        Adapter {
+            config: LoraConfig {
+                rank: 2,
+                alpha: 4.0,
+                dropout: 0.0,
+                rslora: false,
+                targets: vec![Target::Q, Target::K, Target::V, Target::Down],
+                base_model: "smollm2".into(),
+            },
+            pairs,
+        }
+    }
+
+    fn rows(t: &Tensor) -> Vec<Vec<f32>> {
+        t.to_vec2::<f32>().expect("vec2")
+    }
+
+    #[test]
+    fn an_adapter_survives_a_save_and_load_in_both_layouts() {
+        for arch in ["llama", "qwen2"] {
+            let cfg = config(arch);
+            let original = adapter(&cfg);
+            let dir = tempfile::tempdir().expect("tempdir");
+            original.save(dir.path(), &cfg).expect("save");
+            let back = Adapter::load(dir.path(), &cfg, &Device::Cpu).expect("load");
+            assert_eq!(back.config, original.config);
+            assert_eq!(back.pairs.len(), original.pairs.len());
+            for (k, pair) in &original.pairs {
+                let other = back.pair(k.0, k.1).expect("pair");
+                assert_eq!(rows(&other.a), rows(&pair.a), "{arch} {k:?} A");
+                assert_eq!(rows(&other.b), rows(&pair.b), "{arch} {k:?} B");
+            }
+        }
+    }
+
+    #[test]
+    fn llama_q_and_k_rows_are_stored_in_hugging_face_order() {
+        let cfg = config("llama");
+        let a = adapter(&cfg);
+        let dir = tempfile::tempdir().expect("tempdir");
+        a.save(dir.path(), &cfg).expect("save");
+        let raw = candle_core::safetensors::load(dir.path().join(WEIGHTS_FILE), &Device::Cpu)
+            .expect("raw");
+        // q: 2 heads of head_dim 4; engine row h*4 + j*2 + t is HF row h*4 + t*2 + j.
+        let engine = rows(&a.pair(1, Target::Q).expect("q").b);
+        let hf = rows(&raw[&key(1, Target::Q, 'B')]);
+        for h in 0..2 {
+            for j in 0..2 {
+                for t in 0..2 {
+                    assert_eq!(engine[h * 4 + j * 2 + t], hf[h * 4 + t * 2 + j]);
+                }
+            }
+        }
+        // v is not permuted.
+        assert_eq!(
+            rows(&a.pair(1, Target::V).expect("v").b),
+            rows(&raw[&key(1, Target::V, 'B')])
+        );
+        let text = std::fs::read_to_string(dir.path().join(CONFIG_FILE)).expect("config");
+        let json: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(json["peft_type"], "LORA");
+        assert_eq!(json["r"], 2);
+        assert_eq!(json["task_type"], "CAUSAL_LM");
+    }
+
+    #[test]
+    fn delta_is_scale_times_x_a_t_b_t() {
+        let dev = Device::Cpu;
+        let pair = LoraPair {
+            a: Tensor::from_vec(vec![1f32, 0., 0., 1.], (2, 2), &dev).expect("a"),
+            b: Tensor::from_vec(vec![1f32, 2., 3., 4., 5., 6.], (3, 2), &dev).expect("b"),
+        };
+        let x = Tensor::from_vec(vec![1f32, 1.], (1, 1, 2), &dev).expect("x");
+        let y = pair.delta(&x, 0.5).expect("delta");
+        assert_eq!(
+            y.flatten_all()
+                .expect("flat")
+                .to_vec1::<f32>()
+                .expect("vec"),
+            vec![1.5, 3.5, 5.5]
+        );
+    }
+
+    #[test]
+    fn wrong_files_are_refused_with_what_is_wrong() {
+        let cfg = config("llama");
+        let dir = tempfile::tempdir().expect("tempdir");
+        adapter(&cfg).save(dir.path(), &cfg).expect("save");
+        // A model with one block: block 1 does not exist.
+        let mut small = cfg.clone();
+        small.n_layers = 1;
+        let e = Adapter::load(dir.path(), &small, &Device::Cpu).expect_err("too few blocks");
+        assert!(e.to_string().contains("has 1 blocks"), "{e}");
+        // A wider model: shapes do not match.
+        let mut wide = cfg.clone();
+        wide.hidden = 16;
+        let e = Adapter::load(dir.path(), &wide, &Device::Cpu).expect_err("shape");
+        assert!(e.to_string().contains("expected [2, 16]"), "{e}");
+        // A config PEFT could write but tb cannot run.
+        let path = dir.path().join(CONFIG_FILE);
+        let text = std::fs::read_to_string(&path).expect("read");
+        std::fs::write(&path, text.replace("\"none\"", "\"all\"")).expect("write");
+        let e = Adapter::load(dir.path(), &cfg, &Device::Cpu).expect_err("bias");
+        assert!(e.to_string().contains("bias"), "{e}");
+        std::fs::write(&path, "{ \"r\": 2,").expect("write");
+        let e = Adapter::load(dir.path(), &cfg, &Device::Cpu).expect_err("json");
+        assert!(e.to_string().contains(CONFIG_FILE), "{e}");
+        assert!(e.to_string().contains("line 1"), "{e}");
+        // Not safetensors at all.
+        adapter(&cfg).save(dir.path(), &cfg).expect("save");
+        std::fs::write(dir.path().join(WEIGHTS_FILE), b"garbage").expect("write");
+        let e = Adapter::load(dir.path(), &cfg, &Device::Cpu).expect_err("weights");
+        assert!(e.to_string().contains("safetensors"), "{e}");
+    }
+
+    #[test]
+    fn peft_keys_parse_and_others_do_not() {
+        assert_eq!(
+            parse_key("base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight"),
+            Some((3, Target::Q, 'A'))
+        );
+        assert_eq!(
+            parse_key("base_model.model.model.layers.0.mlp.down_proj.lora_B.default.weight"),
+            Some((0, Target::Down, 'B'))
+        );
+        assert_eq!(
+            parse_key("base_model.model.model.layers.0.mlp.q_proj.lora_A.weight"),
+            None
+        );
+        assert_eq!(parse_key("base_model.model.lm_head.lora_A.weight"), None);
+    }
+}
