@@ -1,6 +1,11 @@
 //! `tbctl chat NAME "prompt"`: asks an InferenceService through its OpenAI-compatible endpoint
-//! (the URL in its status) and prints the answer as it streams in. A convenience client: the
-//! endpoint speaks the OpenAI API, so any OpenAI client works the same.
+//! and prints the answer as it streams in. A convenience client: the endpoint speaks the OpenAI
+//! API, so any OpenAI client works the same.
+//!
+//! It prefers the service's stable address (`status.url`, served by the controllers over TLS,
+//! which follows the service when tb places it again), verified with the context's cluster CA and
+//! authenticated with the context's token; without a CA, or when the controllers serve no stable
+//! address, it falls back to rank 0's own endpoint (`status.endpoint`, plain HTTP, no token).
 
 use anyhow::{Context, Result, bail};
 use http_body_util::{BodyExt, Full};
@@ -27,9 +32,20 @@ pub async fn run(ctx: &mut Ctx, a: &ChatArgs) -> Result<()> {
         .await
         .with_context(|| format!("reading InferenceService {}", a.name))?;
     let obj: Value = serde_json::from_str(&obj.object_json).context("the service's JSON")?;
-    let endpoint = obj["status"]["endpoint"].as_str().unwrap_or_default();
+    let stable = obj["status"]["url"].as_str().unwrap_or_default();
+    let direct = obj["status"]["endpoint"].as_str().unwrap_or_default();
     let model = obj["spec"]["model"].as_str().unwrap_or_default();
-    if endpoint.is_empty() {
+    let target = match (stable.starts_with("https://"), ctx.trust()) {
+        (true, Some(trust)) => Target::Stable {
+            url: stable.to_string(),
+            trust: trust.clone(),
+            token: ctx.token().map(str::to_string),
+        },
+        _ => Target::Direct(direct.to_string()),
+    };
+    if let Target::Direct(endpoint) = &target
+        && endpoint.is_empty()
+    {
         let reason = obj["status"]["reason"].as_str().unwrap_or("Pending");
         bail!(
             "InferenceService {} has no endpoint yet ({reason}); `tbctl wait --for=condition=Ready isvc/{}` waits for one",
@@ -47,8 +63,9 @@ pub async fn run(ctx: &mut Ctx, a: &ChatArgs) -> Result<()> {
     if let Some(n) = a.max_tokens {
         body["max_tokens"] = json!(n);
     }
-    let url = format!("{}/chat/completions", endpoint.trim_end_matches('/'));
-    let (status, mut response) = post(&url, &body.to_string()).await?;
+    let url = format!("{}/chat/completions", target.base().trim_end_matches('/'));
+    tracing::debug!(%url, "asking the service");
+    let (status, mut response) = post(&target, &url, &body.to_string()).await?;
     let mut out = tokio::io::stdout();
     let mut pending = String::new();
     let mut error_body = String::new();
@@ -95,29 +112,126 @@ pub async fn run(ctx: &mut Ctx, a: &ChatArgs) -> Result<()> {
     bail!("the stream ended before [DONE]")
 }
 
-/// POSTs JSON to an `http://host:port/path` URL; returns the status and the body stream.
-async fn post(url: &str, body: &str) -> Result<(u16, hyper::body::Incoming)> {
-    let rest = url
-        .strip_prefix("http://")
-        .with_context(|| format!("{url}: only http:// endpoints are supported"))?;
+/// Where the request goes.
+enum Target {
+    /// The controllers' stable address for the service (https), with the CA to verify them and
+    /// the token to send.
+    Stable {
+        url: String,
+        trust: tb_client::Trust,
+        token: Option<String>,
+    },
+    /// Rank 0's own endpoint (http).
+    Direct(String),
+}
+
+impl Target {
+    fn base(&self) -> &str {
+        match self {
+            Target::Stable { url, .. } => url,
+            Target::Direct(url) => url,
+        }
+    }
+}
+
+/// POSTs JSON to `url` (under `target`'s base); returns the status and the body stream.
+async fn post(target: &Target, url: &str, body: &str) -> Result<(u16, hyper::body::Incoming)> {
+    let (rest, tls) = match target {
+        Target::Stable { trust, .. } => (
+            url.strip_prefix("https://")
+                .with_context(|| format!("{url}: expected an https:// address"))?,
+            Some(trust),
+        ),
+        Target::Direct(_) => (
+            url.strip_prefix("http://")
+                .with_context(|| format!("{url}: only http:// endpoints are supported"))?,
+            None,
+        ),
+    };
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
     let stream = tokio::net::TcpStream::connect(authority)
         .await
         .with_context(|| format!("connecting to {authority}"))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+    let mut req = hyper::Request::post(format!("/{path}"))
+        .header("host", authority)
+        .header("content-type", "application/json");
+    if let Target::Stable {
+        token: Some(token), ..
+    } = target
+    {
+        req = req.header("authorization", format!("Bearer {token}"));
+    }
+    let req = req
+        .body(Full::new(Bytes::from(body.to_string())))
+        .context("building the request")?;
+    let resp = match tls {
+        Some(trust) => {
+            let stream = tls_connect(stream, authority, trust).await?;
+            send(TokioIo::new(stream), req, authority, url).await?
+        }
+        None => send(TokioIo::new(stream), req, authority, url).await?,
+    };
+    Ok((resp.status().as_u16(), resp.into_body()))
+}
+
+async fn send<T>(
+    io: TokioIo<T>,
+    req: hyper::Request<Full<Bytes>>,
+    authority: &str,
+    url: &str,
+) -> Result<hyper::Response<hyper::body::Incoming>>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
         .await
         .with_context(|| format!("talking HTTP to {authority}"))?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    let req = hyper::Request::post(format!("/{path}"))
-        .header("host", authority)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .context("building the request")?;
-    let resp = sender
+    sender
         .send_request(req)
         .await
-        .with_context(|| format!("POST {url}"))?;
-    Ok((resp.status().as_u16(), resp.into_body()))
+        .with_context(|| format!("POST {url}"))
+}
+
+/// TLS to `authority` trusting only the cluster CA in `trust`.
+async fn tls_connect(
+    stream: tokio::net::TcpStream,
+    authority: &str,
+    trust: &tb_client::Trust,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+    use tokio_rustls::rustls::{ClientConfig, RootCertStore};
+
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(trust.pem.as_bytes()) {
+        let cert = cert.with_context(|| format!("reading the CA {}", trust.path.display()))?;
+        roots
+            .add(cert)
+            .with_context(|| format!("the CA {} is not usable", trust.path.display()))?;
+    }
+    let provider = std::sync::Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS versions")?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let host = authority
+        .rsplit_once(':')
+        .map_or(authority, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let name = ServerName::try_from(host.to_string())
+        .with_context(|| format!("{host} is not a host name or address"))?;
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, stream)
+        .await
+        .with_context(|| {
+            format!(
+                "TLS handshake with {authority} (verified with the CA in {})",
+                trust.path.display()
+            )
+        })
 }

@@ -106,6 +106,16 @@ impl Ctx {
         self
     }
 
+    /// The bearer token calls carry, if any.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
+    /// The CA the controllers are verified with, if any.
+    pub fn trust(&self) -> Option<&crate::tls::Trust> {
+        self.trust.as_ref()
+    }
+
     pub fn client(&mut self) -> &mut Client {
         let (servers, timeout, token) = (&self.target.servers, self.timeout, &self.token);
         let (trust, insecure) = (&self.trust, self.insecure);

@@ -400,6 +400,25 @@ links:
     }
     drop(client);
 
+    // tbctl chat asks through the same stable address, with the context's CA and token.
+    let chat = lab
+        .tbctl_command(&["chat", "chat", "Say hello.", "--max-tokens", "4"])
+        .env("RUST_LOG", "tbctl=debug")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("tbctl chat");
+    let chat_err = String::from_utf8_lossy(&chat.stderr);
+    assert!(chat.status.success(), "tbctl chat: {chat_err}");
+    assert!(
+        !String::from_utf8_lossy(&chat.stdout).trim().is_empty(),
+        "tbctl chat printed no answer: {chat_err}"
+    );
+    assert!(
+        chat_err.contains(&format!("{url}/chat/completions")),
+        "tbctl chat did not use the stable address {url}: {chat_err}"
+    );
+
     // Who may use it: a member of another namespace may not; no token is no access.
     let bob = lab
         .tbctl_ok(&[
