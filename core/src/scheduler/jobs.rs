@@ -202,7 +202,11 @@ pub fn reconcile_job(
 
     // Place when nothing of the current epoch is meant to run and any backoff has passed.
     let running_wanted = live && !plan_stops_all(&plan, &current);
-    let backoff_over = time_of(&status.next_retry_time).is_none_or(|t| clock.now >= t);
+    // No backoff lasts longer than the cap, so a retry time further away than that was set by
+    // a clock that has since gone back (or by a leader whose clock ran ahead): it is over
+    // rather than an hour-long wait after a clock jump.
+    let backoff_over = time_of(&status.next_retry_time)
+        .is_none_or(|t| clock.now >= t || t.signed_duration_since(clock.now) > cfg.backoff_cap);
     if !running_wanted && backoff_over && status.phase == JobPhase::Pending {
         match admit_and_place(job, shape, parsed.fields.queue.clone(), view) {
             Ok((placed, queue)) => {

@@ -251,6 +251,40 @@ fn a_gang_that_ran_healthy_for_the_reset_period_backs_off_from_the_start_again()
     assert_eq!(status.failure_streak, 1);
 }
 
+#[test]
+fn a_backoff_does_not_last_an_hour_when_the_leaders_clock_goes_back_an_hour() {
+    let mut sim = Sim::new();
+    for n in ["a", "b"] {
+        sim.add_node(n, 16);
+    }
+    sim.apply_job("TrainingJob", "train", exec_job(2, "1Gi"));
+    sim.settle();
+    sim.set_phase(|_| true, AllocationPhase::Running, None, "");
+    sim.settle();
+    sim.set_phase(
+        |s| s.rank == 1 && s.desired == Desired::Run,
+        AllocationPhase::Failed,
+        Some(1),
+        "Error",
+    );
+    sim.settle();
+    let status = sim.job("TrainingJob", "train");
+    let epoch = status.epoch;
+    assert_eq!(retry_delay(&sim, &status), 10, "{status:?}");
+    sim.obey_stops();
+    sim.settle();
+    // The clock goes back an hour: the retry now looks an hour and 10 s away.
+    sim.now -= chrono::TimeDelta::hours(1);
+    sim.run_for(2);
+    sim.settle();
+    let status = sim.job("TrainingJob", "train");
+    assert_eq!(
+        status.epoch,
+        epoch + 1,
+        "placed again instead of waiting out the jump: {status:?}"
+    );
+}
+
 /// Seconds from now (the failure) to the job's next retry.
 fn retry_delay(sim: &Sim, status: &JobStatus) -> i64 {
     let next = status.next_retry_time.as_ref().expect("nextRetryTime").at();
