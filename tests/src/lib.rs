@@ -16,6 +16,7 @@
 //! - [`netns`] builds an emulated lab as root: network namespaces as Macs, shaped links as
 //!   cables, the real binaries inside;
 //! - [`partition`] cuts and heals the emulated lab's network (one way, both ways, a cable);
+//! - [`ranks`] samples which ranks of a job run, from the process table (fencing checks);
 //! - [`linearizability`] records register histories and checks them (e2e tests, `tb-chaos`);
 //! - [`tbctl`] runs the CLI and captures its exit code and output;
 //! - [`wait`] polls a condition until a deadline, so tests never sleep for a guessed time.
@@ -38,6 +39,7 @@ pub mod netns;
 pub mod objects;
 pub mod partition;
 pub mod ports;
+pub mod ranks;
 pub mod tbctl;
 pub mod wait;
 pub mod workdir;

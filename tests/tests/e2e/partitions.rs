@@ -35,6 +35,7 @@ use tb_api::proto::ApplyRequest;
 use tb_tests::linearizability::{self, History, register_client_paced};
 use tb_tests::netns::{EmulatedLab, MacSpec, NsRuntime, Shape};
 use tb_tests::objects::{self, model, parse, smollm2_service_yaml, unique_namespace};
+use tb_tests::ranks::RankSampler;
 use tb_tests::{Client, partition, step};
 
 /// The value every register holds before the recorded history starts.
@@ -654,146 +655,6 @@ async fn an_asymmetric_partition_between_two_controllers_keeps_a_leader_and_heal
 
 /// The nodelets' `--probe-port`.
 const PROBE_PORT: u16 = 7700;
-/// How often the rank sampler reads the process table.
-const SAMPLE_EVERY: Duration = Duration::from_millis(25);
-
-/// When a rank of one epoch was seen running, by the sampler.
-#[derive(Debug, Clone, Copy)]
-struct Seen {
-    first: Instant,
-    last: Instant,
-}
-
-/// A sample in which one rank ran under several epochs: when, the rank, (epoch, pid) each.
-type Overlap = (Instant, u32, Vec<(u64, i32)>);
-
-#[derive(Debug, Default)]
-struct RankLog {
-    /// (rank, epoch) → when seen.
-    seen: BTreeMap<(u32, u64), Seen>,
-    /// Samples in which two epochs of one rank ran: (when, rank, epochs with their pids).
-    overlaps: Vec<Overlap>,
-    samples: u64,
-}
-
-/// Reads every process's environment every [`SAMPLE_EVERY`] (the test runs as root and shares
-/// the process namespace with the labs' Macs): each process whose `TB_JOB` names `job` is a
-/// rank (`TB_RANK`) of an epoch (`TB_EPOCH`). Notes when each was seen, and every sample where
-/// one rank ran under two epochs.
-struct RankSampler {
-    log: Arc<Mutex<RankLog>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl RankSampler {
-    fn start(job: &str) -> RankSampler {
-        let log = Arc::new(Mutex::new(RankLog::default()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (l, s, job) = (log.clone(), stop.clone(), job.to_string());
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                let now = Instant::now();
-                let ranks = ranks_of(&job);
-                let mut by_rank: BTreeMap<u32, BTreeMap<u64, i32>> = BTreeMap::new();
-                for (pid, rank, epoch) in ranks {
-                    by_rank.entry(rank).or_default().insert(epoch, pid);
-                }
-                let mut log = l.lock().unwrap_or_else(|e| e.into_inner());
-                log.samples += 1;
-                for (rank, epochs) in by_rank {
-                    for &epoch in epochs.keys() {
-                        log.seen
-                            .entry((rank, epoch))
-                            .and_modify(|s| s.last = now)
-                            .or_insert(Seen {
-                                first: now,
-                                last: now,
-                            });
-                    }
-                    if epochs.len() > 1 {
-                        log.overlaps.push((now, rank, epochs.into_iter().collect()));
-                    }
-                }
-                drop(log);
-                std::thread::sleep(SAMPLE_EVERY);
-            }
-        });
-        RankSampler {
-            log,
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    /// When (rank, epoch) was seen, if ever.
-    fn seen(&self, rank: u32, epoch: u64) -> Option<Seen> {
-        self.log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .seen
-            .get(&(rank, epoch))
-            .copied()
-    }
-
-    /// Stops sampling; returns the log.
-    fn finish(mut self) -> RankLog {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        std::mem::take(&mut *self.log.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-}
-
-impl Drop for RankSampler {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-/// `(pid, rank, epoch)` of every live process whose `TB_JOB` ends with `/job` or is `job`.
-fn ranks_of(job: &str) -> Vec<(i32, u32, u64)> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|p| p.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        // Zombies have no environment left; a process gone meanwhile cannot be read.
-        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        let mut vars: BTreeMap<&[u8], &[u8]> = BTreeMap::new();
-        for kv in env.split(|b| *b == 0) {
-            if let Some(eq) = kv.iter().position(|b| *b == b'=') {
-                vars.insert(&kv[..eq], &kv[eq + 1..]);
-            }
-        }
-        let text = |k: &str| {
-            vars.get(k.as_bytes())
-                .and_then(|v| std::str::from_utf8(v).ok())
-        };
-        let Some(j) = text("TB_JOB") else { continue };
-        if j != job && !j.ends_with(&format!("/{job}")) {
-            continue;
-        }
-        if let (Some(rank), Some(epoch)) = (
-            text("TB_RANK").and_then(|r| r.parse().ok()),
-            text("TB_EPOCH").and_then(|e| e.parse().ok()),
-        ) {
-            out.push((pid, rank, epoch));
-        }
-    }
-    out
-}
-
 /// The job's allocations (JSON), from tbctl.
 async fn allocations_of(lab: &EmulatedLab, job: &str) -> Vec<Value> {
     lab.list("allocations")
@@ -983,6 +844,11 @@ async fn a_nodelet_cut_from_the_controllers_fences_its_rank_and_the_gang_moves()
             .take(5)
             .map(|(t, r, e)| (*t - cut_at, r, e))
             .collect::<Vec<_>>()
+    );
+    assert!(
+        log.duplicates.is_empty(),
+        "one rank of one epoch ran as two processes: {:?}",
+        log.duplicates.iter().take(5).collect::<Vec<_>>()
     );
     println!(
         "nodelet cut: old rank stopped {:.2}s after the cut; gang Running again elsewhere after \

@@ -9,12 +9,17 @@
 //! checker the e2e test uses), and a separate writer's acknowledged objects are listed back:
 //! an acknowledged write that is missing is a lost write.
 //!
+//! **Nodelets** (`nodelets.rs`): kills of a nodelet during a gang's start, as a lost Mac or a
+//! crashed agent, with a process-table sampler that fails the run if a stale rank ever runs
+//! beside its replacement.
+//!
 //! Prints a table: faults injected, operations, lost acknowledged writes (must be 0),
 //! linearizability, the longest time without a successful write, write recovery after a
 //! fault. Exits non-zero when a check fails. Not a CI test (it runs for as long as it is
 //! told); `--smoke` (a few faults) is what `scripts/bench-smoke.sh` runs.
 //!
-//!   tb-chaos --faults 1000 --minutes 60
+//!   tb-chaos --faults 1000 --minutes 60 --nodelet-kills 100
+//!   tb-chaos --faults 0 --nodelet-kills 100      # the nodelet part alone
 //!   tb-chaos --smoke
 
 use std::collections::BTreeSet;
@@ -22,6 +27,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+mod nodelets;
 
 use clap::Parser;
 use rand::{Rng, SeedableRng};
@@ -38,6 +45,12 @@ struct Args {
     /// Stop injecting after this many minutes, whatever the count.
     #[arg(long, default_value_t = 60.0)]
     minutes: f64,
+    /// Nodelet kills during gang starts (after the controller part).
+    #[arg(long, default_value_t = 100)]
+    nodelet_kills: usize,
+    /// Stop the nodelet part after this many minutes, whatever the count.
+    #[arg(long, default_value_t = 30.0)]
+    nodelet_minutes: f64,
     /// Concurrent register clients.
     #[arg(long, default_value_t = 4)]
     clients: usize,
@@ -61,6 +74,8 @@ async fn main() -> anyhow::Result<()> {
     if args.smoke {
         args.faults = args.faults.min(6);
         args.minutes = args.minutes.min(5.0);
+        args.nodelet_kills = args.nodelet_kills.min(2);
+        args.nodelet_minutes = args.nodelet_minutes.min(3.0);
     }
     let bin_dir = match &args.bin_dir {
         Some(d) => d.clone(),
@@ -73,9 +88,18 @@ async fn main() -> anyhow::Result<()> {
     // SAFETY: set before any other thread of ours reads the environment.
     unsafe { std::env::set_var("TB_TEST_BIN_DIR", &bin_dir) };
 
-    let report = controller_chaos(&args).await;
-    let failed = report.failures();
-    let rows = report.rows();
+    let (mut failed, mut rows) = (Vec::new(), Vec::new());
+    if args.faults > 0 {
+        let report = controller_chaos(&args).await;
+        failed.extend(report.failures());
+        rows.extend(report.rows());
+    }
+    if args.nodelet_kills > 0 {
+        let report =
+            nodelets::nodelet_chaos(args.nodelet_kills, args.nodelet_minutes, args.seed).await;
+        failed.extend(report.failures());
+        rows.extend(report.rows());
+    }
     println!("\n| measure | value |\n|---|---|");
     for (k, v) in rows {
         println!("| {k} | {v} |");
