@@ -12,7 +12,7 @@ use tb_api::specs::{AllocationPhase, AllocationSpec, AllocationStatus, allocatio
 use tokio::sync::oneshot;
 
 use super::fence::Stop;
-use super::orphans::PidFile;
+use super::orphans::{self, PidFile};
 use super::prepare::{Prepare, Sources, prepare};
 use super::readiness::{endpoint_of, watch_readiness};
 use super::{Supervisor, incarnation, now};
@@ -82,9 +82,19 @@ impl Supervisor {
         exec_spec.scope = Some(self.scope_of(obj, &inc, account));
         let termination = alloc_dirs.termination_message();
         let _ = std::fs::remove_file(&termination);
+        // Until the pid file exists, this names what a restarted nodelet must sweep should it
+        // die between the spawn and the pid file (else that rank would run on unseen, beside
+        // the replacement the controllers start).
+        let starting = dir.join(orphans::STARTING_FILE);
+        if let Err(e) = dirs::write_private(&starting, inc.as_bytes()) {
+            tracing::warn!(alloc = %inc, "{e:#}");
+        }
         let mut running = match exec::spawn(exec_spec) {
             Ok(r) => r,
-            Err(e) => return failed(e.reason(), e.to_string()),
+            Err(e) => {
+                let _ = std::fs::remove_file(&starting);
+                return failed(e.reason(), e.to_string());
+            }
         };
         let pid = running.pid();
         let pid_file = PidFile {
@@ -96,6 +106,8 @@ impl Supervisor {
         };
         if let Err(e) = dirs::write_private(&dir.join("pid"), pid_file.to_string().as_bytes()) {
             tracing::warn!(alloc = %inc, "{e:#}");
+        } else {
+            let _ = std::fs::remove_file(&starting);
         }
         let started_at = now();
         let running_status = AllocationStatus {
