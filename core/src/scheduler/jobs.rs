@@ -207,7 +207,8 @@ pub fn reconcile_job(
     // rather than an hour-long wait after a clock jump.
     let backoff_over = time_of(&status.next_retry_time)
         .is_none_or(|t| clock.now >= t || t.signed_duration_since(clock.now) > cfg.backoff_cap);
-    if !running_wanted && backoff_over && status.phase == JobPhase::Pending {
+    let stopping = ranks_still_stopping(job, shape, view);
+    if !running_wanted && backoff_over && stopping == 0 && status.phase == JobPhase::Pending {
         match admit_and_place(job, shape, parsed.fields.queue.clone(), view) {
             Ok((placed, queue)) => {
                 let admitted = Admitted { placed, queue };
@@ -955,6 +956,24 @@ fn retire(a: &Alloc, plan: &mut Plan) {
 
 fn plan_touches(plan: &Plan, key: &ObjectKey) -> bool {
     plan.guards.iter().any(|(k, _)| k == key)
+}
+
+/// Ranks of the job (of any epoch) not yet known to have stopped on a Mac the controllers still
+/// hear from. A new gang waits for them, so two epochs of one rank never run at once (a rank
+/// that moves to another Mac would otherwise start while its predecessor is still being
+/// stopped). Ranks on a Mac that went silent do not count: its nodelet fences them at 3/4 of
+/// the node grace, before the Mac is found lost.
+fn ranks_still_stopping(job: &Object, shape: &JobShape, view: &ClusterView) -> usize {
+    let (ns, kind, name) = (
+        job.metadata.namespace.as_str(),
+        shape.kind.as_str(),
+        job.metadata.name.as_str(),
+    );
+    view.allocations_of(ns, kind, name)
+        .filter(|a| {
+            !a.status.phase.is_terminal() && view.nodes.get(&a.spec.node).is_some_and(|n| n.ready)
+        })
+        .count()
 }
 
 fn plan_stops_all(plan: &Plan, current: &[Alloc]) -> bool {

@@ -285,6 +285,45 @@ fn a_backoff_does_not_last_an_hour_when_the_leaders_clock_goes_back_an_hour() {
     );
 }
 
+#[test]
+fn a_gang_is_placed_again_only_once_its_old_ranks_have_stopped() {
+    let mut sim = Sim::new();
+    for n in ["a", "b", "c"] {
+        sim.add_node(n, 16);
+    }
+    let mut job = exec_job(2, "1Gi");
+    job["exclusive"] = json!(true);
+    sim.apply_job("TrainingJob", "train", job);
+    sim.settle();
+    sim.set_phase(|_| true, AllocationPhase::Running, None, "");
+    sim.settle();
+    let epoch = sim.job("TrainingJob", "train").epoch;
+    sim.set_phase(
+        |s| s.rank == 1 && s.desired == Desired::Run,
+        AllocationPhase::Failed,
+        Some(1),
+        "Error",
+    );
+    sim.settle();
+    // Rank 0 is told to stop but its nodelet has not said it stopped: the backoff passes, and
+    // still no new gang (its rank 0 might land on another Mac while the old one runs).
+    sim.run_for(30);
+    sim.settle();
+    let status = sim.job("TrainingJob", "train");
+    assert_eq!(status.epoch, epoch, "placed beside a running rank: {status:?}");
+    let live: Vec<_> = sim
+        .allocs()
+        .into_iter()
+        .filter(|(_, _, st)| !st.phase.is_terminal())
+        .map(|(_, spec, _)| (spec.rank, spec.epoch, spec.desired))
+        .collect();
+    assert_eq!(live, vec![(0, epoch, Desired::Stop)]);
+    // Once it has stopped, the gang is placed at once.
+    sim.obey_stops();
+    sim.settle();
+    assert_eq!(sim.job("TrainingJob", "train").epoch, epoch + 1);
+}
+
 /// Seconds from now (the failure) to the job's next retry.
 fn retry_delay(sim: &Sim, status: &JobStatus) -> i64 {
     let next = status.next_retry_time.as_ref().expect("nextRetryTime").at();
