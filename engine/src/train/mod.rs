@@ -29,6 +29,9 @@ pub mod optim;
 pub mod rng;
 pub mod trainer;
 
+#[cfg(test)]
+mod tests;
+
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};

@@ -511,3 +511,70 @@ impl LoraModel {
         Ok(out)
     }
 }
+
+/// Random base weights for `config` (matrices uniform in ±1/√in, norms near 1, qwen2 biases
+/// small), drawn from `seed`: a model to test training on without a GGUF.
+pub fn random_weights(
+    config: &ModelConfig,
+    seed: u64,
+    device: &Device,
+) -> Result<BaseWeights, TrainError> {
+    let mut stream = 0u64;
+    let mut draw = |shape: &[usize], center: f64, spread: f64| -> Result<Tensor, TrainError> {
+        stream += 1;
+        let mut rng = SplitMix64::derive(seed, &[0xBA5E, stream]);
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| (center + (rng.next_f64() * 2.0 - 1.0) * spread) as f32)
+            .collect();
+        Ok(Tensor::from_vec(v, shape, device)?)
+    };
+    let c = config;
+    let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+    let mat = |out: usize, inp: usize| (vec![out, inp], 1.0 / (inp as f64).sqrt());
+    let qwen = c.architecture == "qwen2";
+    let mut blocks = Vec::with_capacity(c.n_layers);
+    for _ in 0..c.n_layers {
+        let mut m = |(shape, s): (Vec<usize>, f64)| draw(&shape, 0.0, s);
+        let wq = m(mat(q, c.hidden))?;
+        let wk = m(mat(kv, c.hidden))?;
+        let wv = m(mat(kv, c.hidden))?;
+        let wo = m(mat(c.hidden, q))?;
+        let gate = m(mat(c.ffn, c.hidden))?;
+        let up = m(mat(c.ffn, c.hidden))?;
+        let down = m(mat(c.hidden, c.ffn))?;
+        let (bq, bk, bv) = if qwen {
+            (
+                Some(draw(&[q], 0.0, 0.1)?),
+                Some(draw(&[kv], 0.0, 0.1)?),
+                Some(draw(&[kv], 0.0, 0.1)?),
+            )
+        } else {
+            (None, None, None)
+        };
+        blocks.push(BlockWeights {
+            attn_norm: draw(&[c.hidden], 1.0, 0.2)?,
+            wq,
+            wk,
+            wv,
+            wo,
+            bq,
+            bk,
+            bv,
+            ffn_norm: draw(&[c.hidden], 1.0, 0.2)?,
+            gate,
+            up,
+            down,
+        });
+    }
+    Ok(BaseWeights {
+        embed: draw(&[c.vocab, c.hidden], 0.0, 1.0)?,
+        blocks,
+        output_norm: draw(&[c.hidden], 1.0, 0.2)?,
+        output: if qwen {
+            Some(draw(&[c.vocab, c.hidden], 0.0, 1.0 / (c.hidden as f64).sqrt())?)
+        } else {
+            None
+        },
+    })
+}
