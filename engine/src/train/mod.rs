@@ -208,6 +208,52 @@ pub enum TrainError {
 /// Result with [`TrainError`].
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
 
+/// Trainable values of `lora` on every block of a model of `config`.
+pub fn parameter_count(config: &ModelConfig, lora: &LoraConfig) -> usize {
+    lora.targets
+        .iter()
+        .map(|t| {
+            let (inp, out) = t.shape(config);
+            lora.rank * (inp + out)
+        })
+        .sum::<usize>()
+        * config.n_layers
+}
+
+/// A rough upper bound on the activation memory (f32) of one micro-batch of `sequences`
+/// padded to `seq_len` tokens of which `targets` carry loss: per position and block about 24
+/// hidden-sized and 6 ffn-sized values kept for backward plus the attention probabilities, and
+/// the targets' logits a few times over.
+pub fn activation_bytes(
+    config: &ModelConfig,
+    sequences: usize,
+    seq_len: usize,
+    targets: usize,
+) -> u64 {
+    let tokens = sequences * seq_len;
+    let per_block =
+        tokens * (24 * config.hidden + 6 * config.ffn) + 4 * tokens * seq_len * config.heads;
+    (4 * (config.n_layers * per_block + 4 * targets * config.vocab)) as u64
+}
+
+/// Memory a training process needs before loading anything (for placement): the base weights
+/// dequantised to f32, per LoRA value its f32 value and gradient and two f64 moments, and the
+/// activations of a micro-batch of `sequences` x `seq_len` tokens, all of them targets.
+pub fn estimate_memory_bytes(
+    config: &ModelConfig,
+    lora: &LoraConfig,
+    sequences: usize,
+    seq_len: usize,
+) -> u64 {
+    let c = config;
+    let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+    let per_block = c.hidden * (q + 2 * kv) + q * c.hidden + 3 * c.hidden * c.ffn + 2 * c.hidden;
+    // The output head is counted as untied (an upper bound for tied models such as SmolLM2).
+    let base = 4 * (c.n_layers * per_block + 2 * c.vocab * c.hidden + c.hidden) as u64;
+    let lora_bytes = (parameter_count(config, lora) * (4 + 4 + 16)) as u64;
+    base + lora_bytes + activation_bytes(config, sequences, seq_len, sequences * seq_len)
+}
+
 /// LoRA training of a GGUF model: a [`LoraTrainer`] plus the model's tokenizer and chat template.
 #[derive(Debug)]
 pub struct Trainer {
@@ -315,7 +361,7 @@ impl Trainer {
     }
 
     /// Bytes held: frozen weights plus LoRA parameters, gradients and moments (activations
-    /// come on top: see [`LoraTrainer::activation_bytes`]).
+    /// come on top: see [`activation_bytes`]).
     pub fn memory_bytes(&self) -> u64 {
         self.core.memory_bytes()
     }

@@ -311,3 +311,17 @@ fn loss_falls_and_the_adapter_has_every_pair() {
     // Per block: q 2·16 + 16·2, v 2·16 + 8·2.
     assert_eq!(t.parameter_count(), 2 * (2 * 16 + 16 * 2 + 2 * 16 + 8 * 2));
 }
+
+#[test]
+fn sizes_and_estimates_agree_with_the_model() {
+    let cfg = train_config(lora(&[Target::Q, Target::V, Target::Gate], 0.0));
+    let t = trainer("qwen2", cfg.clone(), DType::F32);
+    assert_eq!(
+        super::parameter_count(&tiny_config("qwen2"), &cfg.lora),
+        t.parameter_count()
+    );
+    let estimate = super::estimate_memory_bytes(&tiny_config("qwen2"), &cfg.lora, 2, 16);
+    assert!(estimate >= t.memory_bytes(), "{estimate} < {}", t.memory_bytes());
+    fn assert_send<T: Send + 'static>() {}
+    assert_send::<super::Trainer>();
+}

@@ -88,15 +88,9 @@ impl LoraTrainer {
         self.model.base_bytes() + (self.parameter_count() * per) as u64
     }
 
-    /// A rough upper bound on the activation memory of a micro-batch of `tokens` padded
-    /// positions whose `targets` carry loss (kept for backward: about 24 hidden-sized and 6
-    /// ffn-sized values per position per block, attention probabilities, and the logits of the
-    /// targets a few times over).
-    pub fn activation_bytes(&self, tokens: usize, seq_len: usize, targets: usize) -> u64 {
-        let c = self.model.config();
-        let el = self.model.dtype().size_in_bytes();
-        let per_block = tokens * (24 * c.hidden + 6 * c.ffn) + 4 * tokens * seq_len * c.heads;
-        (el * (c.n_layers * per_block + 4 * targets * c.vocab)) as u64
+    /// See [`super::activation_bytes`].
+    pub fn activation_bytes(&self, sequences: usize, seq_len: usize, targets: usize) -> u64 {
+        super::activation_bytes(self.model.config(), sequences, seq_len, targets)
     }
 
     fn dropout_key(&self) -> Option<DropoutKey> {

@@ -6,10 +6,18 @@
 //! Threads: candle's CPU kernels run on rayon's global pool (`RAYON_NUM_THREADS`); the bench
 //! reports the number. Every run is deterministic for a fixed thread count.
 //!
+//! With `--mlx PYTHON` (a Python with `mlx_lm`), the same model is written as a Hugging Face
+//! directory (f32 safetensors dequantised from the GGUF with q/k rows back in HF order,
+//! config.json, tokenizer.json, the chat template) and `mlx_lm.lora` trains the same LoRA
+//! (rank, targets, all blocks, scale alpha/rank) on the same batch size and sequence length for
+//! the same number of steps; its reported tokens/s forms a second row.
+//!
 //! Usage: `tb-trainbench [MODEL.gguf] [--seq N] [--batch N] [--rank N] [--steps N]
-//! [--targets q,k,v,o] [--smoke]`. `--smoke` runs one step of 2 sequences of 16 tokens
+//! [--targets q,k,v,o] [--mlx PYTHON] [--smoke]`. `--smoke` runs one step of 2 sequences of 16 tokens
 //! without a warm-up (CI checks that the bench runs; it measures nothing) and fails if the
 //! loss is not finite.
+
+mod mlx;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,6 +39,8 @@ struct Options {
     steps: usize,
     targets: Vec<Target>,
     smoke: bool,
+    /// Python with mlx_lm for the comparison column (None: skipped).
+    mlx_python: Option<PathBuf>,
 }
 
 fn parse() -> Result<Options, String> {
@@ -42,6 +52,7 @@ fn parse() -> Result<Options, String> {
         steps: 3,
         targets: vec![Target::Q, Target::K, Target::V, Target::O],
         smoke: false,
+        mlx_python: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -57,6 +68,11 @@ fn parse() -> Result<Options, String> {
             "--rank" => o.rank = num("--rank")?,
             "--steps" => o.steps = num("--steps")?,
             "--smoke" => o.smoke = true,
+            "--mlx" => {
+                o.mlx_python = Some(PathBuf::from(
+                    args.next().ok_or("--mlx needs the path of a python with mlx_lm")?,
+                ))
+            }
             "--targets" => {
                 let list = args.next().unwrap_or_default();
                 o.targets = list
@@ -169,6 +185,17 @@ fn run(o: &Options) -> Result<(), Box<dyn std::error::Error>> {
     let t = Instant::now();
     let eval = trainer.eval_loss(&batch)?;
     let eval_s = t.elapsed().as_secs_f64();
+    let estimate = tb_engine::train::estimate_memory_bytes(
+        trainer.model_config(),
+        &trainer.model().lora().clone(),
+        o.batch,
+        o.seq,
+    );
+    println!(
+        "memory: peak resident {} MB; estimate (train::estimate_memory_bytes) {:.0} MB\n",
+        peak_rss_mb().map_or_else(|| "n/a".to_string(), |m| format!("{m:.0}")),
+        estimate as f64 / 1e6
+    );
     println!("| engine | pass | s per step | tokens/s | loss |");
     println!("|---|---|---|---|---|");
     println!(
@@ -181,5 +208,19 @@ fn run(o: &Options) -> Result<(), Box<dyn std::error::Error>> {
         tokens as f64 / eval_s,
         eval.mean()
     );
+    if let Some(python) = &o.mlx_python {
+        match mlx::run(python, &trainer, &batch, o) {
+            Ok(row) => println!("{row}"),
+            Err(e) => println!("| mlx_lm.lora | train step | failed: {e} | | |"),
+        }
+    }
     Ok(())
+}
+
+/// Peak resident set size of this process (Linux: VmHWM in /proc/self/status).
+fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1e3)
 }
