@@ -29,6 +29,7 @@ benches=(
   "placement-bench|$bin/placement-bench --smoke --markdown"
   "pipeline-bench|$bin/pipeline-bench --smoke --shard-bin $bin/tb-shard"
   "tb-enginebench|$bin/tb-enginebench --smoke"
+  "tb-trainbench|$bin/tb-trainbench --smoke"
   "tb-collbench|$bin/tb-collbench --smoke"
   "tb-chaos|$bin/tb-chaos --smoke"
 )

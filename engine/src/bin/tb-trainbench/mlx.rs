@@ -1,0 +1,207 @@
+//! The mlx_lm.lora column of tb-trainbench: writes the GGUF model as a Hugging Face directory
+//! and runs `python -m mlx_lm lora` on it with tb's LoRA settings, reading tokens/s from its
+//! report lines.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// A directory under the system temp dir, removed on drop.
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn new() -> std::io::Result<Self> {
+        let p = std::env::temp_dir().join(format!("tb-trainbench-{}", std::process::id()));
+        std::fs::create_dir_all(&p)?;
+        Ok(Self(p))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+use std::process::Command;
+
+use candle_core::{Device, Tensor};
+use tb_engine::train::{Example, Trainer};
+use tb_engine::{GgufIndex, ModelConfig};
+
+use crate::Options;
+
+type Error = Box<dyn std::error::Error>;
+
+/// Runs mlx_lm.lora and returns its table row.
+pub fn run(python: &Path, trainer: &Trainer, batch: &[Example], o: &Options) -> Result<String, Error> {
+    let dir = ScratchDir::new()?;
+    let model = dir.path().join("model");
+    export_hf(&o.path, trainer, &model)?;
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data)?;
+    let mut lines = String::new();
+    for ex in batch {
+        let text = trainer.tokenizer().decode(&ex.tokens)?;
+        lines.push_str(&serde_json::json!({ "text": text }).to_string());
+        lines.push('\n');
+    }
+    std::fs::write(data.join("train.jsonl"), &lines)?;
+    std::fs::write(data.join("valid.jsonl"), &lines)?;
+    let keys: Vec<String> = o
+        .targets
+        .iter()
+        .map(|t| {
+            let parent = if matches!(
+                t,
+                tb_engine::adapter::Target::Gate
+                    | tb_engine::adapter::Target::Up
+                    | tb_engine::adapter::Target::Down
+            ) {
+                "mlp"
+            } else {
+                "self_attn"
+            };
+            format!("{parent}.{}", t.module())
+        })
+        .collect();
+    let lora = trainer.model().lora();
+    // mlx_lm's LoRA scale multiplies B·A directly: PEFT's alpha / rank.
+    let config = serde_json::json!({
+        "model": model,
+        "train": true,
+        "data": data,
+        "fine_tune_type": "lora",
+        "num_layers": -1,
+        "batch_size": o.batch,
+        "iters": o.steps + 1,
+        "max_seq_length": o.seq,
+        "learning_rate": 1e-4,
+        "steps_per_report": 1,
+        "steps_per_eval": 100000,
+        "val_batches": 1,
+        "save_every": 100000,
+        "adapter_path": dir.path().join("adapter"),
+        "lora_parameters": {"keys": keys, "rank": lora.rank, "scale": lora.scale(), "dropout": 0.0},
+        "seed": 0,
+    });
+    // JSON is YAML.
+    let config_path = dir.path().join("lora.yaml");
+    std::fs::write(&config_path, config.to_string())?;
+    let out = Command::new(python)
+        .args(["-m", "mlx_lm", "lora", "--config"])
+        .arg(&config_path)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
+        return Err(format!("exit {}: {}", out.status, tail.join(" / ")).into());
+    }
+    // "Iter 2: Train loss 1.234, Learning Rate 1.000e-04, It/sec 0.123, Tokens/sec 63.1, ..."
+    // The first report includes warm-up; the best of the later ones is comparable to tb's.
+    let mut best: Option<(f64, f64, f64)> = None;
+    for line in stdout.lines().filter(|l| l.contains("Tokens/sec")).skip(1) {
+        let field = |name: &str| -> Option<f64> {
+            let rest = line.split(name).nth(1)?;
+            rest.trim_start_matches([' ', ':'])
+                .split([',', ' '])
+                .next()?
+                .parse()
+                .ok()
+        };
+        if let (Some(it), Some(tps), Some(loss)) =
+            (field("It/sec"), field("Tokens/sec"), field("Train loss"))
+            && best.is_none_or(|b| tps > b.1)
+        {
+            best = Some((1.0 / it, tps, loss));
+        }
+    }
+    let (s, tps, loss) = best.ok_or("no report lines in mlx_lm's output")?;
+    Ok(format!(
+        "| mlx_lm.lora (mlx cpu, f32 HF copy) | train step, best of {} | {s:.2} | {tps:.1} | {loss:.3} |",
+        o.steps
+    ))
+}
+
+/// Writes the GGUF model at `gguf` as a Hugging Face llama directory in `dir`.
+fn export_hf(gguf: &Path, trainer: &Trainer, dir: &Path) -> Result<(), Error> {
+    std::fs::create_dir_all(dir)?;
+    let index = GgufIndex::open(gguf)?;
+    let c: &ModelConfig = index.config();
+    let weights = tb_engine::train::load::base_weights(&index, &Device::Cpu)?;
+    let mut t: HashMap<String, Tensor> = HashMap::new();
+    t.insert("model.embed_tokens.weight".into(), weights.embed.clone());
+    t.insert("model.norm.weight".into(), weights.output_norm.clone());
+    if let Some(o) = &weights.output {
+        t.insert("lm_head.weight".into(), o.clone());
+    }
+    let unpermute = |w: &Tensor, heads: usize| -> Result<Tensor, Error> {
+        if c.architecture == "qwen2" {
+            return Ok(w.clone());
+        }
+        let (out, inp) = w.dims2()?;
+        let d = out / heads;
+        Ok(w.reshape((heads, d / 2, 2, inp))?
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((out, inp))?)
+    };
+    for (i, b) in weights.blocks.iter().enumerate() {
+        let p = format!("model.layers.{i}");
+        let mut put = |name: &str, v: Tensor| {
+            t.insert(format!("{p}.{name}"), v);
+        };
+        put("input_layernorm.weight", b.attn_norm.clone());
+        put("post_attention_layernorm.weight", b.ffn_norm.clone());
+        put("self_attn.q_proj.weight", unpermute(&b.wq, c.heads)?);
+        put("self_attn.k_proj.weight", unpermute(&b.wk, c.kv_heads)?);
+        put("self_attn.v_proj.weight", b.wv.clone());
+        put("self_attn.o_proj.weight", b.wo.clone());
+        put("mlp.gate_proj.weight", b.gate.clone());
+        put("mlp.up_proj.weight", b.up.clone());
+        put("mlp.down_proj.weight", b.down.clone());
+    }
+    candle_core::safetensors::save(&t, dir.join("model.safetensors"))?;
+    let tok = trainer.tokenizer();
+    let eos = tok
+        .eos_ids()
+        .first()
+        .and_then(|&id| tok.decode(&[id]).ok())
+        .unwrap_or_default();
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": c.hidden,
+        "intermediate_size": c.ffn,
+        "num_hidden_layers": c.n_layers,
+        "num_attention_heads": c.heads,
+        "num_key_value_heads": c.kv_heads,
+        "head_dim": c.head_dim,
+        "vocab_size": c.vocab,
+        "rms_norm_eps": c.rms_eps,
+        "rope_theta": c.rope_theta,
+        "max_position_embeddings": c.context,
+        "tie_word_embeddings": weights.output.is_none(),
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    });
+    std::fs::write(dir.join("config.json"), config.to_string())?;
+    tok.inner()
+        .save(dir.join("tokenizer.json"), false)
+        .map_err(|e| format!("tokenizer.json: {e}"))?;
+    let tokenizer_config = serde_json::json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": trainer.template().source(),
+        "eos_token": eos,
+        "model_max_length": c.context,
+    });
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        tokenizer_config.to_string(),
+    )?;
+    Ok(())
+}
+
