@@ -283,6 +283,8 @@ spec:
     batch: 4
     sources: ["10.0.0.1:7602"]
     replicate: true
+    dataset: data/facts.jsonl
+    finetune: {}
 "#
         }
         Kind::Event => {

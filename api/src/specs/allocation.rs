@@ -99,6 +99,12 @@ pub struct BuiltinAssignment {
     /// losing one holder does not stop the model from being placed again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub replicate: bool,
+    /// A built-in TrainingJob's dataset, as its spec names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<String>,
+    /// A built-in TrainingJob's `finetune` section, as validated (the trainer's settings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finetune: Option<serde_json::Value>,
 }
 
 /// The model layers a rank holds: `[first, first + count)`.

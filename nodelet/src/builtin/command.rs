@@ -115,6 +115,7 @@ mod tests {
                 batch: None,
                 sources: Vec::new(),
                 replicate: false,
+                ..Default::default()
             }),
             ..Default::default()
         }
