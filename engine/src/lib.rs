@@ -14,6 +14,7 @@ pub mod gguf;
 pub mod sample;
 pub mod shard;
 pub mod tokenizer;
+pub mod train;
 pub mod weights;
 
 mod block;
