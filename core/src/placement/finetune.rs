@@ -9,9 +9,6 @@ use tb_api::specs::{FineTuneSpec, LoraTarget, ModelSpec};
 /// The runtime beside the tensors (allocator slack, tokenizer, buffers).
 const RUNTIME_BYTES: u64 = 256 << 20;
 const F32: u64 = 4;
-/// Parameters per weight byte when only the file size is known: a 4-bit file, the smallest
-/// common, holds two per byte (a safe overestimate for 8-bit files).
-const PARAMS_PER_FILE_BYTE: u64 = 2;
 
 /// One rank's memory, by part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,15 +44,10 @@ pub fn finetune_memory(
     let vocab = u64::from(model.vocab_size.unwrap_or(32_000));
     // A llama-style MLP is about 8/3 of the hidden size wide: 3 matrices of hidden × 8/3 hidden.
     let mlp = hidden * 8 / 3;
-    let shape_params = layers * (hidden * head_dim * 2 * (heads + kv_heads) + 3 * hidden * mlp)
+    // From the shape, not the file's size: quantised files hold 4 to 8 bits per weight and
+    // some tensors at full width, so bytes say little about the count.
+    let params = layers * (hidden * head_dim * 2 * (heads + kv_heads) + 3 * hidden * mlp)
         + vocab * hidden;
-    let file_params = model
-        .total_bytes
-        .as_ref()
-        .map_or(0, |q| q.bytes().saturating_mul(PARAMS_PER_FILE_BYTE));
-    // The larger of the two: the shape misses extra matrices, the file size misses nothing
-    // but assumes 4 bits.
-    let params = shape_params.max(file_params.min(shape_params.saturating_mul(2)));
     let base_bytes = params.saturating_mul(F32);
 
     let rank = u64::from(f.lora.rank);
