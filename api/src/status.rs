@@ -99,6 +99,9 @@ pub struct PlacementSummary {
     /// Runner-up candidates and why they lost.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub alternatives: Vec<String>,
+    /// What the prediction rests on, in words (a fine-tune's memory per rank by part).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub note: String,
 }
 
 /// Status of a TrainingJob or InferenceService, written by the scheduler.

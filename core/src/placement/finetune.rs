@@ -30,11 +30,10 @@ pub fn finetune_memory(
     f: &FineTuneSpec,
     ranks: u32,
 ) -> Result<FineTuneMemory, String> {
-    let layers = u64::from(
-        model
-            .layers
-            .ok_or_else(|| format!("Model {model_name}: spec.layers is needed to size a fine-tune"))?,
-    );
+    let layers =
+        u64::from(model.layers.ok_or_else(|| {
+            format!("Model {model_name}: spec.layers is needed to size a fine-tune")
+        })?);
     let hidden = u64::from(model.hidden_size.ok_or_else(|| {
         format!("Model {model_name}: spec.hiddenSize is needed to size a fine-tune")
     })?);
@@ -46,8 +45,8 @@ pub fn finetune_memory(
     let mlp = hidden * 8 / 3;
     // From the shape, not the file's size: quantised files hold 4 to 8 bits per weight and
     // some tensors at full width, so bytes say little about the count.
-    let params = layers * (hidden * head_dim * 2 * (heads + kv_heads) + 3 * hidden * mlp)
-        + vocab * hidden;
+    let params =
+        layers * (hidden * head_dim * 2 * (heads + kv_heads) + 3 * hidden * mlp) + vocab * hidden;
     let base_bytes = params.saturating_mul(F32);
 
     let rank = u64::from(f.lora.rank);
@@ -71,13 +70,17 @@ pub fn finetune_memory(
     // Weights, gradients, two moments.
     let adapter_bytes = (layers * per_layer).saturating_mul(4 * F32);
 
-    let examples = u64::from(f.batch_size.div_ceil(ranks.max(1)).div_ceil(f.accumulation.max(1)));
+    let examples = u64::from(
+        f.batch_size
+            .div_ceil(ranks.max(1))
+            .div_ceil(f.accumulation.max(1)),
+    );
     let tokens = examples * u64::from(f.sequence_length);
     // Per layer and token about 16 hidden-wide values and the MLP's 3 are kept; attention keeps
     // heads × sequence scores per token; the logits and their gradient are vocab-wide.
     let per_token_layer = (16 * hidden + 3 * mlp + heads * u64::from(f.sequence_length)) * F32;
-    let activation_bytes = tokens
-        .saturating_mul(layers.saturating_mul(per_token_layer) + 2 * vocab * F32);
+    let activation_bytes =
+        tokens.saturating_mul(layers.saturating_mul(per_token_layer) + 2 * vocab * F32);
     let total_bytes = base_bytes
         .saturating_add(adapter_bytes)
         .saturating_add(activation_bytes)

@@ -11,8 +11,8 @@ use tb_api::reason::Reason;
 
 use tb_api::specs::{
     AllocationPhase, AllocationSpec, Backend, BuiltinAssignment, Checkpoints, Desired, Executor,
-    FineTuneSpec, InferenceServiceSpec, JobRef, LayerRange, MlxAssignment, ModelSpec, TrainingJobSpec,
-    allocation, parse_spec,
+    FineTuneSpec, InferenceServiceSpec, JobRef, LayerRange, MlxAssignment, ModelSpec,
+    TrainingJobSpec, allocation, parse_spec,
 };
 use tb_api::status::{JobPhase, JobStatus, PlacedStage, PlacementSummary, RankPlacement};
 use tb_api::{Kind, Object, ObjectKey, ObjectMeta, Timestamp};
@@ -485,8 +485,8 @@ fn scheduled(
         status.nodes.join(",")
     );
     if shape.trainer.is_some() {
-        if let Some(note) = placed.summary.as_ref().and_then(|p| p.alternatives.first()) {
-            message.push_str(&format!(" (data parallel; {note})"));
+        if let Some(p) = &placed.summary {
+            message.push_str(&format!(" (data parallel; {})", p.note));
         }
     } else if let Some(p) = &placed.summary {
         message.push_str(&format!(
@@ -1223,13 +1223,9 @@ fn place_trainer(
                 format!("Model {ns}/{} does not exist (apply it first)", t.model),
             )
         })?;
-    let predicted = model_placement::finetune::finetune_memory(
-        &t.model,
-        model,
-        &t.finetune,
-        shape.ranks,
-    )
-    .map_err(|m| refuse(Reason::ModelIncomplete, m))?;
+    let predicted =
+        model_placement::finetune::finetune_memory(&t.model, model, &t.finetune, shape.ranks)
+            .map_err(|m| refuse(Reason::ModelIncomplete, m))?;
     let memory_bytes = t.memory_bytes.unwrap_or(predicted.total_bytes);
     let mut placed = place_ranks(&view.topology(), shape, memory_bytes, view)?;
     let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
@@ -1248,7 +1244,7 @@ fn place_trainer(
                 kv_bytes: 0,
             })
             .collect(),
-        alternatives: vec![format!(
+        note: format!(
             "predicted per rank: {:.2} GiB f32 base weights + {:.3} GiB adapters, gradients and \
              AdamW moments + {:.2} GiB activations + runtime = {:.2} GiB{}",
             gib(predicted.base_bytes),
@@ -1256,11 +1252,14 @@ fn place_trainer(
             gib(predicted.activation_bytes),
             gib(predicted.total_bytes),
             if t.memory_bytes.is_some() {
-                format!("; the job's memory ({:.2} GiB) is reserved", gib(memory_bytes))
+                format!(
+                    "; the job's memory ({:.2} GiB) is reserved",
+                    gib(memory_bytes)
+                )
             } else {
                 String::new()
             }
-        )],
+        ),
         ..Default::default()
     });
     Ok(placed)

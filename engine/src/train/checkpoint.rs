@@ -95,8 +95,14 @@ pub(crate) fn save(dir: &Path, trainer: &LoraTrainer) -> Result<()> {
     let opt = trainer.optimizer();
     let n = opt.m.len();
     let mut moments = HashMap::new();
-    moments.insert("m".to_string(), Tensor::from_slice(&opt.m, n, &Device::Cpu)?);
-    moments.insert("v".to_string(), Tensor::from_slice(&opt.v, n, &Device::Cpu)?);
+    moments.insert(
+        "m".to_string(),
+        Tensor::from_slice(&opt.m, n, &Device::Cpu)?,
+    );
+    moments.insert(
+        "v".to_string(),
+        Tensor::from_slice(&opt.v, n, &Device::Cpu)?,
+    );
     save_tensors(&dir.join(OPTIMIZER), &moments)?;
     let state = State {
         format: FORMAT,

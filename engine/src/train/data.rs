@@ -143,7 +143,8 @@ pub fn parse_jsonl(
     Ok(out)
 }
 
-const FORMATS: &str = "expected an object with \"messages\", with \"prompt\" and \"completion\", or with \"text\"";
+const FORMATS: &str =
+    "expected an object with \"messages\", with \"prompt\" and \"completion\", or with \"text\"";
 
 fn string_field(obj: &serde_json::Map<String, Value>, key: &str) -> Result<String, String> {
     match obj.get(key) {

@@ -18,7 +18,9 @@ pub fn base_weights(index: &GgufIndex, device: &Device) -> Result<BaseWeights> {
     }
     let mut r = TensorReader::new(index, index.path(), &Device::Cpu, false)?;
     let mut get = |name: &str| -> Result<candle_core::Tensor> {
-        Ok(r.qtensor(name)?.dequantize(&Device::Cpu)?.to_device(device)?)
+        Ok(r.qtensor(name)?
+            .dequantize(&Device::Cpu)?
+            .to_device(device)?)
     };
     let embed = get("token_embd.weight")?;
     let mut blocks = Vec::with_capacity(config.n_layers);
@@ -32,9 +34,21 @@ pub fn base_weights(index: &GgufIndex, device: &Device) -> Result<BaseWeights> {
             wk: get(&format!("{p}.attn_k.weight"))?,
             wv: get(&format!("{p}.attn_v.weight"))?,
             wo: get(&format!("{p}.attn_output.weight"))?,
-            bq: if hq { Some(get(&format!("{p}.attn_q.bias"))?) } else { None },
-            bk: if hk { Some(get(&format!("{p}.attn_k.bias"))?) } else { None },
-            bv: if hv { Some(get(&format!("{p}.attn_v.bias"))?) } else { None },
+            bq: if hq {
+                Some(get(&format!("{p}.attn_q.bias"))?)
+            } else {
+                None
+            },
+            bk: if hk {
+                Some(get(&format!("{p}.attn_k.bias"))?)
+            } else {
+                None
+            },
+            bv: if hv {
+                Some(get(&format!("{p}.attn_v.bias"))?)
+            } else {
+                None
+            },
             ffn_norm: get(&format!("{p}.ffn_norm.weight"))?,
             gate: get(&format!("{p}.ffn_gate.weight"))?,
             up: get(&format!("{p}.ffn_up.weight"))?,

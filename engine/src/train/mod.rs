@@ -232,14 +232,8 @@ impl Trainer {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
         }
-        let lora_model = LoraModel::new(
-            index.config(),
-            weights,
-            &lora,
-            cfg.seed,
-            DType::F32,
-            device,
-        )?;
+        let lora_model =
+            LoraModel::new(index.config(), weights, &lora, cfg.seed, DType::F32, device)?;
         let core = LoraTrainer::new(lora_model, cfg, &load::model_identity(&index))?;
         Ok(Trainer {
             core,

@@ -360,9 +360,7 @@ impl LoraModel {
         }
         if let Some(p) = self.pairs.get(&(layer, target)) {
             let x = match dropout {
-                Some(key) if self.lora.dropout > 0.0 => {
-                    self.dropout(x, key, layer, target)?
-                }
+                Some(key) if self.lora.dropout > 0.0 => self.dropout(x, key, layer, target)?,
                 _ => x.clone(),
             };
             let h = x.matmul(&p.a.as_tensor().t()?)?;
@@ -381,7 +379,8 @@ impl LoraModel {
         target: Target,
     ) -> Result<Tensor, TrainError> {
         let p = f64::from(self.lora.dropout);
-        let mut rng = SplitMix64::derive(key.seed, &[0xD80, key.stream, layer as u64, target as u64]);
+        let mut rng =
+            SplitMix64::derive(key.seed, &[0xD80, key.stream, layer as u64, target as u64]);
         let keep = 1.0 / (1.0 - p);
         let m: Vec<f64> = (0..x.elem_count())
             .map(|_| if rng.next_f64() < p { 0.0 } else { keep })
@@ -411,7 +410,9 @@ impl LoraModel {
         let k = self.linear(layer, block, Target::K, &h, block.bk.as_ref(), dropout)?;
         let v = self.linear(layer, block, Target::V, &h, block.bv.as_ref(), dropout)?;
         let split = |t: Tensor, n: usize| -> candle_core::Result<Tensor> {
-            t.reshape((batch, len, n, hd))?.transpose(1, 2)?.contiguous()
+            t.reshape((batch, len, n, hd))?
+                .transpose(1, 2)?
+                .contiguous()
         };
         let q = rope(&split(q, heads)?, cos, sin, self.neox)?;
         let k = rope(&split(k, kv_heads)?, cos, sin, self.neox)?;
@@ -500,7 +501,10 @@ impl LoraModel {
         let mut out = Vec::new();
         for _ in 0..max_tokens {
             let logits = self.logits(&seq)?;
-            let last = logits.get(seq.len() - 1)?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+            let last = logits
+                .get(seq.len() - 1)?
+                .to_dtype(DType::F32)?
+                .to_vec1::<f32>()?;
             let next = crate::sample::argmax(&last);
             if stop.contains(&next) {
                 break;
@@ -572,7 +576,11 @@ pub fn random_weights(
         blocks,
         output_norm: draw(&[c.hidden], 1.0, 0.2)?,
         output: if qwen {
-            Some(draw(&[c.vocab, c.hidden], 0.0, 1.0 / (c.hidden as f64).sqrt())?)
+            Some(draw(
+                &[c.vocab, c.hidden],
+                0.0,
+                1.0 / (c.hidden as f64).sqrt(),
+            )?)
         } else {
             None
         },

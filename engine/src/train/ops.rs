@@ -161,7 +161,9 @@ mod tests {
 
     fn seq(shape: &[usize], scale: f32) -> Tensor {
         let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|i| ((i * 7919 % 23) as f32 - 11.0) * scale).collect();
+        let v: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 % 23) as f32 - 11.0) * scale)
+            .collect();
         Tensor::from_vec(v, shape, &Device::Cpu).expect("tensor")
     }
 
@@ -194,11 +196,27 @@ mod tests {
         let w = Arc::new(seq(&[5, 8], 0.1));
         let x2 = candle_core::Var::from_tensor(&seq(&[6, 8], 0.2)).expect("var");
         let y = frozen_linear(x2.as_tensor(), &w).expect("ours");
-        close(&y, &x2.as_tensor().matmul(&w.t().expect("t")).expect("mm"), 1e-5);
-        let g = y.sqr().expect("sqr").sum_all().expect("sum").backward().expect("bwd");
+        close(
+            &y,
+            &x2.as_tensor().matmul(&w.t().expect("t")).expect("mm"),
+            1e-5,
+        );
+        let g = y
+            .sqr()
+            .expect("sqr")
+            .sum_all()
+            .expect("sum")
+            .backward()
+            .expect("bwd");
         let ours = g.get(x2.as_tensor()).expect("grad").clone();
         let y = x2.as_tensor().matmul(&w.t().expect("t")).expect("mm");
-        let g = y.sqr().expect("sqr").sum_all().expect("sum").backward().expect("bwd");
+        let g = y
+            .sqr()
+            .expect("sqr")
+            .sum_all()
+            .expect("sum")
+            .backward()
+            .expect("bwd");
         close(&ours, g.get(x2.as_tensor()).expect("grad"), 1e-4);
     }
 }

@@ -59,7 +59,9 @@ mod tests {
 
     #[test]
     fn streams_are_reproducible_and_distinct() {
-        let a: Vec<u64> = (0..4).map(|_| SplitMix64::derive(7, &[1, 2]).next_u64()).collect();
+        let a: Vec<u64> = (0..4)
+            .map(|_| SplitMix64::derive(7, &[1, 2]).next_u64())
+            .collect();
         assert!(a.windows(2).all(|w| w[0] == w[1]));
         assert_ne!(
             SplitMix64::derive(7, &[1, 2]).next_u64(),

@@ -91,7 +91,10 @@ fn lora_gradients_match_central_differences_in_f64() {
         let mut t = trainer(arch, cfg, DType::F64);
         randomize(&mut t, 3);
         let batch = examples(3, 8);
-        let (_, _, grads) = t.loss_and_grads(&batch, None).expect("grads").expect("targets");
+        let (_, _, grads) = t
+            .loss_and_grads(&batch, None)
+            .expect("grads")
+            .expect("targets");
         let base = t.params_flat().expect("params");
         let loss_at = |t: &mut LoraTrainer, p: &[f64]| -> f64 {
             t.set_params_flat(p).expect("set");
@@ -133,11 +136,17 @@ fn padding_does_not_change_a_sequences_loss() {
         .sum();
     let tokens: usize = batch.iter().map(Example::target_count).sum();
     assert_eq!(together.tokens, tokens as u64);
-    assert!((together.loss_sum - alone).abs() < 1e-9, "{together:?} vs {alone}");
+    assert!(
+        (together.loss_sum - alone).abs() < 1e-9,
+        "{together:?} vs {alone}"
+    );
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -159,8 +168,15 @@ fn two_half_batches_equal_one_full_batch() {
         whole.apply(w.tokens).expect("apply");
         halves.apply(w.tokens).expect("apply");
     }
-    let (pw, ph) = (whole.params_flat().expect("w"), halves.params_flat().expect("h"));
-    let d = pw.iter().zip(&ph).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+    let (pw, ph) = (
+        whole.params_flat().expect("w"),
+        halves.params_flat().expect("h"),
+    );
+    let d = pw
+        .iter()
+        .zip(&ph)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max);
     assert!(d < 1e-5, "parameters differ by {d}");
 }
 
@@ -170,10 +186,16 @@ fn two_ranks_summing_gradients_equal_one_rank() {
     let data = examples(8, 33);
     let batches = super::data::Batches::new(data.len(), 4, 1);
     let mut single = trainer("qwen2", cfg.clone(), DType::F32);
-    let mut ranks = [trainer("qwen2", cfg.clone(), DType::F32), trainer("qwen2", cfg, DType::F32)];
+    let mut ranks = [
+        trainer("qwen2", cfg.clone(), DType::F32),
+        trainer("qwen2", cfg, DType::F32),
+    ];
     for step in 0..4 {
-        let global: Vec<Example> =
-            batches.global_batch(step).into_iter().map(|i| data[i].clone()).collect();
+        let global: Vec<Example> = batches
+            .global_batch(step)
+            .into_iter()
+            .map(|i| data[i].clone())
+            .collect();
         let s = single.accumulate(&global).expect("single");
         let mut sum = vec![0f32; single.parameter_count()];
         let mut tokens = 0;
@@ -199,7 +221,11 @@ fn two_ranks_summing_gradients_equal_one_rank() {
     let p = single.params_flat().expect("single");
     for t in &ranks {
         let q = t.params_flat().expect("rank");
-        let d = p.iter().zip(&q).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        let d = p
+            .iter()
+            .zip(&q)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max);
         // Tolerance: the sums differ in f32 rounding only (~1e-7 relative), which Adam's
         // normalisation can amplify for near-zero gradients; 1e-4 absolute after 4 steps of
         // lr 1e-2.
@@ -219,8 +245,11 @@ fn resuming_from_a_checkpoint_is_bit_identical() {
     let batches = super::data::Batches::new(data.len(), 2, 7);
     let run = |t: &mut LoraTrainer, steps: std::ops::Range<u64>| {
         for step in steps {
-            let b: Vec<Example> =
-                batches.global_batch(step).into_iter().map(|i| data[i].clone()).collect();
+            let b: Vec<Example> = batches
+                .global_batch(step)
+                .into_iter()
+                .map(|i| data[i].clone())
+                .collect();
             let l = t.accumulate(&b[..1]).expect("micro 1").tokens
                 + t.accumulate(&b[1..]).expect("micro 2").tokens;
             t.apply(l).expect("apply");
@@ -239,7 +268,11 @@ fn resuming_from_a_checkpoint_is_bit_identical() {
     assert_eq!(resumed.step(), 2);
     run(&mut resumed, 2..5);
     let bits = |t: &LoraTrainer| -> Vec<u64> {
-        t.params_flat().expect("p").iter().map(|x| x.to_bits()).collect()
+        t.params_flat()
+            .expect("p")
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
     };
     assert_eq!(bits(&straight), bits(&resumed));
     assert_eq!(straight.optimizer(), resumed.optimizer());

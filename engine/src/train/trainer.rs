@@ -179,7 +179,8 @@ impl LoraTrainer {
         for p in self.model.pairs.values() {
             for v in [&p.a, &p.b] {
                 let n = v.elem_count();
-                let t = Tensor::from_slice(&flat[at..at + n], v.shape(), &device)?.to_dtype(dtype)?;
+                let t =
+                    Tensor::from_slice(&flat[at..at + n], v.shape(), &device)?.to_dtype(dtype)?;
                 v.set(&t)?;
                 at += n;
             }

@@ -235,7 +235,9 @@ pub fn run(opts: TrainOptions) -> Result<Finished, StartError> {
             .checkpoint_dir
             .as_deref()
             .map(|d| d.join(&resume))
-            .ok_or_else(|| anyhow!("rank 0 resumes from {resume}, but this rank has no TB_CHECKPOINT_DIR"))
+            .ok_or_else(|| {
+                anyhow!("rank 0 resumes from {resume}, but this rank has no TB_CHECKPOINT_DIR")
+            })
             .map_err(fail("CheckpointInvalid"))?;
         trainer
             .load_checkpoint(&dir)

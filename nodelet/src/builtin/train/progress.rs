@@ -117,7 +117,12 @@ mod tests {
         let path = dir.path().join("progress.json");
         let mut p = Progress::new(Some(path.clone()), 10);
         for step in 1..=10 {
-            p.step(step, 5.0 - step as f64 / 10.0, 100, Duration::from_millis(100));
+            p.step(
+                step,
+                5.0 - step as f64 / 10.0,
+                100,
+                Duration::from_millis(100),
+            );
         }
         p.eval(4.2);
         p.adapter("/tmp/adapter".into());
