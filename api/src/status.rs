@@ -241,10 +241,12 @@ impl TrainingProgress {
             let skip = self.loss_curve.len() - LOSS_CURVE_POINTS;
             self.loss_curve.drain(..skip);
         }
-        if let Some(a) = &mut self.adapter {
-            if a.path.len() > MAX_PATH_BYTES || a.node.len() > 253 {
-                self.adapter = None;
-            }
+        if self
+            .adapter
+            .as_ref()
+            .is_some_and(|a| a.path.len() > MAX_PATH_BYTES || a.node.len() > 253)
+        {
+            self.adapter = None;
         }
         self
     }
@@ -306,7 +308,8 @@ pub fn sparkline(values: &[f64]) -> String {
     values
         .iter()
         .map(|v| {
-            if !(hi > lo) {
+            // A flat curve (or no curve) sits mid-height.
+            if hi.partial_cmp(&lo) != Some(std::cmp::Ordering::Greater) {
                 return BARS[3];
             }
             let at = ((v - lo) / (hi - lo) * 7.0).round() as usize;

@@ -340,7 +340,7 @@ pub fn run(opts: TrainOptions) -> Result<Finished, StartError> {
     }
 
     if is_root {
-        let adapter = trainer
+        trainer
             .adapter()
             .and_then(|a| {
                 a.save(&opts.output, trainer.model_config())
@@ -349,7 +349,6 @@ pub fn run(opts: TrainOptions) -> Result<Finished, StartError> {
             .map_err(|e| anyhow!("{e}"))
             .with_context(|| format!("writing the adapter to {}", opts.output.display()))
             .map_err(fail("AdapterWriteFailed"))?;
-        let () = adapter;
         tracing::info!(path = %opts.output.display(), "adapter written");
         progress.adapter(opts.output.display().to_string());
     }
