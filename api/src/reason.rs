@@ -92,6 +92,9 @@ reasons! {
     ExecPermissionDenied,
     /// A built-in stage failed.
     StageFailed,
+    /// A built-in fine-tune's dataset cannot be read or has a bad line (the message names the
+    /// file and line).
+    DatasetInvalid,
     /// A built-in stage stopped because another stage (its process or its Mac) went away.
     PeerLost,
     /// The process ended with an error.
@@ -133,7 +136,10 @@ impl Reason {
     pub fn is_permanent(self) -> bool {
         matches!(
             self,
-            Reason::ExecNotFound | Reason::ExecPermissionDenied | Reason::InvalidSpec
+            Reason::ExecNotFound
+                | Reason::ExecPermissionDenied
+                | Reason::InvalidSpec
+                | Reason::DatasetInvalid
         )
     }
 }

@@ -99,6 +99,9 @@ pub struct PlacementSummary {
     /// Runner-up candidates and why they lost.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub alternatives: Vec<String>,
+    /// What the prediction rests on, in words (a fine-tune's memory per rank by part).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub note: String,
 }
 
 /// Status of a TrainingJob or InferenceService, written by the scheduler.
@@ -166,8 +169,157 @@ pub struct JobStatus {
     /// one).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub url: String,
+    /// A built-in fine-tune's progress, as its rank 0 last reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training: Option<TrainingProgress>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// The most points a loss curve keeps: longer runs are averaged down to this.
+pub const LOSS_CURVE_POINTS: usize = 64;
+
+/// Where a fine-tune's adapter was written.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdapterLocation {
+    /// The Mac that holds it (rank 0's); empty in a rank's own report.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub node: String,
+    /// Its directory there (PEFT: adapter_config.json, adapter_model.safetensors).
+    pub path: String,
+}
+
+/// How far a built-in fine-tune has got: written by its rank 0, passed on by the nodelet (at
+/// most every few seconds) and copied into the job's status.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainingProgress {
+    /// Optimiser steps done.
+    #[serde(default)]
+    pub step: u64,
+    #[serde(default)]
+    pub total_steps: u64,
+    /// Mean training loss per token of the latest step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    /// Mean loss per token on the held-out split, at the latest evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f64>,
+    /// Training tokens per second over all ranks, of late.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_second: Option<f64>,
+    /// Seconds left at the recent pace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<u64>,
+    /// Training loss over the run, oldest first, at most 64 points (each the mean of
+    /// `curveStride` steps).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loss_curve: Vec<f64>,
+    /// Steps per point of `lossCurve`.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub curve_stride: u64,
+    /// The PEFT adapter, once written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<AdapterLocation>,
+}
+
+/// The most bytes of a path a progress report carries.
+const MAX_PATH_BYTES: usize = 4096;
+
+impl TrainingProgress {
+    /// The same progress with every number sane and every size bounded: what a rank wrote is
+    /// outside input.
+    pub fn bounded(mut self) -> TrainingProgress {
+        let finite = |v: Option<f64>| v.filter(|x| x.is_finite() && x.abs() < 1e12);
+        self.loss = finite(self.loss);
+        self.eval_loss = finite(self.eval_loss);
+        self.tokens_per_second = finite(self.tokens_per_second).filter(|x| *x >= 0.0);
+        self.eta_seconds = self.eta_seconds.filter(|s| *s < 100 * 365 * 86_400);
+        self.loss_curve.retain(|x| x.is_finite() && x.abs() < 1e12);
+        if self.loss_curve.len() > LOSS_CURVE_POINTS {
+            let skip = self.loss_curve.len() - LOSS_CURVE_POINTS;
+            self.loss_curve.drain(..skip);
+        }
+        if self
+            .adapter
+            .as_ref()
+            .is_some_and(|a| a.path.len() > MAX_PATH_BYTES || a.node.len() > 253)
+        {
+            self.adapter = None;
+        }
+        self
+    }
+}
+
+/// A loss curve that keeps at most [`LOSS_CURVE_POINTS`] points: when full, neighbours are
+/// averaged in pairs and each point stands for twice the steps.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LossCurve {
+    points: Vec<f64>,
+    /// Steps per point.
+    stride: u64,
+    /// The point being filled: sum and count of its steps.
+    partial: (f64, u64),
+}
+
+impl LossCurve {
+    pub fn push(&mut self, loss: f64) {
+        if !loss.is_finite() {
+            return;
+        }
+        self.stride = self.stride.max(1);
+        self.partial.0 += loss;
+        self.partial.1 += 1;
+        if self.partial.1 < self.stride {
+            return;
+        }
+        self.points.push(self.partial.0 / self.partial.1 as f64);
+        self.partial = (0.0, 0);
+        if self.points.len() >= LOSS_CURVE_POINTS {
+            self.points = self
+                .points
+                .chunks(2)
+                .map(|c| c.iter().sum::<f64>() / c.len() as f64)
+                .collect();
+            self.stride *= 2;
+        }
+    }
+
+    /// The points so far (the unfinished one last, when it has steps).
+    pub fn points(&self) -> Vec<f64> {
+        let mut p = self.points.clone();
+        if self.partial.1 > 0 {
+            p.push(self.partial.0 / self.partial.1 as f64);
+        }
+        p
+    }
+
+    pub fn stride(&self) -> u64 {
+        self.stride.max(1)
+    }
+}
+
+/// A curve as a line of ▁▂▃▄▅▆▇█, lowest value lowest.
+pub fn sparkline(values: &[f64]) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    values
+        .iter()
+        .map(|v| {
+            // A flat curve (or no curve) sits mid-height.
+            if hi.partial_cmp(&lo) != Some(std::cmp::Ordering::Greater) {
+                return BARS[3];
+            }
+            let at = ((v - lo) / (hi - lo) * 7.0).round() as usize;
+            BARS[at.min(7)]
+        })
+        .collect()
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 impl JobStatus {
@@ -408,6 +560,29 @@ mod tests {
         assert_eq!(changed(&s), Some(t1));
         s.set_condition("Complete", true, "Succeeded", "", &t3);
         assert_eq!(changed(&s), Some(t3));
+    }
+
+    #[test]
+    fn loss_curves_stay_bounded_and_keep_their_shape() {
+        let mut c = LossCurve::default();
+        for i in 0..1000 {
+            c.push(1000.0 - i as f64);
+        }
+        let p = c.points();
+        assert!(p.len() <= LOSS_CURVE_POINTS + 1, "{}", p.len());
+        assert!(p.windows(2).all(|w| w[0] > w[1]), "{p:?}");
+        assert_eq!(c.stride(), 16);
+        let line = sparkline(&p);
+        assert!(line.starts_with('█') && line.ends_with('▁'), "{line}");
+        assert_eq!(sparkline(&[2.0, 2.0]), "▄▄");
+        let hostile = TrainingProgress {
+            loss: Some(f64::NAN),
+            loss_curve: vec![1.0; 1000],
+            ..Default::default()
+        }
+        .bounded();
+        assert_eq!(hostile.loss, None);
+        assert_eq!(hostile.loss_curve.len(), LOSS_CURVE_POINTS);
     }
 
     #[test]

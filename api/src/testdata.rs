@@ -9,10 +9,70 @@ use crate::validate::validate_object;
 
 /// A fully populated object of `kind`, validated and normalised.
 pub(crate) fn full_object(kind: Kind) -> Object {
-    let yaml = full_yaml(kind);
+    parse(kind, full_yaml(kind))
+}
+
+/// Every example of `kind`: the full one, and for kinds whose fields exclude each other (a
+/// built-in TrainingJob's `finetune` against an exec one's `command`) the others, so that
+/// together they set every field.
+pub(crate) fn full_objects(kind: Kind) -> Vec<Object> {
+    let builtin = [
+        parse(Kind::TrainingJob, BUILTIN_TRAINING_JOB),
+        // epochs instead of steps.
+        parse(
+            Kind::TrainingJob,
+            &BUILTIN_TRAINING_JOB
+                .replace("steps: 600", "epochs: 3")
+                .replace("warmupSteps: 20", "warmupSteps: 0"),
+        ),
+    ];
+    let mut all = vec![full_object(kind)];
+    match kind {
+        Kind::TrainingJob => all.extend(builtin),
+        Kind::Schedule => {
+            for job in builtin {
+                let mut schedule = full_object(kind);
+                schedule.spec["jobTemplate"]["spec"] = job.spec;
+                all.push(validate_object(&schedule).unwrap_or_else(|e| panic!("{kind}: {e}")));
+            }
+        }
+        _ => {}
+    }
+    all
+}
+
+fn parse(kind: Kind, yaml: &str) -> Object {
     let obj: Object = serde_yaml::from_str(yaml).unwrap_or_else(|e| panic!("{kind}: {e}"));
     validate_object(&obj).unwrap_or_else(|e| panic!("{kind}: {e}"))
 }
+
+/// A built-in fine-tune with every `finetune` field set.
+const BUILTIN_TRAINING_JOB: &str = r#"
+apiVersion: tb/v1
+kind: TrainingJob
+metadata: {name: lora}
+spec:
+    model: smollm2
+    dataset: data/facts.jsonl
+    executor: builtin
+    ranks: 2
+    finetune:
+        method: lora
+        lora: {rank: 8, alpha: 16, dropout: 0.05, targets: [q, k, v, o, gate, up, down]}
+        steps: 600
+        batchSize: 8
+        sequenceLength: 512
+        learningRate: 0.0002
+        warmupSteps: 20
+        schedule: cosine
+        weightDecay: 0.01
+        gradClip: 1.0
+        accumulation: 2
+        seed: 7
+        evalEvery: 50
+        evalFraction: 0.1
+        output: adapters/facts
+"#;
 
 /// Paths of every field in `v`, not descending into maps whose keys are data (labels, env...).
 pub(crate) fn json_paths(prefix: &str, v: &Value, out: &mut Vec<String>) {
@@ -223,6 +283,8 @@ spec:
     batch: 4
     sources: ["10.0.0.1:7602"]
     replicate: true
+    dataset: data/facts.jsonl
+    finetune: {}
 "#
         }
         Kind::Event => {

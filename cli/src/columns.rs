@@ -191,7 +191,7 @@ fn kind_cells(kind: Kind, o: &Object) -> Vec<String> {
 fn kind_wide_headers(kind: Kind) -> &'static [&'static str] {
     match kind {
         Kind::Node => &["ADDRESS", "ALLOCATED"],
-        Kind::TrainingJob => &["MESSAGE"],
+        Kind::TrainingJob => &["STEP", "LOSS", "MESSAGE"],
         Kind::InferenceService => &["BACKEND", "MESSAGE"],
         _ => &[],
     }
@@ -207,7 +207,20 @@ fn kind_wide_cells(kind: Kind, o: &Object) -> Vec<String> {
             ]
         }
         // Why a job waits: which quota, which Macs, how much memory is short.
-        Kind::TrainingJob => vec![text(&o.status, "message").unwrap_or(NONE).to_string()],
+        Kind::TrainingJob => vec![
+            // A built-in fine-tune's progress.
+            match (
+                at(&o.status, &["training", "step"]).and_then(Value::as_u64),
+                at(&o.status, &["training", "totalSteps"]).and_then(Value::as_u64),
+            ) {
+                (Some(step), Some(total)) => format!("{step}/{total}"),
+                _ => NONE.to_string(),
+            },
+            at(&o.status, &["training", "loss"])
+                .and_then(Value::as_f64)
+                .map_or_else(|| NONE.to_string(), |l| format!("{l:.4}")),
+            text(&o.status, "message").unwrap_or(NONE).to_string(),
+        ],
         // Where the URL forwards to now: rank 0's own endpoint.
         Kind::InferenceService => vec![
             text(&o.status, "endpoint").unwrap_or(NONE).to_string(),
@@ -809,7 +822,13 @@ mod tests {
         );
         assert_eq!(
             kind_wide_cells(Kind::TrainingJob, &queued),
-            ["needs 2 Macs with 40Gi free"]
+            ["<none>", "<none>", "needs 2 Macs with 40Gi free"]
+        );
+        let mut training = queued.clone();
+        training.status["training"] = json!({"step": 3, "totalSteps": 10, "loss": 1.23456});
+        assert_eq!(
+            kind_wide_cells(Kind::TrainingJob, &training)[..2],
+            ["3/10", "1.2346"]
         );
         assert_eq!(
             kind_cells(Kind::TrainingJob, &job(json!({"phase": "Pending"})))[2],

@@ -47,6 +47,8 @@ struct LabFigures {
     job_restarts: Family<Labels, Gauge>,
     predicted_tokens: Family<Labels, FloatGauge>,
     observed_tokens: Family<Labels, FloatGauge>,
+    training_step: Family<Labels, Gauge>,
+    training_loss: Family<Labels, FloatGauge>,
     link_bandwidth: Family<Labels, FloatGauge>,
     link_latency: Family<Labels, FloatGauge>,
 }
@@ -91,6 +93,16 @@ impl LabFigures {
             self.observed_tokens.clone(),
         );
         registry.register(
+            "training_step",
+            "Optimiser steps a built-in fine-tune has done",
+            self.training_step.clone(),
+        );
+        registry.register(
+            "training_loss",
+            "A built-in fine-tune's training loss per token at its latest step",
+            self.training_loss.clone(),
+        );
+        registry.register(
             "link_bandwidth_gbps",
             "A cable's measured throughput (Gb/s)",
             self.link_bandwidth.clone(),
@@ -109,12 +121,14 @@ impl LabFigures {
             &self.node_memory,
             &self.jobs,
             &self.job_restarts,
+            &self.training_step,
         ] {
             family.clear();
         }
         for family in [
             &self.predicted_tokens,
             &self.observed_tokens,
+            &self.training_loss,
             &self.link_bandwidth,
             &self.link_latency,
         ] {
@@ -171,6 +185,16 @@ impl LabFigures {
                 self.job_restarts
                     .get_or_create(&labels(&object))
                     .set(i64::from(status.restarts));
+                if let Some(t) = status.training.as_ref() {
+                    self.training_step
+                        .get_or_create(&labels(&object[1..]))
+                        .set(i64::try_from(t.step).unwrap_or(i64::MAX));
+                    if let Some(loss) = t.loss {
+                        self.training_loss
+                            .get_or_create(&labels(&object[1..]))
+                            .set(loss);
+                    }
+                }
                 if let Some(placement) = status.model_placement.as_ref() {
                     self.predicted_tokens
                         .get_or_create(&labels(&object[1..]))

@@ -99,6 +99,12 @@ pub struct BuiltinAssignment {
     /// losing one holder does not stop the model from being placed again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub replicate: bool,
+    /// A built-in TrainingJob's dataset, as its spec names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<String>,
+    /// A built-in TrainingJob's `finetune` section, as validated (the trainer's settings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finetune: Option<serde_json::Value>,
 }
 
 /// The model layers a rank holds: `[first, first + count)`.
@@ -267,6 +273,9 @@ pub struct AllocationStatus {
     /// Rank 0 of a built-in service: decode tokens/s its streams have seen of late.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_tokens_per_second: Option<f64>,
+    /// Rank 0 of a built-in fine-tune: its progress (bounded; at most every few seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training: Option<crate::status::TrainingProgress>,
 }
 
 fn is_zero(n: &u64) -> bool {

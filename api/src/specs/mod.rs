@@ -4,6 +4,7 @@
 pub mod allocation;
 mod common;
 pub mod event;
+pub mod finetune;
 pub mod inference;
 pub mod link;
 pub mod model;
@@ -21,6 +22,7 @@ pub use allocation::{
 };
 pub use common::Executor;
 pub use event::{EventSpec, EventType, ObjectRef};
+pub use finetune::{FineTuneMethod, FineTuneSpec, LoraSpec, LoraTarget, LrSchedule};
 pub use inference::{Endpoint, InferenceServiceSpec, NodeRange, Objective, Parallelism};
 pub use link::{LinkEnd, LinkSpec, LinkStatus, link_name};
 pub use model::{ModelFormat, ModelSource, ModelSpec};

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::common::{self, CheckResult, Executor};
+use super::finetune::FineTuneSpec;
 use crate::quantity::Quantity;
 use crate::validate::ValidationError;
 
@@ -88,7 +89,9 @@ pub struct TrainingJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-explain-note" = "required with builtin"))]
     pub model: Option<String>,
-    /// A path or URL the program understands.
+    /// A path or URL the program understands. builtin: a JSONL file on the ranks' Macs; a
+    /// relative path is looked for in the directory of the applied manifest (annotation
+    /// tb/manifest-dir), then the rank's working directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dataset: Option<String>,
     /// Passed to the program (builtin: learning rate, steps, ...).
@@ -156,6 +159,11 @@ pub struct TrainingJobSpec {
     /// Give each rank a Mac of its own.
     #[serde(default)]
     pub exclusive: bool,
+    /// What tb's built-in trainer does (LoRA, optimiser, steps, evaluation, output); required
+    /// with executor builtin, refused with exec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-explain-note" = "required with builtin"))]
+    pub finetune: Option<FineTuneSpec>,
 }
 
 impl Default for TrainingJobSpec {
@@ -180,6 +188,7 @@ impl Default for TrainingJobSpec {
             queue: None,
             priority: None,
             exclusive: false,
+            finetune: None,
         }
     }
 }
@@ -223,6 +232,34 @@ impl TrainingJobSpec {
             common::at_least_one("checkpoints.everySteps", checkpoints.every_steps)?;
         }
         common::node_selector("nodeSelector", &self.node_selector)?;
-        common::optional_object_name("queue", self.queue.as_deref())
+        common::optional_object_name("queue", self.queue.as_deref())?;
+        match (self.executor, &self.finetune) {
+            (Executor::Builtin, None) => Err(ValidationError::new(
+                "finetune",
+                "required when executor is builtin: what to train (e.g. finetune: {method: lora, \
+                 steps: 100})",
+            )),
+            (Executor::Exec, Some(_)) => Err(ValidationError::new(
+                "finetune",
+                "only used when executor is builtin; remove it or set executor: builtin",
+            )),
+            (Executor::Builtin, Some(f)) => {
+                if self.dataset.is_none() {
+                    return Err(ValidationError::new(
+                        "dataset",
+                        "required when executor is builtin: the JSONL file to train on",
+                    ));
+                }
+                if self.parallelism == TrainingParallelism::Pipeline {
+                    return Err(ValidationError::new(
+                        "parallelism",
+                        "the built-in trainer is data parallel: every rank holds the whole model \
+                         (use data)",
+                    ));
+                }
+                f.check("finetune", self.ranks)
+            }
+            (Executor::Exec, None) => Ok(()),
+        }
     }
 }

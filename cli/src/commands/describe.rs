@@ -165,6 +165,7 @@ pub fn render(o: &Object, events: &Result<Vec<Object>, String>, now: DateTime<Ut
     let placement = status
         .as_object_mut()
         .and_then(|m| m.remove("modelPlacement"));
+    let training = status.as_object_mut().and_then(|m| m.remove("training"));
     if status.as_object().is_some_and(|m| !m.is_empty())
         || (!status.is_null() && !status.is_object())
     {
@@ -173,6 +174,9 @@ pub fn render(o: &Object, events: &Result<Vec<Object>, String>, now: DateTime<Ut
 
     if let Some(p) = placement.as_ref().filter(|p| p.is_object()) {
         render_placement(&mut out, p);
+    }
+    if let Some(t) = training.as_ref().filter(|t| t.is_object()) {
+        render_training(&mut out, t);
     }
 
     match conditions
@@ -238,14 +242,26 @@ fn render_placement(out: &mut String, p: &Value) {
         .and_then(Value::as_f64)
         .map(|o| format!(", {o:.1} observed"))
         .unwrap_or_default();
-    out.push_str(&format!(
-        "Placement:        {} ({} objective{ring}), {:.1} tokens/s predicted{figures}{observed}\n",
-        cell(at(p, &["strategy"])),
-        cell(at(p, &["objective"])),
-        at(p, &["predictedTokensPerSecond"])
-            .and_then(Value::as_f64)
-            .unwrap_or(0.0)
-    ));
+    let predicted = at(p, &["predictedTokensPerSecond"])
+        .and_then(Value::as_f64)
+        .unwrap_or(0.0);
+    if predicted > 0.0 {
+        out.push_str(&format!(
+            "Placement:        {} ({} objective{ring}), {predicted:.1} tokens/s predicted{figures}{observed}\n",
+            cell(at(p, &["strategy"])),
+            cell(at(p, &["objective"])),
+        ));
+    } else {
+        // A fine-tune: no decode speed to predict.
+        out.push_str(&format!(
+            "Placement:        {} ({} objective{ring})\n",
+            cell(at(p, &["strategy"])),
+            cell(at(p, &["objective"])),
+        ));
+    }
+    if let Some(note) = at(p, &["note"]).and_then(Value::as_str) {
+        out.push_str(&format!("  {note}\n"));
+    }
     let mut t = Table::new(["RANK", "MAC", "LAYERS", "WEIGHTS", "KV CACHE", "MEMORY"]);
     let bytes = |s: &Value, k: &str| {
         at(s, &[k])
@@ -281,6 +297,66 @@ fn render_placement(out: &mut String, p: &Value) {
         .filter_map(Value::as_str)
     {
         out.push_str(&format!("  not chosen: {alt}\n"));
+    }
+}
+
+/// A fine-tune's progress: step, losses, speed, ETA, the loss curve as a sparkline and where
+/// the adapter went.
+fn render_training(out: &mut String, t: &Value) {
+    let num = |k: &str| at(t, &[k]).and_then(Value::as_f64);
+    let step = at(t, &["step"]).and_then(Value::as_u64).unwrap_or(0);
+    let total = at(t, &["totalSteps"]).and_then(Value::as_u64).unwrap_or(0);
+    let mut line = format!("step {step}/{total}");
+    if total > 0 {
+        line.push_str(&format!(" ({:.0}%)", step as f64 * 100.0 / total as f64));
+    }
+    if let Some(l) = num("loss") {
+        line.push_str(&format!(", loss {l:.4}"));
+    }
+    if let Some(l) = num("evalLoss") {
+        line.push_str(&format!(", eval loss {l:.4}"));
+    }
+    if let Some(r) = num("tokensPerSecond") {
+        line.push_str(&format!(", {r:.1} tokens/s"));
+    }
+    if let Some(eta) = at(t, &["etaSeconds"]).and_then(Value::as_u64)
+        && step < total
+    {
+        line.push_str(&format!(
+            ", ETA {}",
+            crate::columns::human_duration(chrono::TimeDelta::seconds(eta as i64))
+        ));
+    }
+    field(out, "Training", &line);
+    let curve: Vec<f64> = at(t, &["lossCurve"])
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_f64)
+        .take(tb_api::status::LOSS_CURVE_POINTS)
+        .collect();
+    if let (Some(first), Some(last)) = (curve.first(), curve.last()) {
+        let stride = at(t, &["curveStride"]).and_then(Value::as_u64).unwrap_or(1);
+        field(
+            out,
+            "  Loss Curve",
+            &format!(
+                "{}  {first:.3} → {last:.3} ({stride} step{} a point)",
+                tb_api::status::sparkline(&curve),
+                if stride == 1 { "" } else { "s" }
+            ),
+        );
+    }
+    if let Some(path) = at(t, &["adapter", "path"]).and_then(Value::as_str) {
+        let node = at(t, &["adapter", "node"])
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let at_node = if node.is_empty() {
+            String::new()
+        } else {
+            format!("{node}:")
+        };
+        field(out, "  Adapter", &format!("{at_node}{path}"));
     }
 }
 
@@ -467,6 +543,32 @@ mod tests {
             tail[0].contains("Scheduled") && tail[0].contains("60s"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn shows_a_fine_tunes_progress_with_a_sparkline() {
+        let o: Object = serde_json::from_value(json!({
+            "apiVersion": "tb/v1", "kind": "TrainingJob",
+            "metadata": {"name": "facts"},
+            "spec": {"executor": "builtin"},
+            "status": {"phase": "Running", "training": {
+                "step": 5, "totalSteps": 10, "loss": 0.8, "evalLoss": 0.9,
+                "tokensPerSecond": 12.5, "etaSeconds": 65,
+                "lossCurve": [2.0, 1.5, 1.2, 1.0, 0.8], "curveStride": 1,
+                "adapter": {"node": "mac1", "path": "/w/adapter"}}}
+        }))
+        .unwrap();
+        let text = render(&o, &Ok(vec![]), Utc::now());
+        assert!(
+            text.contains("Training:         step 5/10 (50%), loss 0.8000, eval loss 0.9000, 12.5 tokens/s, ETA 65s"),
+            "{text}"
+        );
+        assert!(
+            text.contains("█▅▃▂▁  2.000 → 0.800 (1 step a point)"),
+            "{text}"
+        );
+        assert!(text.contains("mac1:/w/adapter"), "{text}");
+        assert!(!text.contains("lossCurve"), "{text}");
     }
 
     #[test]

@@ -253,6 +253,7 @@ pub fn summary(plan: &Plan) -> PlacementSummary {
             .iter()
             .map(|a| format!("{}: {}", a.description, a.reason))
             .collect(),
+        note: String::new(),
     }
 }
 

@@ -14,6 +14,7 @@
 //! message, as probes measure it; a one-way hop costs half).
 
 pub mod cost;
+pub mod finetune;
 pub mod live;
 pub mod memory;
 pub mod search;

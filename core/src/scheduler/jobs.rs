@@ -11,10 +11,10 @@ use tb_api::reason::Reason;
 
 use tb_api::specs::{
     AllocationPhase, AllocationSpec, Backend, BuiltinAssignment, Checkpoints, Desired, Executor,
-    InferenceServiceSpec, JobRef, LayerRange, MlxAssignment, ModelSpec, TrainingJobSpec,
-    allocation, parse_spec,
+    FineTuneSpec, InferenceServiceSpec, JobRef, LayerRange, MlxAssignment, ModelSpec,
+    TrainingJobSpec, allocation, parse_spec,
 };
-use tb_api::status::{JobPhase, JobStatus, PlacementSummary, RankPlacement};
+use tb_api::status::{JobPhase, JobStatus, PlacedStage, PlacementSummary, RankPlacement};
 use tb_api::{Kind, Object, ObjectKey, ObjectMeta, Timestamp};
 
 use super::placement::{GangRequest, RankSlot, place};
@@ -45,11 +45,23 @@ pub(super) struct JobShape {
     ttl_seconds_after_finished: Option<u64>,
     /// Built-in InferenceServices: the Model, context, batch and endpoint port asked for.
     service: Option<ServiceShape>,
+    /// Built-in TrainingJobs: the Model, the dataset and what to train.
+    trainer: Option<TrainerShape>,
     /// Where a TrainingJob saves checkpoints (given to its ranks, which resume from them).
     checkpoints: Option<Checkpoints>,
     /// Sized from a Model by the planner (services, and TrainingJobs naming a model without
     /// memory), rather than ranks × memory.
     sized_from_model: bool,
+}
+
+/// A built-in fine-tune: data parallel, every rank holds the whole model.
+#[derive(Debug, Clone)]
+struct TrainerShape {
+    model: String,
+    dataset: String,
+    finetune: FineTuneSpec,
+    /// The job's own `memory`, which overrides the prediction.
+    memory_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -64,9 +76,21 @@ pub(super) fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
     match job.kind()? {
         Kind::TrainingJob => {
             let s: TrainingJobSpec = parse_spec(&job.spec).ok()?;
+            let trainer = match (&s.executor, &s.model, &s.dataset, &s.finetune) {
+                (Executor::Builtin, Some(model), Some(dataset), Some(finetune)) => {
+                    Some(TrainerShape {
+                        model: model.clone(),
+                        dataset: dataset.clone(),
+                        finetune: finetune.clone(),
+                        memory_bytes: s.memory.as_ref().map(|q| q.bytes()),
+                    })
+                }
+                _ => None,
+            };
             Some(JobShape {
                 kind: Kind::TrainingJob,
-                sized_from_model: s.model.is_some() && s.memory.is_none(),
+                sized_from_model: s.model.is_some() && s.memory.is_none() && trainer.is_none(),
+                trainer,
                 checkpoints: s.checkpoints.clone(),
                 executor: s.executor,
                 ranks: s.ranks,
@@ -116,6 +140,7 @@ pub(super) fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
                 active_deadline_seconds: None,
                 ttl_seconds_after_finished: None,
                 service,
+                trainer: None,
             })
         }
         _ => None,
@@ -464,7 +489,11 @@ fn scheduled(
         slots.len(),
         status.nodes.join(",")
     );
-    if let Some(p) = &placed.summary {
+    if shape.trainer.is_some() {
+        if let Some(p) = &placed.summary {
+            message.push_str(&format!(" (data parallel; {})", p.note));
+        }
+    } else if let Some(p) = &placed.summary {
         message.push_str(&format!(
             " ({}, {:.1} tok/s predicted)",
             p.strategy, p.predicted_tokens_per_second
@@ -616,6 +645,16 @@ fn gang_progress(
         return;
     }
 
+    if shape.trainer.is_some()
+        && let Some(rank0) = current.iter().find(|a| a.spec.rank == 0)
+        && let Some(progress) = &rank0.status.training
+    {
+        let mut progress = progress.clone().bounded();
+        if let Some(a) = &mut progress.adapter {
+            a.node = rank0.spec.node.clone();
+        }
+        status.training = Some(progress);
+    }
     if shape.kind == Kind::TrainingJob
         && phase_count(AllocationPhase::Succeeded) == world
         && current.len() == world
@@ -1072,6 +1111,9 @@ fn place_within_mac_quota(
 /// Place a job: a Model's layers split by the topology-aware planner, or `ranks` × `memory`
 /// spread by memory and ordered along the cables.
 fn place_job(job: &Object, shape: &JobShape, view: &ClusterView) -> Result<Placed, Refusal> {
+    if let Some(t) = &shape.trainer {
+        return place_trainer(job, shape, t, view);
+    }
     let workload = if shape.sized_from_model {
         workload(job, view)?
     } else {
@@ -1116,7 +1158,7 @@ fn place_workload(
                 "the built-in executor needs the Model's shape (layers, hiddenSize, heads, ...)",
             ));
         }
-        None => place_ranks(topology, shape, view)?,
+        None => place_ranks(topology, shape, shape.memory_bytes, view)?,
     };
     if let Some(svc) = &shape.service {
         let rank0 = &placed.slots[0];
@@ -1186,14 +1228,75 @@ fn place_model(topology: &Topology, w: &Workload, view: &ClusterView) -> Result<
     })
 }
 
+/// A built-in fine-tune: `ranks` Macs each holding the whole model (data parallel), each
+/// reserving what the trainer is predicted to need (or the job's `memory`).
+fn place_trainer(
+    job: &Object,
+    shape: &JobShape,
+    t: &TrainerShape,
+    view: &ClusterView,
+) -> Result<Placed, Refusal> {
+    let ns = &job.metadata.namespace;
+    let model = view
+        .models
+        .get(&(ns.clone(), t.model.clone()))
+        .ok_or_else(|| {
+            refuse(
+                Reason::ModelNotFound,
+                format!("Model {ns}/{} does not exist (apply it first)", t.model),
+            )
+        })?;
+    let predicted =
+        model_placement::finetune::finetune_memory(&t.model, model, &t.finetune, shape.ranks)
+            .map_err(|m| refuse(Reason::ModelIncomplete, m))?;
+    let memory_bytes = t.memory_bytes.unwrap_or(predicted.total_bytes);
+    let mut placed = place_ranks(&view.topology(), shape, memory_bytes, view)?;
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    placed.summary = Some(PlacementSummary {
+        strategy: "data".into(),
+        objective: "throughput".into(),
+        stages: placed
+            .slots
+            .iter()
+            .map(|s| PlacedStage {
+                node: s.node.clone(),
+                first_layer: 0,
+                layers: model.layers.unwrap_or(0),
+                memory_bytes,
+                weight_bytes: predicted.base_bytes,
+                kv_bytes: 0,
+            })
+            .collect(),
+        note: format!(
+            "predicted per rank: {:.2} GiB f32 base weights + {:.3} GiB adapters, gradients and \
+             AdamW moments + {:.2} GiB activations + runtime = {:.2} GiB{}",
+            gib(predicted.base_bytes),
+            gib(predicted.adapter_bytes),
+            gib(predicted.activation_bytes),
+            gib(predicted.total_bytes),
+            if t.memory_bytes.is_some() {
+                format!(
+                    "; the job's memory ({:.2} GiB) is reserved",
+                    gib(memory_bytes)
+                )
+            } else {
+                String::new()
+            }
+        ),
+        ..Default::default()
+    });
+    Ok(placed)
+}
+
 fn place_ranks(
     topology: &Topology,
     shape: &JobShape,
+    memory_bytes: u64,
     view: &ClusterView,
 ) -> Result<Placed, Refusal> {
     let req = GangRequest {
         ranks: shape.ranks,
-        memory_bytes: shape.memory_bytes,
+        memory_bytes,
         node_selector: shape.node_selector.clone(),
         exclusive: shape.exclusive,
     };
@@ -1210,7 +1313,7 @@ fn place_ranks(
     }
     ordered.append(&mut slots);
     Ok(Placed {
-        memory_bytes: vec![shape.memory_bytes; ordered.len()],
+        memory_bytes: vec![memory_bytes; ordered.len()],
         layers: vec![None; ordered.len()],
         slots: ordered,
         ibv_devices: None,
@@ -1279,9 +1382,14 @@ fn create_gang(
         hosts,
         ibv_devices: placed.ibv_devices.clone(),
     };
-    let model = shape.service.as_ref().and_then(|svc| {
+    let model_name = shape
+        .service
+        .as_ref()
+        .map(|svc| &svc.model)
+        .or(shape.trainer.as_ref().map(|t| &t.model));
+    let model = model_name.and_then(|name| {
         view.models
-            .get(&(job.metadata.namespace.clone(), svc.model.clone()))
+            .get(&(job.metadata.namespace.clone(), name.clone()))
     });
     // Per rank: where it stages the model from, and whether it keeps a whole copy.
     let staging: Vec<(Vec<String>, bool)> = match model {
@@ -1300,21 +1408,26 @@ fn create_gang(
         }
         None => Vec::new(),
     };
-    let builtin = shape.service.as_ref().map(|svc| {
+    let builtin = model_name.map(|name| {
         let model_path = model
             .and_then(|m| m.source.path.clone())
             .unwrap_or_default();
         let ips: Vec<String> = slots.iter().map(|s| host(&s.node)).collect();
         BuiltinAssignment {
-            model: svc.model.clone(),
+            model: name.clone(),
             model_path,
             coordinator: format!("{}:{}", ips[0], slots[0].port),
             hosts: ips,
             endpoint_port: placed.endpoint_port,
-            context: svc.context,
-            batch: svc.batch,
+            context: shape.service.as_ref().and_then(|svc| svc.context),
+            batch: shape.service.as_ref().and_then(|svc| svc.batch),
             sources: Vec::new(),
             replicate: false,
+            dataset: shape.trainer.as_ref().map(|t| t.dataset.clone()),
+            finetune: shape
+                .trainer
+                .as_ref()
+                .and_then(|t| serde_json::to_value(&t.finetune).ok()),
         }
     });
     let name = job.metadata.name.as_str();

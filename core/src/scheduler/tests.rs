@@ -1660,3 +1660,73 @@ fn a_model_one_node_holds_gets_a_second_holder_which_serves_once_the_first_is_lo
         assert_eq!(*replicate, node != &copier, "{again:?}");
     }
 }
+
+#[test]
+fn a_builtin_fine_tune_gets_data_parallel_ranks_sized_from_its_model_and_reports_progress() {
+    let mut sim = Sim::new();
+    sim.add_node("mac1", 64);
+    sim.add_node("mac2", 64);
+    apply_model(&mut sim, "small", 8, "100Mi");
+    sim.apply_job(
+        "TrainingJob",
+        "facts",
+        json!({"model": "small", "executor": "builtin", "ranks": 2, "dataset": "facts.jsonl",
+               "finetune": {"steps": 10, "batchSize": 4, "sequenceLength": 256}}),
+    );
+    sim.settle();
+    let status = sim.job("TrainingJob", "facts");
+    assert_eq!(status.phase, JobPhase::Scheduled, "{}", status.message);
+    let placement = status.model_placement.clone().expect("the prediction");
+    assert_eq!(placement.strategy, "data");
+    assert!(
+        placement.note.contains("f32 base weights"),
+        "{}",
+        placement.note
+    );
+    let mut allocs = sim.allocs();
+    allocs.sort_by_key(|a| a.1.rank);
+    assert_eq!(allocs.len(), 2);
+    for (_, spec, _) in &allocs {
+        assert_eq!(spec.executor, tb_api::specs::Executor::Builtin);
+        assert!(spec.layers.is_none(), "data parallel: the whole model");
+        assert!(spec.mlx.is_none() && spec.command.is_empty());
+        let b = spec.builtin.as_ref().expect("built-in assignment");
+        assert_eq!(b.model_path, "/models/m.gguf");
+        assert_eq!(b.dataset.as_deref(), Some("facts.jsonl"));
+        assert_eq!(b.finetune.as_ref().expect("finetune")["steps"], 10);
+        assert_eq!(b.endpoint_port, None);
+        assert_eq!(b.hosts.len(), 2);
+        // 8 blocks of 4096 wide in f32 and more: gigabytes, not the job's default memory.
+        assert_eq!(spec.memory_bytes, placement.stages[0].memory_bytes);
+        assert!(spec.memory_bytes > 2 << 30, "{}", spec.memory_bytes);
+    }
+    // Rank 0's progress lands in the job's status, with the adapter's Mac filled in.
+    sim.set_phase(|_| true, AllocationPhase::Running, None, "");
+    let (obj, spec, mut st) = sim
+        .allocs()
+        .into_iter()
+        .find(|a| a.1.rank == 0)
+        .expect("rank 0");
+    st.training = Some(tb_api::status::TrainingProgress {
+        step: 4,
+        total_steps: 10,
+        loss: Some(1.5),
+        loss_curve: vec![2.0, 1.8, 1.6, 1.5],
+        adapter: Some(tb_api::status::AdapterLocation {
+            node: "forged".into(),
+            path: "/w/adapter".into(),
+        }),
+        ..Default::default()
+    });
+    let r = sim.commit(Op::UpdateStatus {
+        key: obj.key(),
+        status: st.to_value(),
+        resource_version: 0,
+    });
+    assert!(matches!(r, Response::Status { .. }));
+    sim.settle();
+    let status = sim.job("TrainingJob", "facts");
+    let t = status.training.expect("progress");
+    assert_eq!((t.step, t.total_steps, t.loss), (4, 10, Some(1.5)));
+    assert_eq!(t.adapter.expect("adapter").node, spec.node);
+}

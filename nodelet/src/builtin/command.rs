@@ -1,5 +1,6 @@
-//! How the nodelet runs a built-in allocation: the `tb-shard` command line for its rank, from
-//! the allocation's [`BuiltinAssignment`] and layer range.
+//! How the nodelet runs a built-in allocation: the `tb-shard` command line of a service's rank,
+//! from the allocation's [`BuiltinAssignment`] and layer range, or the `tb-train` command line
+//! of a TrainingJob's.
 
 use std::path::{Path, PathBuf};
 
@@ -84,6 +85,101 @@ pub fn shard_command(
     Ok(cmd)
 }
 
+/// Where a built-in fine-tune's rank finds its files: the dataset (relative: the manifest's
+/// directory when it has the file, else the working directory) and the adapter's directory
+/// (relative: the working directory).
+pub struct TrainPaths<'a> {
+    pub working_dir: &'a Path,
+    pub manifest_dir: Option<&'a Path>,
+    /// Rank 0's progress file.
+    pub progress: &'a Path,
+}
+
+/// The command that runs rank `spec.rank` of a built-in TrainingJob with the `tb-train` binary
+/// at `train_bin`, loading `staged` when the model was staged here (else the Model's path).
+pub fn train_command(
+    train_bin: &Path,
+    spec: &AllocationSpec,
+    staged: Option<&Path>,
+    paths: &TrainPaths,
+) -> Result<Vec<String>, String> {
+    let b = spec
+        .builtin
+        .as_ref()
+        .ok_or("the allocation has no built-in assignment")?;
+    if b.hosts.len() != spec.world_size as usize {
+        return Err(format!(
+            "builtin.hosts lists {} hosts for a world of {}",
+            b.hosts.len(),
+            spec.world_size
+        ));
+    }
+    let finetune = b
+        .finetune
+        .as_ref()
+        .ok_or("a built-in TrainingJob's rank needs builtin.finetune")?;
+    let parsed: tb_api::specs::FineTuneSpec =
+        serde_json::from_value(finetune.clone()).map_err(|e| format!("builtin.finetune: {e}"))?;
+    let dataset = b
+        .dataset
+        .as_deref()
+        .ok_or("a built-in TrainingJob's rank needs builtin.dataset")?;
+    let model = staged.map_or_else(|| expand_home(&b.model_path), Path::to_path_buf);
+    if !model.is_file() {
+        return Err(format!(
+            "the model file {} (Model {}'s source.path) is not on this node",
+            model.display(),
+            b.model
+        ));
+    }
+    let dataset = {
+        let p = expand_home(dataset);
+        if p.is_absolute() {
+            p
+        } else {
+            paths
+                .manifest_dir
+                .map(|d| d.join(&p))
+                .filter(|c| c.is_file())
+                .unwrap_or_else(|| paths.working_dir.join(&p))
+        }
+    };
+    let output = {
+        let p = expand_home(parsed.output());
+        if p.is_absolute() {
+            p
+        } else {
+            paths.working_dir.join(p)
+        }
+    };
+    let mut cmd = vec![
+        train_bin.display().to_string(),
+        "--model".into(),
+        model.display().to_string(),
+        "--model-name".into(),
+        b.model.clone(),
+        "--rank".into(),
+        spec.rank.to_string(),
+        "--hosts".into(),
+        b.hosts.join(","),
+        "--coordinator".into(),
+        b.coordinator.clone(),
+        "--dataset".into(),
+        dataset.display().to_string(),
+        "--output".into(),
+        output.display().to_string(),
+        "--finetune".into(),
+        finetune.to_string(),
+    ];
+    if spec.rank == 0 {
+        cmd.extend(["--progress".into(), paths.progress.display().to_string()]);
+    }
+    if spec.memory_bytes > 0 {
+        cmd.extend(["--memory-limit".into(), spec.memory_bytes.to_string()]);
+    }
+    Ok(cmd)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +211,7 @@ mod tests {
                 batch: None,
                 sources: Vec::new(),
                 replicate: false,
+                ..Default::default()
             }),
             ..Default::default()
         }
@@ -147,5 +244,49 @@ mod tests {
             err.contains("/nope/m.gguf") && err.contains("smollm2"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn training_ranks_find_the_dataset_beside_the_manifest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let model = dir.path().join("m.gguf");
+        std::fs::write(&model, b"x").expect("write");
+        let manifests = dir.path().join("manifests");
+        std::fs::create_dir_all(manifests.join("data")).expect("mkdir");
+        std::fs::write(manifests.join("data/facts.jsonl"), b"{}").expect("write");
+        let mut s = spec(1, &model.display().to_string());
+        s.job.kind = "TrainingJob".into();
+        s.layers = None;
+        if let Some(b) = s.builtin.as_mut() {
+            b.dataset = Some("data/facts.jsonl".into());
+            b.finetune = Some(serde_json::json!({"steps": 3, "output": "out"}));
+        }
+        let work = dir.path().join("work");
+        let paths = TrainPaths {
+            working_dir: &work,
+            manifest_dir: Some(&manifests),
+            progress: &dir.path().join("progress.json"),
+        };
+        let line = train_command(Path::new("/bin/tb-train"), &s, None, &paths)
+            .expect("command")
+            .join(" ");
+        assert!(line.starts_with("/bin/tb-train --model "), "{line}");
+        assert!(
+            line.contains(&format!(
+                "--dataset {}",
+                manifests.join("data/facts.jsonl").display()
+            )),
+            "{line}"
+        );
+        assert!(
+            line.contains(&format!("--output {}", work.join("out").display())),
+            "{line}"
+        );
+        assert!(!line.contains("--progress"), "only rank 0 reports: {line}");
+        if let Some(b) = s.builtin.as_mut() {
+            b.finetune = None;
+        }
+        let err = train_command(Path::new("/bin/tb-train"), &s, None, &paths).unwrap_err();
+        assert!(err.contains("builtin.finetune"), "{err}");
     }
 }

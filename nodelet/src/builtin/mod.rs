@@ -9,7 +9,9 @@
 //! - [`driver`]: rank 0 — requests in, first stage, tokens back into text;
 //! - [`openai`]: rank 0's OpenAI-compatible HTTP API;
 //! - [`admission`]: how many requests a service holds before it answers 429;
-//! - [`command`]: how the nodelet turns a built-in allocation into a `tb-shard` command line.
+//! - [`command`]: how the nodelet turns a built-in allocation into a `tb-shard` (or `tb-train`)
+//!   command line;
+//! - [`train`]: `tb-train`, one rank of a built-in fine-tune (a TrainingJob).
 
 pub mod admission;
 pub mod command;
@@ -18,6 +20,7 @@ pub mod messages;
 pub mod observed;
 pub mod openai;
 pub mod stage;
+pub mod train;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;

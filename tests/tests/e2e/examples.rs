@@ -9,6 +9,9 @@
 //! - `queues.yaml`: both queues exist and `tbctl top queues` lists them;
 //! - `schedule-nightly-finetune.yaml` (cannot run offline: its job fetches a model from the hub,
 //!   as its first line says): valid, and `tbctl get schedules` shows its next run, 02:00 Paris;
+//! - `schedule-nightly-finetune-builtin.yaml` (+ `data/zorbania.jsonl`, + `model-smollm2.yaml`):
+//!   at its slot (02:00 Paris on the controller's test clock) the built-in fine-tune runs to
+//!   Succeeded, its loss falls and the adapter is in the nodelet's ~/.cache/tb/adapters;
 //! - `model-llama70b.yaml` (needs real Macs, as its first line says): valid for the server
 //!   (`--dry-run=server`) and placed by `tbctl plan` on the described lab `labs/mixed.yaml`.
 //!
@@ -45,6 +48,14 @@ const COVERED: &[(&str, &str)] = &[
     (
         "schedule-nightly-finetune.yaml",
         "queues_schedule_and_llama70b_are_valid",
+    ),
+    (
+        "schedule-nightly-finetune-builtin.yaml",
+        "nightly_builtin_finetune_runs_at_its_slot",
+    ),
+    (
+        "data/zorbania.jsonl",
+        "nightly_builtin_finetune_runs_at_its_slot",
     ),
     (
         "model-llama70b.yaml",
@@ -267,6 +278,77 @@ fn find_stages(v: &Value) -> Option<&Vec<Value>> {
 }
 
 /// The `path:` of the Model's source in `model-smollm2.yaml`, `~/` expanded to `home`.
+/// The built-in nightly fine-tune, applied unchanged after the model: the controller's clock is
+/// moved to just before the next 02:00 in Paris, and the run it starts goes to Succeeded.
+#[tokio::test]
+async fn nightly_builtin_finetune_runs_at_its_slot() {
+    let model = tb_engine::test_model_path();
+    assert!(
+        model.is_file(),
+        "{} is missing: run scripts/fetch-model.sh",
+        model.display()
+    );
+    let model = model.canonicalize().unwrap_or(model);
+    let started = Instant::now();
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let home = scratch.path().join("home");
+    let target = model_source_path(&home);
+    std::fs::create_dir_all(target.parent().expect("a directory")).expect("model dir");
+    std::os::unix::fs::symlink(&model, &target).expect("model link");
+    let clock_dir = tb_tests::TestDir::new("example-nightly-clock");
+    let mut clock = crate::cron::TestClock::new(&clock_dir);
+    let mut opts = LabOptions::new(1);
+    opts.nodelet_env = vec![("HOME".into(), home.display().to_string())];
+    opts.controller_args = clock.controller_args().to_vec();
+    let lab = Lab::start_with("example-nightly", opts).await;
+    lab.tbctl_ok(&[
+        "apply",
+        "-f",
+        &manifest_arg("model-smollm2.yaml"),
+        "-f",
+        &manifest_arg("schedule-nightly-finetune-builtin.yaml"),
+    ])
+    .await;
+    let row = lab
+        .tbctl_ok(&["get", "schedules", "nightly-finetune-builtin"])
+        .await;
+    let next = row
+        .stdout
+        .split_whitespace()
+        .filter_map(|w| DateTime::parse_from_rfc3339(w).ok())
+        .map(|t| t.with_timezone(&Utc))
+        .next()
+        .unwrap_or_else(|| panic!("no next run in {row}"));
+    let slot = next.timestamp_millis();
+    clock.set_now(slot - crate::cron::LEAD_MS);
+    clock.sleep_until(slot).await;
+    let name = format!("nightly-finetune-builtin-{}", slot.div_euclid(60_000));
+    let status = lab
+        .wait_job_phase(&name, "Succeeded", Duration::from_secs(1200))
+        .await;
+    step!(
+        "example schedule-nightly-finetune-builtin.yaml: {name} Succeeded {} after a fresh start: {}",
+        minutes(started),
+        status["training"]
+    );
+    let curve: Vec<f64> = status["training"]["lossCurve"]
+        .as_array()
+        .expect("lossCurve")
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
+    assert_eq!(status["training"]["step"], 20, "{status:#}");
+    assert!(curve.last() < curve.first(), "the loss falls: {curve:?}");
+    let adapter = home.join(".cache/tb/adapters/nightly-finetune");
+    assert_eq!(
+        status["training"]["adapter"]["path"],
+        adapter.display().to_string(),
+        "{status:#}"
+    );
+    assert!(adapter.join("adapter_model.safetensors").is_file());
+    assert!(adapter.join("adapter_config.json").is_file());
+}
+
 fn model_source_path(home: &Path) -> PathBuf {
     let text = std::fs::read_to_string(lab::manifest("model-smollm2.yaml")).expect("manifest");
     let path = text

@@ -17,6 +17,7 @@ mod emulated_lab;
 mod examples;
 mod exec_paths;
 mod fair_share_lab;
+mod finetune;
 mod first_hour;
 mod identity;
 mod isolation;

@@ -40,6 +40,7 @@ mod process;
 mod readiness;
 mod report;
 mod staging;
+mod training;
 
 /// What the heartbeat reports about the work here.
 #[derive(Debug, Clone, Default)]

@@ -1,6 +1,7 @@
 //! What a rank needs before it starts: its directories, its program found (`super::program`),
 //! its environment (MLX's hostfile and variables, tb's own), the newest checkpoint to resume
-//! from, and for the built-in executor the `tb-shard` command line.
+//! from, and for the built-in executor the `tb-shard` (service) or `tb-train` (TrainingJob)
+//! command line.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,7 +12,8 @@ use tb_api::specs::{AllocationSpec, Backend, Executor};
 use crate::agent::accounts::Account;
 use crate::agent::dirs::{self, AllocDirs};
 use crate::agent::program;
-use crate::builtin::command::{TERMINATION_MESSAGE_ENV, shard_command};
+use crate::builtin::command::{TERMINATION_MESSAGE_ENV, TrainPaths, shard_command, train_command};
+use crate::builtin::train::progress::PROGRESS_FILE_ENV;
 use crate::exec;
 use crate::exec::contain;
 use crate::mlx;
@@ -39,10 +41,20 @@ impl From<mlx::MlxError> for Prepare {
 
 /// The `tb-shard` binary: beside this nodelet's own binary.
 pub(super) fn shard_binary() -> PathBuf {
+    sibling_binary("tb-shard")
+}
+
+/// A binary beside this nodelet's own (`tb-shard`, `tb-train`).
+fn sibling_binary(name: &str) -> PathBuf {
     std::env::current_exe()
         .ok()
-        .and_then(|p| p.parent().map(|d| d.join("tb-shard")))
-        .unwrap_or_else(|| PathBuf::from("tb-shard"))
+        .and_then(|p| p.parent().map(|d| d.join(name)))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+/// Where rank 0 of a built-in fine-tune writes its progress (read by `super::training`).
+pub(super) fn progress_file(dirs: &AllocDirs) -> PathBuf {
+    dirs.tb.join("progress.json")
 }
 
 /// The most recently modified entry of `dir` (a checkpoint file or directory), if any.
@@ -160,7 +172,21 @@ pub(super) fn prepare(
             TERMINATION_MESSAGE_ENV.into(),
             alloc_dirs.termination_message().display().to_string(),
         );
-        shard_command(&shard_binary(), spec, sources.staged).map_err(Prepare::Model)?
+        if spec.job.kind == tb_api::Kind::TrainingJob.as_str() {
+            // A built-in TrainingJob's rank trains (data parallel); a service's serves.
+            let progress = progress_file(&alloc_dirs);
+            let _ = std::fs::remove_file(&progress);
+            env.insert(PROGRESS_FILE_ENV.into(), progress.display().to_string());
+            let paths = TrainPaths {
+                working_dir: &work,
+                manifest_dir: sources.manifest_dir.filter(|d| d.is_dir()),
+                progress: &progress,
+            };
+            train_command(&sibling_binary("tb-train"), spec, sources.staged, &paths)
+                .map_err(Prepare::Model)?
+        } else {
+            shard_command(&shard_binary(), spec, sources.staged).map_err(Prepare::Model)?
+        }
     } else {
         let path = env
             .get("PATH")

@@ -15,6 +15,7 @@ use super::fence::Stop;
 use super::orphans::{self, PidFile};
 use super::prepare::{Prepare, Sources, prepare};
 use super::readiness::{endpoint_of, watch_readiness};
+use super::training::{self, reports_progress, watch_progress};
 use super::{Supervisor, incarnation, now};
 use crate::agent::accounts::Account;
 use crate::agent::dirs;
@@ -132,6 +133,18 @@ impl Supervisor {
             ))
         });
 
+        // Rank 0 of a built-in fine-tune: report its progress.
+        let progress_path = super::prepare::progress_file(&alloc_dirs);
+        let progress = reports_progress(spec).then(|| {
+            tokio::spawn(watch_progress(
+                self.controllers.clone(),
+                namespace.to_string(),
+                name.to_string(),
+                running_status.clone(),
+                progress_path.clone(),
+            ))
+        });
+
         let grace = Duration::from_secs(spec.stop_grace_seconds);
         let (ended, stopped) = tokio::select! {
             r = running.wait() => (r, None),
@@ -148,11 +161,20 @@ impl Supervisor {
         if let Some(task) = readiness {
             task.abort();
         }
+        if let Some(task) = progress {
+            task.abort();
+        }
         let _ = std::fs::remove_file(dir.join("pid"));
         let mut status = AllocationStatus {
             pid: Some(pid),
             started_at: Some(started_at),
             finished_at: Some(now()),
+            // The last progress (and where the adapter went) outlives the process.
+            training: if reports_progress(spec) {
+                training::read(&progress_path)
+            } else {
+                None
+            },
             ..Default::default()
         };
         match ended {
