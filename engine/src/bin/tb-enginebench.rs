@@ -54,6 +54,7 @@ fn run(
         &LoadOptions {
             requantize_to_q8_0: requant,
             max_context: Some(2048),
+            ..Default::default()
         },
     )?;
     let load_s = t.elapsed().as_secs_f64();
@@ -210,6 +211,7 @@ fn main() -> ExitCode {
         &LoadOptions {
             requantize_to_q8_0: false,
             max_context: Some(2048),
+            ..Default::default()
         },
     )
     .and_then(|mut engine| {
