@@ -14,6 +14,40 @@ pub(crate) fn full_object(kind: Kind) -> Object {
     validate_object(&obj).unwrap_or_else(|e| panic!("{kind}: {e}"))
 }
 
+/// Objects that set the fields a kind's full object cannot set beside its others (alternatives
+/// such as an adapter's `path` or `trainingJob`), validated and normalised.
+pub(crate) fn alternative_objects(kind: Kind) -> Vec<Object> {
+    let yamls: &[&str] = match kind {
+        Kind::InferenceService => &[
+            r#"
+apiVersion: tb/v1
+kind: InferenceService
+metadata: {name: tuned, namespace: lab}
+spec:
+  model: smollm2
+  executor: builtin
+  adapter: {path: /Users/Shared/adapters/zorbania, node: mac-studio-1}
+"#,
+            r#"
+apiVersion: tb/v1
+kind: InferenceService
+metadata: {name: tuned, namespace: lab}
+spec:
+  model: smollm2
+  adapter: {trainingJob: zorbania}
+"#,
+        ],
+        _ => &[],
+    };
+    yamls
+        .iter()
+        .map(|yaml| {
+            let obj: Object = serde_yaml::from_str(yaml).unwrap_or_else(|e| panic!("{kind}: {e}"));
+            validate_object(&obj).unwrap_or_else(|e| panic!("{kind}: {e}"))
+        })
+        .collect()
+}
+
 /// Paths of every field in `v`, not descending into maps whose keys are data (labels, env...).
 pub(crate) fn json_paths(prefix: &str, v: &Value, out: &mut Vec<String>) {
     const DATA_MAPS: [&str; 5] = [
@@ -223,6 +257,7 @@ spec:
     batch: 4
     sources: ["10.0.0.1:7602"]
     replicate: true
+    adapter: {path: /Users/Shared/adapters/zorbania, source: "10.0.0.1:7602"}
 "#
         }
         Kind::Event => {

@@ -176,6 +176,9 @@ mod tests {
             let obj = testdata::full_object(kind);
             let mut actual = Vec::new();
             testdata::json_paths("spec", &obj.spec, &mut actual);
+            for other in testdata::alternative_objects(kind) {
+                testdata::json_paths("spec", &other.spec, &mut actual);
+            }
             let documented = spec_paths(kind);
             for path in &actual {
                 assert!(
