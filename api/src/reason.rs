@@ -54,6 +54,9 @@ reasons! {
     ModelNotFound,
     /// The Model's file is not complete on any Mac.
     ModelIncomplete,
+    /// The service's adapter is not there yet: its TrainingJob is missing, unfinished or wrote
+    /// none, or the Node holding it is not Ready.
+    AdapterNotReady,
     /// Placement failed (event).
     FailedScheduling,
     // Jobs: running and ending.

@@ -1,4 +1,4 @@
-//! Test fixtures: one object of each kind with every spec field set, and a helper that lists the
+//! Test fixtures: objects of each kind that together set every spec field, and a helper that lists the
 //! field paths of a JSON value.
 
 use serde_json::Value;
@@ -29,6 +29,7 @@ pub(crate) fn full_objects(kind: Kind) -> Vec<Object> {
     let mut all = vec![full_object(kind)];
     match kind {
         Kind::TrainingJob => all.extend(builtin),
+        Kind::InferenceService => all.extend(ADAPTER_SERVICES.iter().map(|y| parse(kind, y))),
         Kind::Schedule => {
             for job in builtin {
                 let mut schedule = full_object(kind);
@@ -73,6 +74,28 @@ spec:
         evalFraction: 0.1
         output: adapters/facts
 "#;
+
+/// Services naming an adapter: by path on a node, and by the fine-tune that writes it (the
+/// two exclude each other).
+const ADAPTER_SERVICES: [&str; 2] = [
+    r#"
+apiVersion: tb/v1
+kind: InferenceService
+metadata: {name: tuned, namespace: lab}
+spec:
+  model: smollm2
+  executor: builtin
+  adapter: {path: /Users/Shared/adapters/zorbania, node: mac-studio-1}
+"#,
+    r#"
+apiVersion: tb/v1
+kind: InferenceService
+metadata: {name: tuned, namespace: lab}
+spec:
+  model: smollm2
+  adapter: {trainingJob: zorbania}
+"#,
+];
 
 /// Paths of every field in `v`, not descending into maps whose keys are data (labels, env...).
 pub(crate) fn json_paths(prefix: &str, v: &Value, out: &mut Vec<String>) {
@@ -285,6 +308,7 @@ spec:
     replicate: true
     dataset: data/facts.jsonl
     finetune: {}
+    adapter: {path: /Users/Shared/adapters/zorbania, source: "10.0.0.1:7602"}
 "#
         }
         Kind::Event => {

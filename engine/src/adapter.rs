@@ -285,6 +285,14 @@ impl Adapter {
         self.pairs.get(&(layer, target))
     }
 
+    /// Bytes the pairs hold in memory (f32).
+    pub fn bytes(&self) -> u64 {
+        self.pairs
+            .values()
+            .map(|p| ((p.a.elem_count() + p.b.elem_count()) * 4) as u64)
+            .sum()
+    }
+
     /// Blocks the adapter touches.
     pub fn layers(&self) -> impl Iterator<Item = usize> + '_ {
         let mut seen: Vec<usize> = self.pairs.keys().map(|(l, _)| *l).collect();
@@ -295,6 +303,18 @@ impl Adapter {
     /// Reads the PEFT directory `dir` for a model of `config`, checking every key and shape, onto
     /// `device` in f32.
     pub fn load(dir: &Path, config: &ModelConfig, device: &Device) -> Result<Adapter> {
+        Self::load_blocks(dir, config, device, 0..config.n_layers)
+    }
+
+    /// [`Self::load`], keeping only the pairs of blocks in `blocks` (what a pipeline stage
+    /// holding those blocks needs): every key is still checked, only the kept pairs are read
+    /// into tensors. The adapter may hold no pair of these blocks; it must hold some pair.
+    pub fn load_blocks(
+        dir: &Path,
+        config: &ModelConfig,
+        device: &Device,
+        blocks: std::ops::Range<usize>,
+    ) -> Result<Adapter> {
         let config_path = dir.join(CONFIG_FILE);
         let text = read_bounded(&config_path, MAX_CONFIG_BYTES)?;
         let peft: PeftConfig = serde_json::from_slice(&text).map_err(|e| {
@@ -315,10 +335,17 @@ impl Adapter {
                 format!("{size} bytes is larger than an adapter can be ({MAX_WEIGHTS_BYTES})"),
             ));
         }
-        let tensors = load_safetensors(&weights_path, device)?;
+        let bytes = std::fs::read(&weights_path).map_err(|e| io(&weights_path, e))?;
+        let file = candle_core::safetensors::SliceSafetensors::new(&bytes).map_err(|e| {
+            bad(
+                &weights_path,
+                format!("not a readable safetensors file: {e}"),
+            )
+        })?;
         let mut halves: BTreeMap<(usize, Target), (Option<Tensor>, Option<Tensor>)> =
             BTreeMap::new();
-        for (name, tensor) in tensors {
+        let mut in_file = 0usize;
+        for (name, _) in file.tensors() {
             let Some((layer, target, which)) = parse_key(&name) else {
                 return Err(bad(
                     &weights_path,
@@ -337,6 +364,13 @@ impl Adapter {
                     ),
                 ));
             }
+            in_file += 1;
+            if !blocks.contains(&layer) {
+                continue;
+            }
+            let tensor = file
+                .load(&name, device)
+                .map_err(|e| bad(&weights_path, format!("tensor {name}: {e}")))?;
             let slot = halves.entry((layer, target)).or_default();
             let tensor = tensor.to_dtype(DType::F32)?;
             if which == 'A' {
@@ -344,6 +378,9 @@ impl Adapter {
             } else {
                 slot.1 = Some(tensor);
             }
+        }
+        if in_file == 0 {
+            return Err(bad(&weights_path, "holds no LoRA weights"));
         }
         let mut pairs = BTreeMap::new();
         for ((layer, target), (a, b)) in halves {
@@ -374,9 +411,6 @@ impl Adapter {
                 None => b,
             };
             pairs.insert((layer, target), LoraPair { a, b });
-        }
-        if pairs.is_empty() {
-            return Err(bad(&weights_path, "holds no LoRA weights"));
         }
         Ok(Adapter {
             config: lora_config,
@@ -430,6 +464,60 @@ impl Adapter {
     }
 }
 
+impl Adapter {
+    /// A deterministic pseudo-random adapter of every block and `targets` of a `config` model,
+    /// for tests and benchmarks: A uniform in ±1/√in, B uniform in ±`b_magnitude` (0: an adapter
+    /// that changes nothing), scale `alpha / rank`; the same `seed` gives the same adapter.
+    pub fn seeded(
+        config: &ModelConfig,
+        targets: &[Target],
+        rank: usize,
+        alpha: f32,
+        b_magnitude: f32,
+        seed: u64,
+    ) -> Result<Adapter> {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        // xorshift64*: uniform in [-1, 1).
+        let mut next = move || {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            let v = state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40;
+            (v as f32 / (1u64 << 23) as f32) - 1.0
+        };
+        let mut targets = targets.to_vec();
+        targets.sort();
+        targets.dedup();
+        let mut pairs = BTreeMap::new();
+        for layer in 0..config.n_layers {
+            for &target in &targets {
+                let (inp, out) = target.shape(config);
+                let a_scale = 1.0 / (inp as f32).sqrt();
+                let a: Vec<f32> = (0..rank * inp).map(|_| next() * a_scale).collect();
+                let b: Vec<f32> = (0..out * rank).map(|_| next() * b_magnitude).collect();
+                pairs.insert(
+                    (layer, target),
+                    LoraPair {
+                        a: Tensor::from_vec(a, (rank, inp), &Device::Cpu)?,
+                        b: Tensor::from_vec(b, (out, rank), &Device::Cpu)?,
+                    },
+                );
+            }
+        }
+        Ok(Adapter {
+            config: LoraConfig {
+                rank,
+                alpha,
+                dropout: 0.0,
+                rslora: false,
+                targets,
+                base_model: String::new(),
+            },
+            pairs,
+        })
+    }
+}
+
 fn temp_name(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(".tmp");
@@ -442,12 +530,6 @@ fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
         return Err(bad(path, format!("{size} bytes; at most {max} expected")));
     }
     std::fs::read(path).map_err(|e| io(path, e))
-}
-
-/// candle's safetensors reader, with its error turned into one that names the file.
-fn load_safetensors(path: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
-    candle_core::safetensors::load(path, device)
-        .map_err(|e| bad(path, format!("not a readable safetensors file: {e}")))
 }
 
 fn check_config(path: &Path, peft: &PeftConfig) -> Result<LoraConfig> {

@@ -3,11 +3,17 @@
 //! whole model's: pre-norm RMSNorm, q/k/v projections (+ biases for qwen2), RoPE (interleaved
 //! `rope_i` for llama/mistral GGUFs, whose q/k weights llama.cpp's converter permuted; NEOX `rope`
 //! for qwen2), grouped-query attention with a causal mask, SwiGLU MLP, residuals.
+//!
+//! A block may carry a LoRA adapter's pairs ([`BlockLora`]): each adapted linear layer then
+//! computes `W·x + scale·B·(A·x)` — the low-rank path beside the quantised weight, never a
+//! merged matrix, so the quantised weight stays exactly as without the adapter. A block without
+//! an adapter pays one `None` check per layer.
 
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
 use candle_transformers::quantized_nn::RmsNorm;
 
+use crate::adapter::{LoraPair, Target};
 use crate::error::Result;
 
 /// Precomputed cos/sin tables, [positions, head_dim / 2].
@@ -75,6 +81,36 @@ pub(crate) struct Block {
     pub(crate) heads: usize,
     pub(crate) kv_heads: usize,
     pub(crate) head_dim: usize,
+    /// The adapter's pairs for this block, if an adapter is loaded and adapts it.
+    pub(crate) lora: Option<BlockLora>,
+}
+
+/// A LoRA adapter's pairs for one block, by target, and the scale applied to them.
+#[derive(Debug)]
+pub(crate) struct BlockLora {
+    pub(crate) scale: f32,
+    pairs: [Option<LoraPair>; 7],
+}
+
+impl BlockLora {
+    /// The pairs of block `layer` in `adapter`; None when the adapter does not adapt it.
+    pub(crate) fn of(adapter: &crate::adapter::Adapter, layer: usize) -> Option<BlockLora> {
+        let mut pairs: [Option<LoraPair>; 7] = Default::default();
+        let mut any = false;
+        for (slot, target) in pairs.iter_mut().zip(Target::ALL) {
+            *slot = adapter.pair(layer, target).cloned();
+            any |= slot.is_some();
+        }
+        any.then(|| BlockLora {
+            scale: adapter.scale(),
+            pairs,
+        })
+    }
+
+    fn pair(&self, target: Target) -> Option<&LoraPair> {
+        let i = Target::ALL.iter().position(|t| *t == target)?;
+        self.pairs[i].as_ref()
+    }
 }
 
 /// Per-block KV cache: keys and values [1, kv_heads, positions, head_dim].
@@ -114,10 +150,37 @@ impl Block {
         let x = (attn + residual)?;
         let residual = &x;
         let h = self.ffn_norm.forward(&x)?;
-        let gate = self.gate.forward(&h)?;
-        let up = self.up.forward(&h)?;
-        let mlp = self.down.forward(&(candle_nn::ops::silu(&gate)? * up)?)?;
+        let gate = self.linear(Target::Gate, &h)?;
+        let up = self.linear(Target::Up, &h)?;
+        let mlp = self.linear(Target::Down, &(candle_nn::ops::silu(&gate)? * up)?)?;
         Ok((mlp + residual)?)
+    }
+
+    /// The weight (and bias) of `target`.
+    pub(crate) fn weight(&self, target: Target) -> (&QMatMul, Option<&Tensor>) {
+        match target {
+            Target::Q => (&self.wq, self.bq.as_ref()),
+            Target::K => (&self.wk, self.bk.as_ref()),
+            Target::V => (&self.wv, self.bv.as_ref()),
+            Target::O => (&self.wo, None),
+            Target::Gate => (&self.gate, None),
+            Target::Up => (&self.up, None),
+            Target::Down => (&self.down, None),
+        }
+    }
+
+    /// The linear layer `target` applied to x: `W·x (+ bias) (+ scale·B·A·x)`.
+    pub(crate) fn linear(&self, target: Target, x: &Tensor) -> Result<Tensor> {
+        let (w, b) = self.weight(target);
+        let y = project(w, b, x)?;
+        match self
+            .lora
+            .as_ref()
+            .and_then(|l| Some((l.pair(target)?, l.scale)))
+        {
+            Some((pair, scale)) => Ok((y + pair.delta(x, scale)?)?),
+            None => Ok(y),
+        }
     }
 
     fn attention(
@@ -127,9 +190,9 @@ impl Block {
         segments: &[Segment],
         caches: &mut [&mut KvCache],
     ) -> Result<Tensor> {
-        let q = project(&self.wq, self.bq.as_ref(), x)?;
-        let k = project(&self.wk, self.bk.as_ref(), x)?;
-        let v = project(&self.wv, self.bv.as_ref(), x)?;
+        let q = self.linear(Target::Q, x)?;
+        let k = self.linear(Target::K, x)?;
+        let v = self.linear(Target::V, x)?;
         let mut ys = Vec::with_capacity(segments.len());
         for (seg, cache) in segments.iter().zip(caches.iter_mut()) {
             let rows = |t: &Tensor, heads: usize| -> Result<Tensor> {
@@ -148,7 +211,7 @@ impl Block {
         } else {
             Tensor::cat(&ys, 1)?
         };
-        Ok(self.wo.forward(&y)?)
+        self.linear(Target::O, &y)
     }
 
     /// Attention of one sequence: q [1, heads, len, head_dim], k/v [1, kv_heads, len,

@@ -2,16 +2,21 @@
 //! the embedding when it is the first shard and the final norm + output head when it is the last,
 //! and a KV cache per sequence. Shards chained in order compute exactly what the whole model
 //! computes: activations cross stage boundaries as f32 [`Activation`]s.
+//!
+//! With [`LoadOptions::adapter`], a shard also loads a LoRA adapter's pairs for its own blocks
+//! (not the others'), so shards that each load the same adapter directory compute what the
+//! whole model with that adapter computes.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use candle_transformers::quantized_nn::RmsNorm;
 
-use crate::block::{Block, KvCache, Rope, Segment};
+use crate::adapter::Adapter;
+use crate::block::{Block, BlockLora, KvCache, Rope, Segment};
 use crate::error::{EngineError, Result};
 use crate::gguf::{GgufIndex, ModelConfig};
 use crate::weights::{DEFAULT_REQUANTIZE, TensorReader};
@@ -24,6 +29,9 @@ pub struct LoadOptions {
     pub requantize_to_q8_0: bool,
     /// Cap on the KV cache length (positions); `None` = the model's context length.
     pub max_context: Option<usize>,
+    /// A LoRA adapter in the PEFT layout (a directory with `adapter_config.json` and
+    /// `adapter_model.safetensors`, see [`crate::adapter`]) applied to this shard's blocks.
+    pub adapter: Option<PathBuf>,
 }
 
 impl Default for LoadOptions {
@@ -31,6 +39,7 @@ impl Default for LoadOptions {
         Self {
             requantize_to_q8_0: DEFAULT_REQUANTIZE,
             max_context: None,
+            adapter: None,
         }
     }
 }
@@ -198,7 +207,18 @@ impl Shard {
             .max(1);
         let neox = config.architecture == "qwen2";
         let rope = Rope::new(config.head_dim, config.rope_theta, context, neox, device)?;
-        let weight_bytes = r.bytes();
+        let mut weight_bytes = r.bytes();
+        if let Some(dir) = &opts.adapter {
+            let adapter = Adapter::load_blocks(dir, &config, device, first..first + count)?;
+            weight_bytes += adapter.bytes();
+            for (i, block) in blocks.iter_mut().enumerate() {
+                block.lora = BlockLora::of(&adapter, first + i);
+            }
+            tracing::info!(
+                adapter = %dir.display(), rank = adapter.config.rank, scale = adapter.scale(),
+                pairs = adapter.pairs.len(), bytes = adapter.bytes(), "loaded LoRA adapter"
+            );
+        }
         tracing::info!(
             path = %index.path().display(), first, count, layers = config.n_layers, weight_bytes,
             requantize = opts.requantize_to_q8_0, elapsed_ms = started.elapsed().as_millis() as u64,
@@ -523,6 +543,7 @@ fn load_block(r: &mut TensorReader<'_>, c: &ModelConfig, i: usize) -> Result<Blo
         heads: c.heads,
         kv_heads: c.kv_heads,
         head_dim: c.head_dim,
+        lora: None,
     })
 }
 
@@ -537,6 +558,91 @@ mod tests {
         assert_send::<Shard>();
         assert_send::<crate::generate::Engine>();
         assert_send::<crate::tokenizer::Decoder>();
+    }
+
+    /// The LoRA path is the merged-weight math: for each adapted layer of a block, the
+    /// dequantised W plus scale·B·A applied densely gives what the block computes, and differs
+    /// from W alone by far more than the tolerance (so the check can fail).
+    #[test]
+    fn the_lora_path_equals_the_dense_merged_weight() {
+        use crate::adapter::{Adapter, Target};
+        let path = crate::test_model_path();
+        assert!(path.is_file(), "test model {} not found", path.display());
+        let dev = Device::Cpu;
+        let index = GgufIndex::open(&path).expect("index");
+        let config = index.config().clone();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let adapter = Adapter::seeded(&config, &Target::ALL, 8, 16.0, 0.5, 3).expect("adapter");
+        adapter.save(dir.path(), &config).expect("save");
+        let opts = LoadOptions {
+            adapter: Some(dir.path().to_path_buf()),
+            ..Default::default()
+        };
+        let layer = 5;
+        let shard = Shard::from_index(&index, layer, 1, &opts, &dev).expect("shard");
+        let block = &shard.blocks[0];
+        let loaded = Adapter::load(dir.path(), &config, &dev).expect("load");
+        for target in Target::ALL {
+            let (inp, _) = target.shape(&config);
+            let x = Tensor::randn(0f32, 1.0, (1, 3, inp), &dev).expect("x");
+            let got = block.linear(target, &x).expect("linear");
+            let w = match block.weight(target).0 {
+                QMatMul::QTensor(q) => q.dequantize(&dev).expect("dequantize"),
+                QMatMul::Tensor(t) | QMatMul::TensorF16(t) => {
+                    t.to_dtype(candle_core::DType::F32).expect("f32")
+                }
+            };
+            let pair = loaded.pair(layer, target).expect("pair");
+            let ba =
+                (pair.b.matmul(&pair.a).expect("BA") * f64::from(loaded.scale())).expect("scale");
+            let merged = (&w + &ba).expect("merge");
+            let dense = |m: &Tensor| {
+                let y = x.broadcast_matmul(&m.t().expect("t")).expect("matmul");
+                match block.weight(target).1 {
+                    Some(b) => y.broadcast_add(b).expect("bias"),
+                    None => y,
+                }
+            };
+            let diff = |a: &Tensor, b: &Tensor| -> f32 {
+                (a - b)
+                    .expect("sub")
+                    .abs()
+                    .expect("abs")
+                    .max_all()
+                    .expect("max")
+                    .to_scalar::<f32>()
+                    .expect("scalar")
+            };
+            let scale = dense(&merged)
+                .abs()
+                .expect("abs")
+                .max_all()
+                .expect("max")
+                .to_scalar::<f32>()
+                .expect("scalar");
+            // The quantised matmul rounds x to 8 bits per block; the tolerance allows for that.
+            let tolerance = 2e-2 * scale.max(1.0);
+            let off = diff(&got, &dense(&merged));
+            assert!(
+                off <= tolerance,
+                "{target:?}: the LoRA path is {off} off the merged weight (tolerance {tolerance})"
+            );
+            let without = diff(&got, &dense(&w));
+            assert!(
+                without > 4.0 * tolerance,
+                "{target:?}: the adapter moved the output by only {without}"
+            );
+            // And the low-rank part alone is the dense scale·B·A to f32 rounding.
+            let base = QMatMul::forward(block.weight(target).0, &x).expect("W x");
+            let base = match block.weight(target).1 {
+                Some(b) => base.broadcast_add(b).expect("bias"),
+                None => base,
+            };
+            let lora = (&got - &base).expect("sub");
+            let want = x.broadcast_matmul(&ba.t().expect("t")).expect("dense BA");
+            let off = diff(&lora, &want);
+            assert!(off <= 1e-4, "{target:?}: the low-rank part is {off} off");
+        }
     }
 
     #[test]

@@ -105,6 +105,22 @@ pub struct BuiltinAssignment {
     /// A built-in TrainingJob's `finetune` section, as validated (the trainer's settings).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finetune: Option<serde_json::Value>,
+    /// The LoRA adapter the rank applies to its layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<AdapterAssignment>,
+}
+
+/// Where a rank finds its LoRA adapter.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
+pub struct AdapterAssignment {
+    /// The PEFT directory, on the holder (or here when `source` is absent).
+    pub path: String,
+    /// The holder's probe server (`ip:port`) to fetch the adapter from; absent: the rank reads
+    /// `path` on its own Mac.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 /// The model layers a rank holds: `[first, first + count)`.

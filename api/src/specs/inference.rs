@@ -76,6 +76,58 @@ pub struct Endpoint {
     pub port: Option<u16>,
 }
 
+/// A LoRA adapter the built-in engine applies to the model: a PEFT directory
+/// (`adapter_config.json` + `adapter_model.safetensors`) given by `path`, or the adapter a
+/// finished built-in fine-tune wrote, given by `trainingJob`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = crate::explain::declaration_order::<Self>)]
+pub struct AdapterRef {
+    /// Absolute path of a PEFT adapter directory; each rank reads it as the job's account.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The Node that holds `path`: ranks on other Macs fetch the adapter from it (it must be
+    /// readable by every account there). When absent every Mac reads `path` itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// A finished built-in fine-tune (TrainingJob) in the same namespace whose adapter to serve,
+    /// instead of `path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training_job: Option<String>,
+}
+
+impl AdapterRef {
+    pub(crate) fn check(&self) -> CheckResult {
+        match (&self.path, &self.training_job) {
+            (None, None) => {
+                return Err(ValidationError::new(
+                    "path",
+                    "required: a PEFT adapter directory (or give trainingJob instead)",
+                ));
+            }
+            (Some(_), Some(_)) => {
+                return Err(ValidationError::new(
+                    "trainingJob",
+                    "give path or trainingJob, not both",
+                ));
+            }
+            _ => {}
+        }
+        if let Some(path) = &self.path {
+            crate::validate::validate_manifest_dir(path)
+                .map_err(|m| ValidationError::new("path", m))?;
+        }
+        if self.node.is_some() && self.path.is_none() {
+            return Err(ValidationError::new(
+                "node",
+                "only used with path (a fine-tune's adapter is found where it was written)",
+            ));
+        }
+        common::optional_object_name("node", self.node.as_deref())?;
+        common::optional_object_name("trainingJob", self.training_job.as_deref())
+    }
+}
+
 fn builtin() -> Executor {
     Executor::Builtin
 }
@@ -131,6 +183,9 @@ pub struct InferenceServiceSpec {
     /// What placement optimises: latency or throughput.
     #[serde(default)]
     pub objective: Objective,
+    /// A LoRA adapter applied to the model (builtin only): {path: DIR} or {trainingJob: NAME}.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<AdapterRef>,
 }
 
 impl Default for InferenceServiceSpec {
@@ -150,6 +205,7 @@ impl Default for InferenceServiceSpec {
             queue: None,
             priority: None,
             objective: Objective::default(),
+            adapter: None,
         }
     }
 }
@@ -170,6 +226,16 @@ impl InferenceServiceSpec {
             ));
         }
         common::node_selector("nodeSelector", &self.node_selector)?;
-        common::optional_object_name("queue", self.queue.as_deref())
+        common::optional_object_name("queue", self.queue.as_deref())?;
+        if let Some(adapter) = &self.adapter {
+            if self.executor != Executor::Builtin {
+                return Err(ValidationError::new(
+                    "adapter",
+                    "only the builtin executor applies adapters; an exec service loads its own",
+                ));
+            }
+            adapter.check().map_err(|e| e.under("adapter"))?;
+        }
+        Ok(())
     }
 }

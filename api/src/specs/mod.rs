@@ -17,13 +17,15 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 pub use allocation::{
-    AllocationPhase, AllocationSpec, AllocationStatus, BuiltinAssignment, Desired, JobRef,
-    LayerRange, MlxAssignment,
+    AdapterAssignment, AllocationPhase, AllocationSpec, AllocationStatus, BuiltinAssignment,
+    Desired, JobRef, LayerRange, MlxAssignment,
 };
 pub use common::Executor;
 pub use event::{EventSpec, EventType, ObjectRef};
 pub use finetune::{FineTuneMethod, FineTuneSpec, LoraSpec, LoraTarget, LrSchedule};
-pub use inference::{Endpoint, InferenceServiceSpec, NodeRange, Objective, Parallelism};
+pub use inference::{
+    AdapterRef, Endpoint, InferenceServiceSpec, NodeRange, Objective, Parallelism,
+};
 pub use link::{LinkEnd, LinkSpec, LinkStatus, link_name};
 pub use model::{ModelFormat, ModelSource, ModelSpec};
 pub use node::NodeSpec;

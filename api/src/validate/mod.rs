@@ -246,7 +246,7 @@ pub(crate) fn validate_annotations(
 
 /// The manifest directory tb records: an absolute, normalised path of bounded length (the
 /// nodelets look for programs there, so it must say plainly where).
-fn validate_manifest_dir(value: &str) -> Result<(), String> {
+pub(crate) fn validate_manifest_dir(value: &str) -> Result<(), String> {
     let max = crate::bounds::MAX_MANIFEST_DIR_BYTES;
     if value.len() > max {
         return Err(format!(

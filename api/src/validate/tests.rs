@@ -733,3 +733,41 @@ fn typed_accessors_fill_in_defaults() {
     let err = parse_spec::<TrainingJobSpec>(&json!({"ranks": 0, "command": ["x"]})).unwrap_err();
     assert_eq!(err.path, "spec.ranks");
 }
+
+#[test]
+fn an_adapter_names_a_path_or_a_training_job_with_the_field_named() {
+    let ok = |adapter: Value| validate_object(&isvc(json!({"model": "m", "adapter": adapter})));
+    ok(json!({"path": "/Users/Shared/adapters/zorbania"})).expect("path");
+    ok(json!({"path": "/a/b", "node": "mac1"})).expect("path on a node");
+    ok(json!({"trainingJob": "tune"})).expect("trainingJob");
+    let bad = |adapter: Value| isvc(json!({"model": "m", "adapter": adapter}));
+    assert_error(bad(json!({})), "spec.adapter.path", "required");
+    assert_error(
+        bad(json!({"path": "/a", "trainingJob": "t"})),
+        "spec.adapter.trainingJob",
+        "not both",
+    );
+    assert_error(bad(json!({"path": "a/b"})), "spec.adapter.path", "absolute");
+    assert_error(
+        bad(json!({"path": "/a/../etc"})),
+        "spec.adapter.path",
+        "normalised",
+    );
+    assert_error(
+        bad(json!({"trainingJob": "t", "node": "mac1"})),
+        "spec.adapter.node",
+        "only used with path",
+    );
+    assert_error(
+        bad(json!({"trainingJob": "T!"})),
+        "spec.adapter.trainingJob",
+        "",
+    );
+    assert_error(
+        isvc(
+            json!({"model": "m", "executor": "exec", "command": ["x"], "adapter": {"path": "/a"}}),
+        ),
+        "spec.adapter",
+        "builtin",
+    );
+}

@@ -10,9 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use tb_api::reason::Reason;
 
 use tb_api::specs::{
-    AllocationPhase, AllocationSpec, Backend, BuiltinAssignment, Checkpoints, Desired, Executor,
-    FineTuneSpec, InferenceServiceSpec, JobRef, LayerRange, MlxAssignment, ModelSpec,
-    TrainingJobSpec, allocation, parse_spec,
+    AdapterAssignment, AdapterRef, AllocationPhase, AllocationSpec, Backend, BuiltinAssignment,
+    Checkpoints, Desired, Executor, FineTuneSpec, InferenceServiceSpec, JobRef, LayerRange,
+    MlxAssignment, ModelSpec, TrainingJobSpec, allocation, parse_spec,
 };
 use tb_api::status::{JobPhase, JobStatus, PlacedStage, PlacementSummary, RankPlacement};
 use tb_api::{Kind, Object, ObjectKey, ObjectMeta, Timestamp};
@@ -67,6 +67,7 @@ struct TrainerShape {
 #[derive(Debug, Clone)]
 struct ServiceShape {
     model: String,
+    adapter: Option<AdapterRef>,
     context: Option<u32>,
     batch: Option<u32>,
     endpoint_port: Option<u16>,
@@ -115,6 +116,7 @@ pub(super) fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
             let s: InferenceServiceSpec = parse_spec(&job.spec).ok()?;
             let service = (s.executor == Executor::Builtin).then(|| ServiceShape {
                 model: s.model.clone(),
+                adapter: s.adapter.clone(),
                 context: s.context,
                 batch: s.batch,
                 endpoint_port: s.endpoint.as_ref().and_then(|e| e.port),
@@ -1114,6 +1116,9 @@ fn place_job(job: &Object, shape: &JobShape, view: &ClusterView) -> Result<Place
     if let Some(t) = &shape.trainer {
         return place_trainer(job, shape, t, view);
     }
+    if let Some(adapter) = shape.service.as_ref().and_then(|s| s.adapter.as_ref()) {
+        resolve_adapter(job, adapter, view)?;
+    }
     let workload = if shape.sized_from_model {
         workload(job, view)?
     } else {
@@ -1408,6 +1413,12 @@ fn create_gang(
         }
         None => Vec::new(),
     };
+    // Resolved when the gang was placed; a service without one was refused there.
+    let adapter = shape
+        .service
+        .as_ref()
+        .and_then(|s| s.adapter.as_ref())
+        .and_then(|a| resolve_adapter(job, a, view).ok());
     let builtin = model_name.map(|name| {
         let model_path = model
             .and_then(|m| m.source.path.clone())
@@ -1428,6 +1439,7 @@ fn create_gang(
                 .trainer
                 .as_ref()
                 .and_then(|t| serde_json::to_value(&t.finetune).ok()),
+            adapter: None,
         }
     });
     let name = job.metadata.name.as_str();
@@ -1482,6 +1494,7 @@ fn create_gang(
                     b.sources = sources.clone();
                     b.replicate = *replicate;
                 }
+                b.adapter = adapter.as_ref().map(|a| a.for_node(&slot.node));
                 b
             }),
             stop_grace_seconds: 10,
@@ -1523,6 +1536,109 @@ fn create_gang(
             }
         }
     }
+}
+
+/// A service's adapter as placement found it: its directory, and the Node that holds it with
+/// that node's probe server (None: every node reads the directory itself).
+struct ResolvedAdapter {
+    path: String,
+    holder: Option<(String, String)>,
+}
+
+impl ResolvedAdapter {
+    /// What a rank on `node` is told: read the directory there, or fetch it from the holder.
+    fn for_node(&self, node: &str) -> AdapterAssignment {
+        AdapterAssignment {
+            path: self.path.clone(),
+            source: self
+                .holder
+                .as_ref()
+                .filter(|(holder, _)| holder != node)
+                .map(|(_, probe)| probe.clone()),
+        }
+    }
+}
+
+/// Finds a service's adapter: `path` as given (held by `node`, when named), or the adapter the
+/// named TrainingJob of the same namespace reported in `status.training.adapter` once it
+/// succeeded. Refused (the service waits) while that is not there or its holder is not Ready.
+fn resolve_adapter(
+    job: &Object,
+    adapter: &AdapterRef,
+    view: &ClusterView,
+) -> Result<ResolvedAdapter, Refusal> {
+    let namespace = &job.metadata.namespace;
+    let (path, node) = match (&adapter.path, &adapter.training_job) {
+        (Some(path), _) => (path.clone(), adapter.node.clone()),
+        (None, Some(name)) => {
+            let key = (
+                Kind::TrainingJob.as_str().to_string(),
+                namespace.clone(),
+                name.clone(),
+            );
+            let Some(tj) = view.jobs.get(&key) else {
+                return Err(refuse(
+                    Reason::AdapterNotReady,
+                    format!(
+                        "adapter.trainingJob: TrainingJob {name} does not exist in namespace {namespace}"
+                    ),
+                ));
+            };
+            let status = JobStatus::from_value(&tj.status);
+            if status.phase != JobPhase::Succeeded {
+                return Err(refuse(
+                    Reason::AdapterNotReady,
+                    format!(
+                        "adapter.trainingJob: TrainingJob {name} is {:?}; its adapter is served once it has succeeded",
+                        status.phase
+                    ),
+                ));
+            }
+            let written = &tj.status["training"]["adapter"];
+            let (Some(path), Some(node)) = (written["path"].as_str(), written["node"].as_str())
+            else {
+                return Err(refuse(
+                    Reason::AdapterNotReady,
+                    format!(
+                        "adapter.trainingJob: TrainingJob {name} reports no adapter (status.training.adapter); is it a built-in fine-tune?"
+                    ),
+                ));
+            };
+            (
+                path.to_string(),
+                (!node.is_empty()).then(|| node.to_string()),
+            )
+        }
+        (None, None) => {
+            return Err(refuse(
+                Reason::InvalidSpec,
+                "adapter: neither path nor trainingJob",
+            ));
+        }
+    };
+    let holder = match node {
+        None => None,
+        Some(node) => {
+            let probe = view
+                .nodes
+                .get(&node)
+                .filter(|n| n.ready && n.status.probe_port != 0)
+                .map(|n| {
+                    let host = Some(n.status.host())
+                        .filter(|h| !h.is_empty())
+                        .unwrap_or("127.0.0.1");
+                    format!("{host}:{}", n.status.probe_port)
+                })
+                .ok_or_else(|| {
+                    refuse(
+                        Reason::AdapterNotReady,
+                        format!("the adapter is on Node {node}, which is not Ready to serve it"),
+                    )
+                })?;
+            Some((node, probe))
+        }
+    };
+    Ok(ResolvedAdapter { path, holder })
 }
 
 /// Where a built-in service's ranks get the model file: the nodes that hold it (the Model's

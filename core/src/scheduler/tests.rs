@@ -1730,3 +1730,102 @@ fn a_builtin_fine_tune_gets_data_parallel_ranks_sized_from_its_model_and_reports
     assert_eq!((t.step, t.total_steps, t.loss), (4, 10, Some(1.5)));
     assert_eq!(t.adapter.expect("adapter").node, spec.node);
 }
+
+/// Each rank's node and adapter assignment, for `epoch`.
+fn adapters_of(sim: &Sim, epoch: u64) -> Vec<(String, Option<tb_api::specs::AdapterAssignment>)> {
+    let mut allocs: Vec<_> = sim
+        .allocs()
+        .into_iter()
+        .filter(|a| a.1.epoch == epoch)
+        .collect();
+    allocs.sort_by_key(|a| a.1.rank);
+    allocs
+        .into_iter()
+        .map(|(_, s, _)| (s.node, s.builtin.expect("built-in").adapter))
+        .collect()
+}
+
+fn triangle_with_probe_ports() -> Sim {
+    let mut sim = Sim::new();
+    for (i, n) in ["a", "b", "c"].into_iter().enumerate() {
+        sim.add_node(n, 40);
+        set_node_status(&mut sim, n, |s| s.probe_port = 7700 + i as u16);
+    }
+    cable(&mut sim, "a", "tb1", "b", "tb1");
+    cable(&mut sim, "b", "tb2", "c", "tb1");
+    cable(&mut sim, "c", "tb2", "a", "tb2");
+    apply_model(&mut sim, "m", 40, "1Gi");
+    sim
+}
+
+#[test]
+fn every_rank_gets_the_adapter_and_ranks_off_its_node_fetch_it_from_there() {
+    let mut sim = triangle_with_probe_ports();
+    sim.apply_job(
+        "InferenceService",
+        "tuned",
+        json!({"model": "m", "parallelism": "pipeline", "nodes": {"min": 2, "max": 2},
+               "adapter": {"path": "/adapters/z", "node": "a"}}),
+    );
+    sim.settle();
+    let status = sim.job("InferenceService", "tuned");
+    assert_eq!(status.phase, JobPhase::Scheduled, "{}", status.message);
+    let ranks = adapters_of(&sim, 1);
+    assert_eq!(ranks.len(), 2);
+    for (node, adapter) in &ranks {
+        let a = adapter.as_ref().expect("every rank has the adapter");
+        assert_eq!(a.path, "/adapters/z");
+        if node == "a" {
+            assert_eq!(a.source, None, "{ranks:?}");
+        } else {
+            assert_eq!(a.source.as_deref(), Some("10.0.0.1:7700"), "{ranks:?}");
+        }
+    }
+}
+
+#[test]
+fn a_fine_tunes_adapter_is_served_once_the_fine_tune_succeeded() {
+    let mut sim = triangle_with_probe_ports();
+    sim.apply_job(
+        "InferenceService",
+        "tuned",
+        json!({"model": "m", "parallelism": "pipeline", "nodes": {"min": 2, "max": 2},
+               "adapter": {"trainingJob": "tune"}}),
+    );
+    sim.settle();
+    let status = sim.job("InferenceService", "tuned");
+    assert_eq!(status.phase, JobPhase::Pending);
+    assert_eq!(status.reason, "AdapterNotReady", "{}", status.message);
+    assert!(status.message.contains("tune"), "{}", status.message);
+    // A fine-tune that cannot be placed, then reported finished with its adapter on "b".
+    sim.apply_job(
+        "TrainingJob",
+        "tune",
+        json!({"command": ["x"], "nodeSelector": {"nowhere": "x"}}),
+    );
+    sim.settle();
+    assert_eq!(
+        sim.job("InferenceService", "tuned").reason,
+        "AdapterNotReady"
+    );
+    let key = ObjectKey {
+        kind: "TrainingJob".into(),
+        namespace: "default".into(),
+        name: "tune".into(),
+    };
+    let r = sim.commit(Op::UpdateStatus {
+        key,
+        status: json!({"phase": "Succeeded", "training": {"step": 10, "totalSteps": 10,
+                       "adapter": {"node": "b", "path": "/var/tb/allocs/default/tune/work/adapter"}}}),
+        resource_version: 0,
+    });
+    assert!(matches!(r, Response::Status { .. }), "{r:?}");
+    sim.settle();
+    let status = sim.job("InferenceService", "tuned");
+    assert_eq!(status.phase, JobPhase::Scheduled, "{}", status.message);
+    for (node, adapter) in adapters_of(&sim, 1) {
+        let a = adapter.expect("adapter");
+        assert_eq!(a.path, "/var/tb/allocs/default/tune/work/adapter");
+        assert_eq!(a.source.is_some(), node != "b", "{node}: {a:?}");
+    }
+}

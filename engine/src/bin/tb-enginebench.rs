@@ -10,7 +10,9 @@
 //! prompt) prefilled, then decoded together, one forward pass per step for all of them;
 //! aggregate tokens/s for B = 1, 4, 8 (`--batches 1,4,8`).
 //!
-//! Usage: `tb-enginebench [MODEL.gguf] [--runs N] [--batches 1,4,8] [--smoke]` (model defaults to
+//! `--adapter DIR` applies a LoRA adapter (a PEFT directory) to every run, to measure its cost.
+//!
+//! Usage: `tb-enginebench [MODEL.gguf] [--runs N] [--batches 1,4,8] [--adapter DIR] [--smoke]` (model defaults to
 //! `$TB_TEST_MODEL` or `.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf`). `--smoke` runs the
 //! same code with 8 tokens and one run without a warm-up, and fails if either weight form generates
 //! nothing.
@@ -43,6 +45,7 @@ struct Row {
 
 fn run(
     path: &std::path::Path,
+    adapter: Option<&std::path::Path>,
     requant: bool,
     runs: usize,
     tokens: usize,
@@ -54,6 +57,7 @@ fn run(
         &LoadOptions {
             requantize_to_q8_0: requant,
             max_context: Some(2048),
+            adapter: adapter.map(std::path::Path::to_path_buf),
         },
     )?;
     let load_s = t.elapsed().as_secs_f64();
@@ -145,7 +149,12 @@ fn main() -> ExitCode {
     let mut runs = None;
     let mut smoke = false;
     let mut batches = vec![1usize, 4, 8];
+    let mut adapter: Option<PathBuf> = None;
     while let Some(a) = args.next() {
+        if a == "--adapter" {
+            adapter = args.next().map(PathBuf::from);
+            continue;
+        }
         if a == "--batches" {
             batches = args
                 .next()
@@ -171,6 +180,9 @@ fn main() -> ExitCode {
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
+    if let Some(a) = &adapter {
+        println!("adapter: {}", a.display());
+    }
     println!(
         "model: {file}; device: cpu; threads: {threads} (RAYON_NUM_THREADS={}); best of {runs} runs{}; greedy, {tokens} tokens{}\n",
         std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "unset".into()),
@@ -186,7 +198,7 @@ fn main() -> ExitCode {
     );
     println!("|---|---|---|---|---|---|---|");
     for requant in [false, true] {
-        match run(&path, requant, runs, tokens, !smoke) {
+        match run(&path, adapter.as_deref(), requant, runs, tokens, !smoke) {
             Ok(r) if smoke && r.generated == 0 => {
                 eprintln!(
                     "tb-enginebench --smoke: FAILED: {} generated no tokens",
@@ -210,6 +222,7 @@ fn main() -> ExitCode {
         &LoadOptions {
             requantize_to_q8_0: false,
             max_context: Some(2048),
+            adapter: adapter.clone(),
         },
     )
     .and_then(|mut engine| {

@@ -29,6 +29,10 @@ struct Args {
     /// The model id the endpoint serves.
     #[arg(long)]
     model_name: String,
+    /// A LoRA adapter to apply: a PEFT directory (adapter_config.json +
+    /// adapter_model.safetensors); this rank loads the pairs of its own blocks.
+    #[arg(long)]
+    adapter: Option<PathBuf>,
     /// This rank (0 serves the endpoint).
     #[arg(long, default_value_t = 0)]
     rank: usize,
@@ -87,6 +91,7 @@ async fn main() -> ExitCode {
     };
     let opts = ShardOptions {
         model_path: args.model,
+        adapter: args.adapter,
         model_name: args.model_name,
         first: args.first,
         count: args.count,

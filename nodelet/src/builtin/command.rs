@@ -19,12 +19,15 @@ pub fn expand_home(path: &str) -> PathBuf {
 }
 
 /// The command that runs rank `spec.rank` of a built-in service with the `tb-shard` binary at
-/// `shard_bin`, loading `staged` when the shard was staged here (else the Model's path).
+/// `shard_bin`, loading `staged` when the shard was staged here (else the Model's path), and
+/// the adapter from `staged_adapter` when it was fetched here (else its path, which tb-shard
+/// reads as the job's account: the nodelet does not look at it).
 /// Errors say which field of the assignment is wrong.
 pub fn shard_command(
     shard_bin: &Path,
     spec: &AllocationSpec,
     staged: Option<&Path>,
+    staged_adapter: Option<&Path>,
 ) -> Result<Vec<String>, String> {
     let b = spec
         .builtin
@@ -81,6 +84,25 @@ pub fn shard_command(
     }
     if spec.memory_bytes > 0 {
         cmd.extend(["--memory-limit".into(), spec.memory_bytes.to_string()]);
+    }
+    if let Some(a) = &b.adapter {
+        let dir = match (staged_adapter, &a.source) {
+            (Some(dir), _) => dir.to_path_buf(),
+            (None, None) if Path::new(&a.path).is_absolute() => PathBuf::from(&a.path),
+            (None, None) => {
+                return Err(format!(
+                    "builtin.adapter.path {:?} is not an absolute directory",
+                    a.path
+                ));
+            }
+            (None, Some(source)) => {
+                return Err(format!(
+                    "the adapter {} was to be fetched from {source} but was not",
+                    a.path
+                ));
+            }
+        };
+        cmd.extend(["--adapter".into(), dir.display().to_string()]);
     }
     Ok(cmd)
 }
@@ -223,14 +245,16 @@ mod tests {
         let model = dir.path().join("m.gguf");
         std::fs::write(&model, b"x").expect("write");
         let m = model.display().to_string();
-        let cmd = shard_command(Path::new("/bin/tb-shard"), &spec(0, &m), None).expect("command");
+        let cmd =
+            shard_command(Path::new("/bin/tb-shard"), &spec(0, &m), None, None).expect("command");
         let line = cmd.join(" ");
         assert!(line.starts_with("/bin/tb-shard --model "), "{line}");
         assert!(line.contains("--first 0 --count 15"), "{line}");
         assert!(line.contains("--hosts 127.0.0.1,127.0.0.2"), "{line}");
         assert!(line.contains("--http 127.0.0.1:8080"), "{line}");
         assert!(line.contains("--context 2048"), "{line}");
-        let cmd = shard_command(Path::new("/bin/tb-shard"), &spec(1, &m), None).expect("command");
+        let cmd =
+            shard_command(Path::new("/bin/tb-shard"), &spec(1, &m), None, None).expect("command");
         let line = cmd.join(" ");
         assert!(
             line.contains("--rank 1") && line.contains("--first 15"),
@@ -238,8 +262,13 @@ mod tests {
         );
         assert!(!line.contains("--http"), "{line}");
 
-        let err =
-            shard_command(Path::new("/bin/tb-shard"), &spec(0, "/nope/m.gguf"), None).unwrap_err();
+        let err = shard_command(
+            Path::new("/bin/tb-shard"),
+            &spec(0, "/nope/m.gguf"),
+            None,
+            None,
+        )
+        .unwrap_err();
         assert!(
             err.contains("/nope/m.gguf") && err.contains("smollm2"),
             "{err}"
@@ -288,5 +317,36 @@ mod tests {
         }
         let err = train_command(Path::new("/bin/tb-train"), &s, None, &paths).unwrap_err();
         assert!(err.contains("builtin.finetune"), "{err}");
+    }
+
+    #[test]
+    fn an_adapter_is_passed_from_its_path_or_where_it_was_fetched() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let model = dir.path().join("m.gguf");
+        std::fs::write(&model, b"x").expect("write");
+        let mut s = spec(1, &model.display().to_string());
+        let b = s.builtin.as_mut().expect("builtin");
+        b.adapter = Some(tb_api::specs::AdapterAssignment {
+            path: "/Users/Shared/adapters/z".into(),
+            source: None,
+        });
+        let bin = Path::new("/bin/tb-shard");
+        let line = shard_command(bin, &s, None, None)
+            .expect("command")
+            .join(" ");
+        assert!(
+            line.ends_with("--adapter /Users/Shared/adapters/z"),
+            "{line}"
+        );
+        s.builtin.as_mut().expect("builtin").adapter = Some(tb_api::specs::AdapterAssignment {
+            path: "/Users/Shared/adapters/z".into(),
+            source: Some("10.0.0.1:7602".into()),
+        });
+        let err = shard_command(bin, &s, None, None).unwrap_err();
+        assert!(err.contains("10.0.0.1:7602"), "{err}");
+        let line = shard_command(bin, &s, None, Some(Path::new("/var/tb/adapters/ab")))
+            .expect("command")
+            .join(" ");
+        assert!(line.ends_with("--adapter /var/tb/adapters/ab"), "{line}");
     }
 }

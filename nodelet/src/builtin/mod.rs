@@ -44,6 +44,8 @@ pub const QUEUE_PER_SLOT: usize = 2;
 #[derive(Debug, Clone)]
 pub struct ShardOptions {
     pub model_path: PathBuf,
+    /// A LoRA adapter (PEFT directory) applied to this rank's blocks.
+    pub adapter: Option<PathBuf>,
     /// The model id the endpoint serves.
     pub model_name: String,
     pub first: usize,
@@ -90,11 +92,13 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
     }
     let path = opts.model_path.clone();
     let (first, count, context) = (opts.first, opts.count, opts.context);
+    let adapter = opts.adapter.clone();
     let rank = opts.rank;
     let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         let index = GgufIndex::open(&path)?;
         let load = LoadOptions {
             max_context: context,
+            adapter,
             ..LoadOptions::default()
         };
         let count = count.unwrap_or_else(|| index.config().n_layers.saturating_sub(first));

@@ -9,7 +9,8 @@
 //!
 //! - [`serve`]: the holder's side, an op of the probe server (the same port on every address);
 //! - [`fetch`]: the fetching side;
-//! - [`copies`]: whole staged copies a nodelet keeps and serves like the original file.
+//! - [`copies`]: whole staged copies a nodelet keeps and serves like the original file;
+//! - [`adapter`]: a LoRA adapter's two files, fetched whole from the node that holds them.
 //!
 //! ## Protocol (op `F` on the probe server's port)
 //!
@@ -21,6 +22,7 @@
 //! connection (`0`, or `1` + u16 length + message). The server serves only GGUF files, and of
 //! them only the header and whole tensors.
 
+pub mod adapter;
 pub mod copies;
 pub mod fetch;
 pub mod serve;
@@ -71,6 +73,10 @@ pub enum Request {
         tensors: Vec<String>,
         coordinator_port: u16,
         timeout_ms: u32,
+    },
+    /// A LoRA adapter directory's two files ([`adapter`]).
+    Adapter {
+        path: String,
     },
 }
 

@@ -93,6 +93,7 @@ pub fn serve(mut control: TcpStream) -> std::io::Result<()> {
         std::io::Error::new(std::io::ErrorKind::InvalidData, format!("request: {e}"))
     })?;
     match req {
+        Request::Adapter { path } => super::adapter::serve(&mut control, &path),
         Request::Manifest { path } => {
             let answer = match resolve(&path) {
                 Ok((_, m)) => serde_json::json!({"ok": &*m}),

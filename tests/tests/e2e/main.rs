@@ -3,6 +3,7 @@
 //! relies on. They are one test binary, so the harness and its dependencies are compiled and
 //! linked once: `cargo test -p tb-tests --test e2e MODULE::` runs one module.
 
+mod adapters;
 mod api_semantics;
 mod auth;
 mod backups;

@@ -72,6 +72,8 @@ pub(super) fn newest_entry(dir: &Path) -> Option<PathBuf> {
 pub(super) struct Sources<'a> {
     /// The built-in executor's staged model file.
     pub(super) staged: Option<&'a Path>,
+    /// The built-in executor's adapter, fetched from the node that holds it.
+    pub(super) staged_adapter: Option<&'a Path>,
     /// The directory the job's manifest was applied from (its annotation).
     pub(super) manifest_dir: Option<&'a Path>,
     /// The nodelet's `--python`.
@@ -185,7 +187,13 @@ pub(super) fn prepare(
             train_command(&sibling_binary("tb-train"), spec, sources.staged, &paths)
                 .map_err(Prepare::Model)?
         } else {
-            shard_command(&shard_binary(), spec, sources.staged).map_err(Prepare::Model)?
+            shard_command(
+                &shard_binary(),
+                spec,
+                sources.staged,
+                sources.staged_adapter,
+            )
+            .map_err(Prepare::Model)?
         }
     } else {
         let path = env

@@ -62,6 +62,16 @@ impl Supervisor {
                 dirs::share_tree(&models);
             }
         }
+        // An adapter held by another node is fetched here first.
+        let mut staged_adapter = None;
+        if let Some(a) = spec.builtin.as_ref().and_then(|b| b.adapter.as_ref())
+            && let Some(source) = &a.source
+        {
+            match self.stage_adapter(source, &a.path).await {
+                Ok(dir) => staged_adapter = Some(dir),
+                Err(e) => return failed("StagingFailed", e),
+            }
+        }
         let inc = incarnation(obj);
         let manifest_dir = obj
             .metadata
@@ -70,6 +80,7 @@ impl Supervisor {
             .map(PathBuf::from);
         let lookup = Sources {
             staged: staged_path.as_deref(),
+            staged_adapter: staged_adapter.as_deref(),
             manifest_dir: manifest_dir.as_deref(),
             python: self.python.as_deref(),
         };

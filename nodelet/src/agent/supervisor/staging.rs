@@ -102,6 +102,28 @@ impl Supervisor {
     }
 }
 
+impl Supervisor {
+    /// Fetches a rank's LoRA adapter from the node that holds it (`source`, its probe server)
+    /// into `DATA_DIR/adapters`, readable by the job's account.
+    pub(super) async fn stage_adapter(&self, source: &str, path: &str) -> Result<PathBuf, String> {
+        let addr: std::net::SocketAddr = source
+            .parse()
+            .map_err(|e| format!("builtin.adapter.source {source:?}: {e}"))?;
+        let root = self.data_dir.join("adapters");
+        let (path_owned, root_owned) = (path.to_string(), root.clone());
+        let fetched = tokio::task::spawn_blocking(move || {
+            crate::staging::adapter::fetch(addr, &path_owned, &root_owned, Duration::from_secs(600))
+        })
+        .await
+        .map_err(|e| format!("staging the adapter stopped: {e}"))?
+        .map_err(|e| format!("staging the adapter {path}: {e}"))?;
+        // tb-shard runs as the job's account.
+        crate::agent::dirs::share_tree(&root);
+        tracing::info!(adapter = %path, %source, dir = %fetched.display(), "adapter staged");
+        Ok(fetched)
+    }
+}
+
 /// Space left free on the cache's disk after a whole copy is made.
 const COPY_HEADROOM: u64 = 1 << 30;
 
