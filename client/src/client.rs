@@ -27,7 +27,8 @@ use tb_api::proto::{
     CreateTokenResponse, CreateUserRequest, DeleteRequest, DeleteResponse, DeleteUserRequest,
     DeleteUserResponse, GetRequest, GetResponse, HeartbeatRequest, HeartbeatResponse,
     IssueTokenRequest, IssueTokenResponse, JoinRequest, JoinResponse, ListRequest, ListResponse,
-    ListUsersRequest, ListUsersResponse, LogLine, LogsRequest, RemoveMemberRequest,
+    ListUsersRequest, ListUsersResponse, LogLine, LogsRequest, MemberJoinTokenRequest,
+    RemoveMemberRequest,
     RevokeTokenRequest, RevokeTokenResponse, SaveSnapshotRequest, SnapshotChunk,
     UpdateStatusRequest, UpdateStatusResponse, WatchEvent, WatchRequest, WhoAmIRequest,
     WhoAmIResponse,
@@ -592,6 +593,16 @@ impl Client {
         })
         .await
         .map(|r| r.status)
+    }
+
+    /// The controller join token (`tbctl cluster join-token`; admins only).
+    pub async fn member_join_token(&mut self) -> Result<String, RpcError> {
+        self.call("MemberJoinToken", |ch, t| {
+            let req = timed(MemberJoinTokenRequest {}, t);
+            async move { cluster(ch).member_join_token(req).await }
+        })
+        .await
+        .map(|r| r.token)
     }
 
     /// A snapshot file of the whole store, streamed in pieces (`tbctl snapshot save`).

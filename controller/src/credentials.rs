@@ -67,6 +67,23 @@ impl Credentials {
             && crate::auth::constant_time_eq(presented.as_bytes(), self.cluster_secret.as_bytes())
     }
 
+    /// The cluster's controller join token (`crate::member_token`); None without TLS, whose CA
+    /// the token pins.
+    pub fn member_token(&self) -> anyhow::Result<Option<crate::member_token::MemberToken>> {
+        match &self.tls {
+            None => Ok(None),
+            Some(tls) => Ok(Some(crate::member_token::MemberToken::for_cluster(
+                tls.ca.cert_pem(),
+                &self.cluster_secret,
+            )?)),
+        }
+    }
+
+    /// The cluster secret itself, for a controller that joined with the join token.
+    pub(crate) fn cluster_secret(&self) -> &str {
+        &self.cluster_secret
+    }
+
     /// What calls to other controllers present.
     pub fn peer_auth(&self) -> PeerAuth {
         PeerAuth::new(&self.cluster_secret)

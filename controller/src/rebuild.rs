@@ -63,7 +63,20 @@ pub async fn rejoin(
     id: NodeId,
     addr: &str,
 ) -> anyhow::Result<()> {
-    each_peer(peers, "adding this member back", |peer| async move {
+    ask_to_add(credentials, peers, id, addr, "adding this member back").await
+}
+
+/// Ask the cluster (through any of `peers`, as a controller) to add member `id` at `addr`: it
+/// returns once the leader has caught it up as a learner and made it a voter. `what` names the
+/// step in errors.
+pub async fn ask_to_add(
+    credentials: &Credentials,
+    peers: &[String],
+    id: NodeId,
+    addr: &str,
+    what: &str,
+) -> anyhow::Result<()> {
+    each_peer(peers, what, |peer| async move {
         let mut client = client(credentials, &peer).await?;
         let mut req = tonic::Request::new(AddMemberRequest {
             id,
