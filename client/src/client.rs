@@ -28,10 +28,9 @@ use tb_api::proto::{
     DeleteUserResponse, GetRequest, GetResponse, HeartbeatRequest, HeartbeatResponse,
     IssueTokenRequest, IssueTokenResponse, JoinRequest, JoinResponse, ListRequest, ListResponse,
     ListUsersRequest, ListUsersResponse, LogLine, LogsRequest, MemberJoinTokenRequest,
-    RemoveMemberRequest,
-    RevokeTokenRequest, RevokeTokenResponse, SaveSnapshotRequest, SnapshotChunk,
-    UpdateStatusRequest, UpdateStatusResponse, WatchEvent, WatchRequest, WhoAmIRequest,
-    WhoAmIResponse,
+    RemoveMemberRequest, RevokeTokenRequest, RevokeTokenResponse, SaveSnapshotRequest,
+    SnapshotChunk, UpdateStatusRequest, UpdateStatusResponse, WatchEvent, WatchRequest,
+    WhoAmIRequest, WhoAmIResponse,
 };
 use tokio::time::Instant;
 use tonic::service::interceptor::InterceptedService;

@@ -80,8 +80,7 @@ pub fn read_token(file: Option<&Path>) -> anyhow::Result<MemberToken> {
             (s, "standard input".to_string())
         }
         Some(p) => (
-            std::fs::read_to_string(p)
-                .with_context(|| format!("--token-file {}", p.display()))?,
+            std::fs::read_to_string(p).with_context(|| format!("--token-file {}", p.display()))?,
             format!("--token-file {}", p.display()),
         ),
         None => match std::env::var(TOKEN_ENV) {
@@ -107,8 +106,8 @@ pub fn holds_credentials(data_dir: &Path) -> bool {
 /// A data dir with credentials must hold the CA the token pins (else it is another cluster's).
 pub fn check_pin(data_dir: &Path, token: &MemberToken) -> anyhow::Result<()> {
     let path = data_dir.join(CA_CERT_FILE);
-    let pem = std::fs::read_to_string(&path)
-        .with_context(|| format!("reading {}", path.display()))?;
+    let pem =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let hash = ca_hash(&pem).with_context(|| path.display().to_string())?;
     if hash != token.ca_hash {
         anyhow::bail!(
@@ -415,7 +414,13 @@ mod tests {
         assert_eq!(parse_url("https://[::1]:7400").unwrap(), "[::1]:7400");
         let e = parse_url("http://10.0.0.1:7400").unwrap_err().to_string();
         assert!(e.contains("needs TLS"), "{e}");
-        for bad in ["https://host", "https://:7400", "https://h:0", "https://h:1/x", ""] {
+        for bad in [
+            "https://host",
+            "https://:7400",
+            "https://h:0",
+            "https://h:1/x",
+            "",
+        ] {
             assert!(parse_url(bad).is_err(), "{bad:?}");
         }
     }

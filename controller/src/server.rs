@@ -151,8 +151,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     } else {
         // Only a controller forming a cluster alone may make the CA: members of a larger
         // cluster must share one.
-        let alone =
-            !opts.join && opts.join_with_token.is_none() && opts.initial_cluster.len() <= 1;
+        let alone = !opts.join && opts.join_with_token.is_none() && opts.initial_cluster.len() <= 1;
         let ca = crate::tls::load_or_create_ca(&opts.tls.ca, &opts.data_dir, alone)?;
         let cert = ca.issue_controller(opts.id, &opts.advertise, &opts.tls.extra_names)?;
         Some(crate::tls::ControllerTls { ca, cert })

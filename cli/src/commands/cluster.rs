@@ -39,7 +39,10 @@ pub async fn run(ctx: &mut Ctx, cmd: ClusterCommand) -> Result<()> {
             match out {
                 None => emit(&format!("{token}\n")),
                 Some(path) => {
-                    super::snapshot::write_private_atomically(&path, format!("{token}\n").as_bytes())?;
+                    super::snapshot::write_private_atomically(
+                        &path,
+                        format!("{token}\n").as_bytes(),
+                    )?;
                     emit(&format!(
                         "wrote the controller join token to {} (mode 0600)\n",
                         path.display()

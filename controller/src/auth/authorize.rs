@@ -307,7 +307,15 @@ mod tests {
             (&member, Get, MEMBER_JOIN_TOKEN, "", "", None, false),
             (&viewer, Get, MEMBER_JOIN_TOKEN, "", "", None, false),
             (&mac1, Get, MEMBER_JOIN_TOKEN, "", "", None, false),
-            (&Caller::Anonymous, Get, MEMBER_JOIN_TOKEN, "", "", None, false),
+            (
+                &Caller::Anonymous,
+                Get,
+                MEMBER_JOIN_TOKEN,
+                "",
+                "",
+                None,
+                false,
+            ),
             // Viewers: read only.
             (&viewer, Get, "TrainingJob", "default", "j", None, true),
             (&viewer, Watch, "Allocation", "", "", None, true),

@@ -9,10 +9,10 @@ use futures::Stream;
 use tb_api::proto::cluster_client::ClusterClient;
 use tb_api::proto::cluster_server::Cluster;
 use tb_api::proto::{
-    AddMemberRequest, AddMemberResponse, ClusterCaRequest, ClusterCaResponse,
-    ClusterStatusRequest, ClusterStatusResponse, JoinClusterRequest, JoinClusterResponse,
-    MemberJoinTokenRequest, MemberJoinTokenResponse, RemoveMemberRequest, RemoveMemberResponse,
-    SaveSnapshotRequest, SnapshotChunk,
+    AddMemberRequest, AddMemberResponse, ClusterCaRequest, ClusterCaResponse, ClusterStatusRequest,
+    ClusterStatusResponse, JoinClusterRequest, JoinClusterResponse, MemberJoinTokenRequest,
+    MemberJoinTokenResponse, RemoveMemberRequest, RemoveMemberResponse, SaveSnapshotRequest,
+    SnapshotChunk,
 };
 use tonic::{Request, Response, Status};
 

@@ -131,7 +131,9 @@ pub fn answer(node: &RaftNode, req: &JoinClusterRequest) -> Result<JoinClusterRe
         }
     }
     let Some(tls) = node.credentials().tls() else {
-        return Err(Status::failed_precondition("this controller runs without TLS"));
+        return Err(Status::failed_precondition(
+            "this controller runs without TLS",
+        ));
     };
     tracing::info!(
         id = req.id,
