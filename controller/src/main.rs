@@ -334,3 +334,41 @@ async fn main() -> anyhow::Result<()> {
     };
     run(opts).await.context("tb-controller")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Args {
+        Args::try_parse_from([&["tb-controller", "--data-dir", "d"], args].concat())
+            .expect("valid arguments")
+    }
+
+    #[test]
+    fn join_alone_waits_to_be_added_and_join_url_joins_with_a_token() {
+        assert_eq!(parse(&[]).join, None);
+        // The old meaning, also before another flag.
+        assert_eq!(parse(&["--join"]).join, Some(None));
+        let a = parse(&["--join", "--id", "2"]);
+        assert_eq!((a.join, a.id), (Some(None), 2));
+        let a = parse(&["--join", "https://10.0.0.1:7400", "--token-file", "t"]);
+        assert_eq!(a.join, Some(Some("https://10.0.0.1:7400".into())));
+        assert_eq!(a.token_file, Some(PathBuf::from("t")));
+    }
+
+    #[test]
+    fn join_url_refuses_other_sources_of_credentials() {
+        for flag in [
+            &["--insecure"][..],
+            &["--cluster-secret-file", "s"],
+            &["--tls-ca-cert", "c", "--tls-ca-key", "k"],
+            &["--initial-cluster", "1=a:1,2=b:2"],
+        ] {
+            let a = parse(&[&["--join", "https://h:1", "--token-file", "t"], flag].concat());
+            let e = join_with_token(&a).expect_err("a conflict").to_string();
+            assert!(e.contains("drop"), "{flag:?}: {e}");
+        }
+        let a = parse(&["--token-file", "t"]);
+        assert!(join_with_token(&a).is_err(), "--token-file without --join URL");
+    }
+}
