@@ -595,9 +595,10 @@ impl Client {
     }
 
     /// The controller join token (`tbctl cluster join-token`; admins only).
-    pub async fn member_join_token(&mut self) -> Result<String, RpcError> {
+    /// With `rotate`, a new one first (the old one stops working).
+    pub async fn member_join_token(&mut self, rotate: bool) -> Result<String, RpcError> {
         self.call("MemberJoinToken", |ch, t| {
-            let req = timed(MemberJoinTokenRequest {}, t);
+            let req = timed(MemberJoinTokenRequest { rotate }, t);
             async move { cluster(ch).member_join_token(req).await }
         })
         .await

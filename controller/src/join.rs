@@ -257,6 +257,26 @@ pub fn write_token_file(data_dir: &Path, token: &MemberToken) -> anyhow::Result<
     Ok(())
 }
 
+/// Keep `DATA_DIR/join.token` current while the controller runs: written at start, and again
+/// within a second of the token's rotation being applied here. Nothing without TLS.
+pub async fn keep_token_file(node: Arc<RaftNode>, data_dir: std::path::PathBuf) {
+    let mut last = None;
+    loop {
+        let salt = node.store().read().member_join_salt.clone();
+        if last.as_ref() != Some(&salt) {
+            match node.credentials().member_token(&salt) {
+                Ok(None) => return,
+                Ok(Some(token)) => match write_token_file(&data_dir, &token) {
+                    Ok(()) => last = Some(salt),
+                    Err(e) => tracing::warn!(error = %format!("{e:#}"), "writing join.token"),
+                },
+                Err(e) => tracing::warn!(error = %format!("{e:#}"), "making the join token"),
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// Once serving: have the leader (through any of `peers`) add this controller as a learner,
 /// catch it up and promote it, then wait until it has applied every committed write. A
 /// controller that cannot become a member stops: it serves nothing useful.

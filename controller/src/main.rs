@@ -369,6 +369,9 @@ mod tests {
             assert!(e.contains("drop"), "{flag:?}: {e}");
         }
         let a = parse(&["--token-file", "t"]);
-        assert!(join_with_token(&a).is_err(), "--token-file without --join URL");
+        assert!(
+            join_with_token(&a).is_err(),
+            "--token-file without --join URL"
+        );
     }
 }

@@ -6,10 +6,12 @@
 //! * `CAHASH` — 64 lowercase hex digits: the SHA-256 of the cluster CA certificate's DER. The
 //!   joiner trusts the controller at URL only if it presents a CA with this hash (as k3s pins
 //!   its CA), so the token is never sent to anyone else;
-//! * `SECRET` — 64 lowercase hex digits: HMAC-SHA256(cluster secret, `tb member join v1`). It is
-//!   not the cluster secret, and nothing is stored to verify it: every member holds the cluster
-//!   secret and derives the same value. Holding the token gets a controller the CA key and the
-//!   cluster secret, so it is as sensitive as they are (admins only, files 0600).
+//! * `SECRET` — 64 lowercase hex digits: HMAC-SHA256(cluster secret, `tb member join v1` + SALT),
+//!   SALT being empty until the token is first rotated, then a random value kept in the
+//!   replicated store. It is not the cluster secret, and nothing secret is stored to verify it:
+//!   every member holds the cluster secret and derives the same value. Holding the token gets a
+//!   controller the CA key and the cluster secret, so it is as sensitive as they are (admins
+//!   only, files 0600).
 
 use sha2::{Digest, Sha256};
 
@@ -99,11 +101,16 @@ impl MemberToken {
         })
     }
 
-    /// The token of a cluster with this CA certificate (PEM) and cluster secret.
-    pub fn for_cluster(ca_cert_pem: &str, cluster_secret: &str) -> anyhow::Result<MemberToken> {
+    /// The token of a cluster with this CA certificate (PEM), cluster secret and salt (the
+    /// store's `member_join_salt`).
+    pub fn for_cluster(
+        ca_cert_pem: &str,
+        cluster_secret: &str,
+        salt: &str,
+    ) -> anyhow::Result<MemberToken> {
         Ok(MemberToken {
             ca_hash: ca_hash(ca_cert_pem)?,
-            secret: derive_secret(cluster_secret),
+            secret: derive_secret(cluster_secret, salt),
         })
     }
 
@@ -128,9 +135,10 @@ pub fn ca_hash(cert_pem: &str) -> anyhow::Result<String> {
     Ok(hex::encode(Sha256::digest(&pem.contents)))
 }
 
-/// HMAC-SHA256 (RFC 2104) of the join context under the cluster secret, hex.
-fn derive_secret(cluster_secret: &str) -> String {
-    hex::encode(hmac_sha256(cluster_secret.as_bytes(), SECRET_CONTEXT))
+/// HMAC-SHA256 (RFC 2104) of the join context and salt under the cluster secret, hex.
+fn derive_secret(cluster_secret: &str, salt: &str) -> String {
+    let message = [SECRET_CONTEXT, salt.as_bytes()].concat();
+    hex::encode(hmac_sha256(cluster_secret.as_bytes(), &message))
 }
 
 fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
@@ -230,13 +238,17 @@ mod tests {
     fn the_token_follows_the_ca_and_the_secret_and_reveals_neither() {
         let ca = crate::tls::Ca::create().expect("a CA");
         let other = crate::tls::Ca::create().expect("another CA");
-        let a = MemberToken::for_cluster(ca.cert_pem(), "tbcluster-aaaa").expect("a token");
-        let b = MemberToken::for_cluster(other.cert_pem(), "tbcluster-aaaa").expect("a token");
-        let c = MemberToken::for_cluster(ca.cert_pem(), "tbcluster-bbbb").expect("a token");
+        let a = MemberToken::for_cluster(ca.cert_pem(), "tbcluster-aaaa", "").expect("a token");
+        let b = MemberToken::for_cluster(other.cert_pem(), "tbcluster-aaaa", "").expect("a token");
+        let c = MemberToken::for_cluster(ca.cert_pem(), "tbcluster-bbbb", "").expect("a token");
+        let rotated =
+            MemberToken::for_cluster(ca.cert_pem(), "tbcluster-aaaa", "1").expect("a token");
         assert_ne!(a.ca_hash, b.ca_hash);
         assert_eq!(a.secret, b.secret);
         assert_ne!(a.secret, c.secret);
-        assert!(!a.matches(&b) && !a.matches(&c));
+        assert_eq!(rotated.ca_hash, a.ca_hash);
+        assert_ne!(rotated.secret, a.secret);
+        assert!(!a.matches(&b) && !a.matches(&c) && !a.matches(&rotated));
         assert!(!a.to_string().contains("tbcluster-aaaa"));
         assert_eq!(MemberToken::parse(&a.to_string()), Ok(a));
     }

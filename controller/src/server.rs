@@ -170,10 +170,6 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         .unwrap_or_else(|| opts.data_dir.join("cluster.secret"));
     let secret = crate::auth::load_or_create_secret(&secret_path)?;
     let credentials = Arc::new(crate::credentials::Credentials::new(tls, secret));
-    // Whoever adds the next controller finds the token here (it never changes for a cluster).
-    if let Some(token) = credentials.member_token()? {
-        crate::join::write_token_file(&opts.data_dir, &token)?;
-    }
     let (node, rebuilding) = start_raft(&opts, &credentials).await?;
     let admin_token = match &opts.admin_token_file {
         None => None,
@@ -301,6 +297,11 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
             ));
         }
     }
+    // Whoever adds the next controller finds the token in the data dir, kept current.
+    tokio::spawn(crate::join::keep_token_file(
+        node.clone(),
+        opts.data_dir.clone(),
+    ));
     tokio::spawn(crate::reconciler::run(
         node.clone(),
         opts.scheduler.clone(),

@@ -34,8 +34,8 @@ pub async fn run(ctx: &mut Ctx, cmd: ClusterCommand) -> Result<()> {
             }
             emit(&out)
         }
-        ClusterCommand::JoinToken { out } => {
-            let token = ctx.client().member_join_token().await?;
+        ClusterCommand::JoinToken { rotate, out } => {
+            let token = ctx.client().member_join_token(rotate).await?;
             match out {
                 None => emit(&format!("{token}\n")),
                 Some(path) => {

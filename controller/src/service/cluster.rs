@@ -20,6 +20,7 @@ use super::{caller, check, unavailable};
 use crate::auth::authorize::{CLUSTER_MEMBER, CLUSTER_SNAPSHOT, MEMBER_JOIN_TOKEN};
 use crate::auth::{Access, Verb};
 use crate::raft::RaftNode;
+use crate::store::Op;
 
 pub struct ClusterService {
     node: Arc<RaftNode>,
@@ -189,12 +190,29 @@ impl Cluster for ClusterService {
         req: Request<MemberJoinTokenRequest>,
     ) -> Result<Response<MemberJoinTokenResponse>, Status> {
         let who = caller(&req);
+        let rotate = req.get_ref().rotate;
+        let verb = if rotate { Verb::Create } else { Verb::Get };
         check(
             &self.node,
             &who,
-            &Access::new(Verb::Get, MEMBER_JOIN_TOKEN, "", ""),
+            &Access::new(verb, MEMBER_JOIN_TOKEN, "", ""),
         )?;
-        let token = super::member_join::cluster_token(&self.node)?;
+        let token = if rotate {
+            // Refused before anything is committed on a cluster whose token cannot exist.
+            super::member_join::cluster_token(&self.node, None)?;
+            let salt = hex::encode(rand::random::<[u8; 16]>());
+            super::commit(
+                &self.node,
+                String::new(),
+                who.user(),
+                Op::RotateMemberJoinToken { salt: salt.clone() },
+            )
+            .await?;
+            tracing::info!(caller = %who.audit_name(), "controller join token rotated");
+            super::member_join::cluster_token(&self.node, Some(&salt))?
+        } else {
+            super::member_join::cluster_token(&self.node, None)?
+        };
         // Who may now hand out the cluster's keys is worth knowing.
         tracing::info!(caller = %who.audit_name(), "controller join token read");
         Ok(Response::new(MemberJoinTokenResponse {

@@ -57,10 +57,11 @@ impl FailureWindow {
     }
 }
 
-/// This cluster's join token.
-pub fn cluster_token(node: &RaftNode) -> Result<MemberToken, Status> {
+/// This cluster's join token with `salt`; None: the store's current one.
+pub fn cluster_token(node: &RaftNode, salt: Option<&str>) -> Result<MemberToken, Status> {
+    let current = node.store().read().member_join_salt.clone();
     node.credentials()
-        .member_token()
+        .member_token(salt.unwrap_or(&current))
         .map_err(|e| Status::internal(format!("making the join token: {e:#}")))?
         .ok_or_else(|| {
             Status::failed_precondition(
@@ -84,7 +85,7 @@ pub fn check_token(
         )));
     }
     failures.check()?;
-    let expected = cluster_token(node)?;
+    let expected = cluster_token(node, None)?;
     let refuse = |why: &str| {
         failures.failed();
         tracing::warn!(

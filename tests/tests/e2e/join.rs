@@ -1,9 +1,9 @@
 //! Controllers joining like k3s servers: the first controller forms the cluster and writes its
 //! join token (DATA_DIR/join.token); `tb-controller --join https://FIRST --token-file FILE`
 //! makes each next one a voter — three commands, three voters. The cluster then keeps every
-//! acknowledged write through the loss of the first controller (the leader). A wrong token, or
-//! one pinning another CA, is refused and leaves the joiner's data dir without credentials;
-//! only admins may read the token.
+//! acknowledged write through the loss of the first controller (the leader). A wrong token, one
+//! pinning another CA, or one rotated away is refused and leaves the joiner's data dir without
+//! credentials; only admins may read or rotate the token.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -223,6 +223,43 @@ async fn three_commands_make_three_voters_that_survive_the_first() {
         .map(|m| m.iter().filter(|m| m["role"] == "voter").count())
         .unwrap_or(0);
     assert_eq!(voter_count, 3, "{status}");
+
+    // Rotation: admins only; the old token stops working and every member's file follows.
+    let old_token = dir.write("old.token", &format!("{token}\n"));
+    let admin = Tbctl::new(&addrs, &dir.sub("home"));
+    let refused = admin
+        .with_token(Some(&alice))
+        .run(&["cluster", "join-token", "--rotate"])
+        .await;
+    assert!(
+        !refused.success(),
+        "a member must not rotate the join token: {refused}"
+    );
+    let rotated = admin.run(&["cluster", "join-token", "--rotate"]).await;
+    assert!(rotated.success(), "{rotated}");
+    let new_token = rotated.stdout.trim().to_string();
+    assert!(
+        new_token.starts_with("tbmember1.") && new_token != token,
+        "{rotated}"
+    );
+    // The CA is the same: only the secret part changes.
+    assert_eq!(new_token.split('.').nth(1), token.split('.').nth(1));
+    for c in [&first, &second, &third] {
+        let file = c.config().data_dir.join("join.token");
+        wait::expect("join.token rewritten after rotation", START_TIMEOUT, || {
+            let now = std::fs::read_to_string(&file).unwrap_or_default();
+            let want = new_token.clone();
+            async move { if now.trim() == want { Ok(()) } else { Err(now) } }
+        })
+        .await;
+    }
+    let mut stale = Controller::start(joiner(dir.path(), 4, &first_addr, &old_token));
+    let log = wait_exit(&mut stale).await;
+    assert!(
+        log.contains("the join token is not this cluster's"),
+        "{log}"
+    );
+    assert_no_credentials(&stale.config().data_dir);
 
     // Writes through a joiner, then the first controller (the leader) dies.
     let ns = unique_namespace("join");
