@@ -654,6 +654,20 @@ pub enum ClusterCommand {
         /// The controller's id (its --id; `tbctl cluster status` lists them).
         id: u64,
     },
+    /// Print the controller join token (admins only): a new controller joins with
+    /// `tb-controller --id N --listen ADDR --data-dir DIR --join https://MEMBER:PORT
+    /// --token-file FILE` (or TB_JOIN_TOKEN). It pins the cluster CA by hash and gets the
+    /// joiner the CA key and the cluster secret: keep it like them (a file only you can read).
+    JoinToken {
+        /// Make a new token first: the old one stops working at once (controllers that joined
+        /// with it stay members), and every member's DATA_DIR/join.token is rewritten.
+        #[arg(long)]
+        rotate: bool,
+        /// Write the token to FILE (created mode 0600, replaced if it exists) instead of
+        /// printing it.
+        #[arg(long, value_name = "FILE")]
+        out: Option<std::path::PathBuf>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

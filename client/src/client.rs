@@ -27,10 +27,10 @@ use tb_api::proto::{
     CreateTokenResponse, CreateUserRequest, DeleteRequest, DeleteResponse, DeleteUserRequest,
     DeleteUserResponse, GetRequest, GetResponse, HeartbeatRequest, HeartbeatResponse,
     IssueTokenRequest, IssueTokenResponse, JoinRequest, JoinResponse, ListRequest, ListResponse,
-    ListUsersRequest, ListUsersResponse, LogLine, LogsRequest, RemoveMemberRequest,
-    RevokeTokenRequest, RevokeTokenResponse, SaveSnapshotRequest, SnapshotChunk,
-    UpdateStatusRequest, UpdateStatusResponse, WatchEvent, WatchRequest, WhoAmIRequest,
-    WhoAmIResponse,
+    ListUsersRequest, ListUsersResponse, LogLine, LogsRequest, MemberJoinTokenRequest,
+    RemoveMemberRequest, RevokeTokenRequest, RevokeTokenResponse, SaveSnapshotRequest,
+    SnapshotChunk, UpdateStatusRequest, UpdateStatusResponse, WatchEvent, WatchRequest,
+    WhoAmIRequest, WhoAmIResponse,
 };
 use tokio::time::Instant;
 use tonic::service::interceptor::InterceptedService;
@@ -592,6 +592,17 @@ impl Client {
         })
         .await
         .map(|r| r.status)
+    }
+
+    /// The controller join token (`tbctl cluster join-token`; admins only).
+    /// With `rotate`, a new one first (the old one stops working).
+    pub async fn member_join_token(&mut self, rotate: bool) -> Result<String, RpcError> {
+        self.call("MemberJoinToken", |ch, t| {
+            let req = timed(MemberJoinTokenRequest { rotate }, t);
+            async move { cluster(ch).member_join_token(req).await }
+        })
+        .await
+        .map(|r| r.token)
     }
 
     /// A snapshot file of the whole store, streamed in pieces (`tbctl snapshot save`).

@@ -67,6 +67,27 @@ impl Credentials {
             && crate::auth::constant_time_eq(presented.as_bytes(), self.cluster_secret.as_bytes())
     }
 
+    /// The cluster's controller join token (`crate::member_token`) with `salt` (the store's
+    /// `member_join_salt`); None without TLS, whose CA the token pins.
+    pub fn member_token(
+        &self,
+        salt: &str,
+    ) -> anyhow::Result<Option<crate::member_token::MemberToken>> {
+        match &self.tls {
+            None => Ok(None),
+            Some(tls) => Ok(Some(crate::member_token::MemberToken::for_cluster(
+                tls.ca.cert_pem(),
+                &self.cluster_secret,
+                salt,
+            )?)),
+        }
+    }
+
+    /// The cluster secret itself, for a controller that joined with the join token.
+    pub(crate) fn cluster_secret(&self) -> &str {
+        &self.cluster_secret
+    }
+
     /// What calls to other controllers present.
     pub fn peer_auth(&self) -> PeerAuth {
         PeerAuth::new(&self.cluster_secret)

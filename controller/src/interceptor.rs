@@ -19,8 +19,14 @@ pub use crate::auth::Caller;
 use crate::auth::{UNAUTHENTICATED, authenticate};
 use crate::raft::RaftNode;
 
-/// Methods served without credentials: they carry their own (a join token, a node credential).
-const ANONYMOUS_METHODS: [&str; 2] = ["/tb.v1.Nodes/Join", "/tb.v1.Nodes/Heartbeat"];
+/// Methods served without credentials: they carry their own (a join token, a node credential),
+/// or answer what is public (the CA certificate a joining controller checks against its token).
+const ANONYMOUS_METHODS: [&str; 4] = [
+    "/tb.v1.Nodes/Join",
+    "/tb.v1.Nodes/Heartbeat",
+    "/tb.v1.Cluster/ClusterCa",
+    "/tb.v1.Cluster/JoinCluster",
+];
 /// Served to other controllers only.
 const CONTROLLER_SERVICE: &str = "/tb.v1.Raft/";
 

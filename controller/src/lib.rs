@@ -1,6 +1,6 @@
 //! tb-controller: the replicated control plane. The Raft store (`raft`, `store`) holds every
 //! object (its state machine, the scheduler and placement are pure, in `tb-core`); `service` serves the gRPC API through one `interceptor`, which identifies callers
-//! for `auth`; `tls` holds the cluster CA and the certificates it signs; `services` serves
+//! for `auth`; `member_token` and `join` let a new controller join with a token; `tls` holds the cluster CA and the certificates it signs; `services` serves
 //! InferenceServices at a stable address; `server` assembles them.
 
 pub mod auth;
@@ -10,6 +10,8 @@ pub mod datadir;
 pub mod disk_guard;
 pub mod heartbeat_ages;
 pub mod interceptor;
+pub mod join;
+pub mod member_token;
 pub mod metrics;
 pub mod raft;
 pub mod rebuild;

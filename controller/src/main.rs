@@ -39,9 +39,21 @@ struct Args {
     /// holds a cluster. Without it, a lone controller forms a cluster of one.
     #[arg(long, value_parser = parse_initial_cluster)]
     initial_cluster: Option<std::collections::BTreeMap<u64, String>>,
-    /// Form no cluster: wait to be added with `tbctl cluster add-member`.
-    #[arg(long)]
-    join: bool,
+    /// Join the cluster of the controller at https://HOST:PORT: with the cluster's join token
+    /// (--token-file or TB_JOIN_TOKEN), get the cluster CA and secret from it (trusting it only
+    /// if its CA has the hash the token pins), then be added as a learner, caught up and made a
+    /// voter. Ignored once the data dir holds a cluster, so the same command restarts it.
+    /// Without URL: form no cluster and wait to be added with `tbctl cluster add-member`.
+    #[arg(long, value_name = "URL", num_args = 0..=1)]
+    join: Option<Option<String>>,
+    /// The file holding the cluster's join token (`tbctl cluster join-token`, or
+    /// DATA_DIR/join.token of a member), for --join URL; `-` reads standard input. Default:
+    /// the TB_JOIN_TOKEN environment variable.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Refused: a token on the command line is visible to every user of the machine.
+    #[arg(long, hide = true, value_name = "TOKEN")]
+    token: Option<String>,
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
@@ -154,6 +166,34 @@ enum Sub {
     },
 }
 
+/// Where and with what to join, for `--join URL`; refuses the flags that would give this
+/// controller its credentials another way.
+fn join_with_token(args: &Args) -> anyhow::Result<Option<tb_controller::join::JoinWithToken>> {
+    let Some(Some(url)) = &args.join else {
+        if args.token_file.is_some() {
+            anyhow::bail!("--token-file is for --join URL");
+        }
+        return Ok(None);
+    };
+    let conflicts = [
+        (args.insecure, "--insecure (the token pins the cluster CA)"),
+        (args.initial_cluster.is_some(), "--initial-cluster"),
+        (args.cluster_secret_file.is_some(), "--cluster-secret-file"),
+        (args.tls_ca_cert.is_some(), "--tls-ca-cert/--tls-ca-key"),
+        (args.rebuild_from_peers, "--rebuild-from-peers"),
+    ];
+    for (given, flag) in conflicts {
+        if given {
+            anyhow::bail!(
+                "--join URL gets the cluster CA and secret with the join token; drop {flag}"
+            );
+        }
+    }
+    let addr = tb_controller::join::parse_url(url)?;
+    let token = tb_controller::join::read_token(args.token_file.as_deref())?;
+    Ok(Some(tb_controller::join::JoinWithToken { addr, token }))
+}
+
 /// A byte count such as `64Mi`, `1G` or `500000`.
 fn parse_bytes(s: &str) -> Result<u64, String> {
     tb_api::quantity::Quantity::parse(s)
@@ -214,6 +254,14 @@ async fn main() -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    if args.token.is_some() {
+        anyhow::bail!(
+            "--token: a token on the command line is visible to every user of this machine \
+             (ps, shell history); pass --token-file FILE (0600; `-` for standard input) or set \
+             TB_JOIN_TOKEN"
+        );
+    }
+    let join_with_token = join_with_token(&args)?;
     let Some(data_dir) = args.data_dir.clone() else {
         anyhow::bail!("--data-dir is required");
     };
@@ -252,7 +300,8 @@ async fn main() -> anyhow::Result<()> {
         advertise,
         data_dir,
         initial_cluster: args.initial_cluster.unwrap_or_default(),
-        join: args.join,
+        join: matches!(args.join, Some(None)),
+        join_with_token,
         metrics_listen: args.metrics_listen,
         services,
         raft: RaftOptions {
@@ -284,4 +333,45 @@ async fn main() -> anyhow::Result<()> {
         rebuild_from_peers: args.rebuild_from_peers,
     };
     run(opts).await.context("tb-controller")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Args {
+        Args::try_parse_from([&["tb-controller", "--data-dir", "d"], args].concat())
+            .expect("valid arguments")
+    }
+
+    #[test]
+    fn join_alone_waits_to_be_added_and_join_url_joins_with_a_token() {
+        assert_eq!(parse(&[]).join, None);
+        // The old meaning, also before another flag.
+        assert_eq!(parse(&["--join"]).join, Some(None));
+        let a = parse(&["--join", "--id", "2"]);
+        assert_eq!((a.join, a.id), (Some(None), 2));
+        let a = parse(&["--join", "https://10.0.0.1:7400", "--token-file", "t"]);
+        assert_eq!(a.join, Some(Some("https://10.0.0.1:7400".into())));
+        assert_eq!(a.token_file, Some(PathBuf::from("t")));
+    }
+
+    #[test]
+    fn join_url_refuses_other_sources_of_credentials() {
+        for flag in [
+            &["--insecure"][..],
+            &["--cluster-secret-file", "s"],
+            &["--tls-ca-cert", "c", "--tls-ca-key", "k"],
+            &["--initial-cluster", "1=a:1,2=b:2"],
+        ] {
+            let a = parse(&[&["--join", "https://h:1", "--token-file", "t"], flag].concat());
+            let e = join_with_token(&a).expect_err("a conflict").to_string();
+            assert!(e.contains("drop"), "{flag:?}: {e}");
+        }
+        let a = parse(&["--token-file", "t"]);
+        assert!(
+            join_with_token(&a).is_err(),
+            "--token-file without --join URL"
+        );
+    }
 }

@@ -63,7 +63,20 @@ pub async fn rejoin(
     id: NodeId,
     addr: &str,
 ) -> anyhow::Result<()> {
-    each_peer(peers, "adding this member back", |peer| async move {
+    ask_to_add(credentials, peers, id, addr, "adding this member back").await
+}
+
+/// Ask the cluster (through any of `peers`, as a controller) to add member `id` at `addr`: it
+/// returns once the leader has caught it up as a learner and made it a voter. `what` names the
+/// step in errors.
+pub async fn ask_to_add(
+    credentials: &Credentials,
+    peers: &[String],
+    id: NodeId,
+    addr: &str,
+    what: &str,
+) -> anyhow::Result<()> {
+    each_peer(peers, what, |peer| async move {
         let mut client = client(credentials, &peer).await?;
         let mut req = tonic::Request::new(AddMemberRequest {
             id,
@@ -93,7 +106,8 @@ async fn client(
 }
 
 /// Try `call` on each peer in turn, round after round, until one succeeds or the budget is
-/// spent; a refusal that retrying cannot change (not `UNAVAILABLE`) ends it at once.
+/// spent; a refusal that retrying cannot change (not `UNAVAILABLE`, nor a membership change
+/// in progress) ends it at once.
 async fn each_peer<F, Fut>(peers: &[String], what: &str, mut call: F) -> anyhow::Result<()>
 where
     F: FnMut(String) -> Fut,
@@ -105,7 +119,12 @@ where
         for peer in peers {
             match call(peer.clone()).await {
                 Ok(()) => return Ok(()),
-                Err(e) if e.code() == tonic::Code::Unavailable => {
+                // Unreachable, or another member being added or removed at the same time
+                // (openraft takes one membership change at a time): try again.
+                Err(e)
+                    if e.code() == tonic::Code::Unavailable
+                        || e.message().contains("undergoing a configuration change") =>
+                {
                     last = format!("{peer}: {}", e.message());
                 }
                 Err(e) => anyhow::bail!("{what}: {peer} refused: {}", e.message()),

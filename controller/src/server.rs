@@ -37,6 +37,9 @@ pub struct ServerOptions {
     pub initial_cluster: BTreeMap<NodeId, String>,
     /// Wait to be added by `tbctl cluster add-member` instead of forming a cluster.
     pub join: bool,
+    /// Join the cluster of the member at this address with its join token (`crate::join`):
+    /// fetch the credentials, then be added. Ignored once the data dir holds a cluster.
+    pub join_with_token: Option<crate::join::JoinWithToken>,
     pub metrics_listen: Option<SocketAddr>,
     /// Serve InferenceServices at a stable address (`crate::services`).
     pub services: Option<crate::services::ServicesOptions>,
@@ -110,6 +113,20 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
             Some(_) => {}
         }
     }
+    let started = std::time::Instant::now();
+    // A joiner gets the cluster's credentials before anything is written: a refused token
+    // leaves no trace in the data dir.
+    let fetched = match &opts.join_with_token {
+        Some(join) if crate::join::holds_credentials(&opts.data_dir) => {
+            crate::join::check_pin(&opts.data_dir, &join.token)?;
+            None
+        }
+        Some(join) => {
+            tracing::info!(controller = %join.addr, "joining: asking for the cluster's credentials");
+            Some(crate::join::fetch(join, opts.id, &opts.advertise).await?)
+        }
+        None => None,
+    };
     // A data dir of a newer format is left untouched.
     crate::datadir::check_format(&opts.data_dir)?;
     // Secrets and state live here: 0700, files 0600, before anything is written.
@@ -117,6 +134,13 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         tracing::warn!(change = %fixed, "tightened a mode in the data dir");
     }
     crate::datadir::record_format(&opts.data_dir)?;
+    if let Some(reply) = &fetched {
+        crate::join::write_credentials(&opts.data_dir, reply)?;
+        tracing::info!(
+            data_dir = %opts.data_dir.display(),
+            "joining: kept the cluster CA and secret in the data dir"
+        );
+    }
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("binding {}", opts.listen))?;
@@ -127,7 +151,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     } else {
         // Only a controller forming a cluster alone may make the CA: members of a larger
         // cluster must share one.
-        let alone = !opts.join && opts.initial_cluster.len() <= 1;
+        let alone = !opts.join && opts.join_with_token.is_none() && opts.initial_cluster.len() <= 1;
         let ca = crate::tls::load_or_create_ca(&opts.tls.ca, &opts.data_dir, alone)?;
         let cert = ca.issue_controller(opts.id, &opts.advertise, &opts.tls.extra_names)?;
         Some(crate::tls::ControllerTls { ca, cert })
@@ -232,6 +256,30 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
 
     if let Some(peers) = rebuilding {
         tokio::spawn(rejoin(node.clone(), credentials.clone(), peers));
+    } else if let Some(join) = &opts.join_with_token {
+        if node.is_initialized().await {
+            tracing::info!(
+                id = opts.id,
+                "--join ignored: the data dir already holds a cluster; starting as its member"
+            );
+        } else {
+            // The member joined through first, then the others it named.
+            let mut peers = vec![join.addr.clone()];
+            for member in fetched.iter().flat_map(|r| r.members.iter()) {
+                if let Some((id, addr)) = member.split_once('=')
+                    && id != opts.id.to_string()
+                    && !peers.iter().any(|p| p == addr)
+                {
+                    peers.push(addr.to_string());
+                }
+            }
+            tokio::spawn(crate::join::become_member(
+                node.clone(),
+                credentials.clone(),
+                peers,
+                started,
+            ));
+        }
     } else if !opts.join {
         let members = if opts.initial_cluster.is_empty() {
             BTreeMap::from([(opts.id, opts.advertise.clone())])
@@ -249,6 +297,11 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
             ));
         }
     }
+    // Whoever adds the next controller finds the token in the data dir, kept current.
+    tokio::spawn(crate::join::keep_token_file(
+        node.clone(),
+        opts.data_dir.clone(),
+    ));
     tokio::spawn(crate::reconciler::run(
         node.clone(),
         opts.scheduler.clone(),

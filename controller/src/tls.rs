@@ -136,6 +136,11 @@ impl Ca {
         &self.cert_pem
     }
 
+    /// The private key (PEM): handed only to a controller joining with the join token.
+    pub fn key_pem(&self) -> &str {
+        &self.key_pem
+    }
+
     /// A certificate for `names` (IP addresses or DNS names; repeats dropped) with common name
     /// `cn`, signed by the CA.
     fn issue(

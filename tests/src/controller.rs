@@ -33,6 +33,9 @@ pub struct ControllerConfig {
     pub initial_cluster: Option<String>,
     /// Start empty and wait for `Cluster.AddMember`.
     pub join: bool,
+    /// Pass the harness's admin token, cluster secret and CA ([`crate::auth::controller_args`]);
+    /// off for a controller that gets its credentials another way (`--join URL` with a token).
+    pub harness_credentials: bool,
     pub heartbeat_ms: u64,
     pub snapshot_every: Option<u64>,
     pub keep_after_snapshot: Option<u64>,
@@ -50,6 +53,7 @@ impl ControllerConfig {
             log_path: dir.join(format!("c{id}.log")),
             initial_cluster: None,
             join: false,
+            harness_credentials: true,
             heartbeat_ms: 50,
             snapshot_every: None,
             keep_after_snapshot: None,
@@ -68,7 +72,9 @@ impl ControllerConfig {
             "--heartbeat-ms".into(),
             self.heartbeat_ms.to_string(),
         ];
-        args.extend(crate::auth::controller_args());
+        if self.harness_credentials {
+            args.extend(crate::auth::controller_args());
+        }
         if let Some(members) = &self.initial_cluster {
             args.extend(["--initial-cluster".into(), members.clone()]);
         }

@@ -34,6 +34,22 @@ pub async fn run(ctx: &mut Ctx, cmd: ClusterCommand) -> Result<()> {
             }
             emit(&out)
         }
+        ClusterCommand::JoinToken { rotate, out } => {
+            let token = ctx.client().member_join_token(rotate).await?;
+            match out {
+                None => emit(&format!("{token}\n")),
+                Some(path) => {
+                    super::snapshot::write_private_atomically(
+                        &path,
+                        format!("{token}\n").as_bytes(),
+                    )?;
+                    emit(&format!(
+                        "wrote the controller join token to {} (mode 0600)\n",
+                        path.display()
+                    ))
+                }
+            }
+        }
         ClusterCommand::RemoveMember { id } => {
             let status = ctx
                 .client()

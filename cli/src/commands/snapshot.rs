@@ -60,7 +60,7 @@ async fn save(ctx: &mut Ctx, file: &Path) -> Result<()> {
 
 /// Write `bytes` to a 0600 temporary file beside `path`, flush it to disk and rename it over
 /// `path`.
-fn write_private_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_private_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),

@@ -83,8 +83,19 @@ pub const CLUSTER_MEMBER: &str = "ClusterMember";
 /// A copy of the whole store (`tbctl snapshot save`): every object and every credential's hash.
 pub const CLUSTER_SNAPSHOT: &str = "ClusterSnapshot";
 
+/// The controller join token (`tbctl cluster join-token`): it gets a controller the CA key and
+/// the cluster secret.
+pub const MEMBER_JOIN_TOKEN: &str = "MemberJoinToken";
+
 /// What only admins may read.
-const ADMIN_READ: [&str; 5] = [USER, TOKEN, JOIN_TOKEN, AUDIT_LOG, CLUSTER_SNAPSHOT];
+const ADMIN_READ: [&str; 6] = [
+    USER,
+    TOKEN,
+    JOIN_TOKEN,
+    AUDIT_LOG,
+    CLUSTER_SNAPSHOT,
+    MEMBER_JOIN_TOKEN,
+];
 /// What members may write in their namespaces.
 const JOB_KINDS: [&str; 4] = ["Model", "InferenceService", "TrainingJob", "Schedule"];
 
@@ -291,6 +302,20 @@ mod tests {
             (&member, Get, CLUSTER_SNAPSHOT, "", "", None, false),
             (&viewer, Get, CLUSTER_SNAPSHOT, "", "", None, false),
             (&mac1, Get, CLUSTER_SNAPSHOT, "", "", None, false),
+            // The controller join token hands out the CA key and the cluster secret.
+            (&admin, Get, MEMBER_JOIN_TOKEN, "", "", None, true),
+            (&member, Get, MEMBER_JOIN_TOKEN, "", "", None, false),
+            (&viewer, Get, MEMBER_JOIN_TOKEN, "", "", None, false),
+            (&mac1, Get, MEMBER_JOIN_TOKEN, "", "", None, false),
+            (
+                &Caller::Anonymous,
+                Get,
+                MEMBER_JOIN_TOKEN,
+                "",
+                "",
+                None,
+                false,
+            ),
             // Viewers: read only.
             (&viewer, Get, "TrainingJob", "default", "j", None, true),
             (&viewer, Watch, "Allocation", "", "", None, true),

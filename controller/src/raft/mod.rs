@@ -538,6 +538,23 @@ impl RaftNode {
         }
     }
 
+    /// The members as this member knows them: id, address, and whether it votes.
+    pub fn members(&self) -> Vec<(NodeId, String, bool)> {
+        let m = self.raft_metrics();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        membership
+            .nodes()
+            .map(|(id, node)| (*id, node.addr.clone(), voters.contains(id)))
+            .collect()
+    }
+
+    /// Whether this member's store holds a cluster (a membership, from a bootstrap or from a
+    /// leader that added it), as opposed to a new data dir waiting to be added.
+    pub async fn is_initialized(&self) -> bool {
+        self.raft.is_initialized().await.unwrap_or(false)
+    }
+
     /// Every member's own view, asked of each (a member that does not answer is shown so).
     pub async fn cluster_status(&self) -> ClusterStatusResponse {
         let m = self.raft_metrics();
@@ -591,6 +608,16 @@ impl RaftNode {
     /// Add a controller: first as a learner that catches up (by snapshot if the log was purged),
     /// then as a voter. Must run on the leader.
     pub async fn add_member(&self, id: NodeId, addr: String) -> anyhow::Result<()> {
+        // One id, one address: adding a known id at another address would leave the member
+        // where it was (the learner call keeps the first address) while saying it was added.
+        if let Some((_, known, _)) = self.members().into_iter().find(|(m, _, _)| *m == id)
+            && known != addr
+        {
+            anyhow::bail!(
+                "controller id {id} is already a member at {known}; pick another --id for \
+                 {addr}, or remove member {id} first (tbctl cluster remove-member {id})"
+            );
+        }
         self.raft
             .add_learner(id, BasicNode { addr }, true)
             .await

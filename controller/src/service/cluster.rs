@@ -9,23 +9,30 @@ use futures::Stream;
 use tb_api::proto::cluster_client::ClusterClient;
 use tb_api::proto::cluster_server::Cluster;
 use tb_api::proto::{
-    AddMemberRequest, AddMemberResponse, ClusterStatusRequest, ClusterStatusResponse,
-    RemoveMemberRequest, RemoveMemberResponse, SaveSnapshotRequest, SnapshotChunk,
+    AddMemberRequest, AddMemberResponse, ClusterCaRequest, ClusterCaResponse, ClusterStatusRequest,
+    ClusterStatusResponse, JoinClusterRequest, JoinClusterResponse, MemberJoinTokenRequest,
+    MemberJoinTokenResponse, RemoveMemberRequest, RemoveMemberResponse, SaveSnapshotRequest,
+    SnapshotChunk,
 };
 use tonic::{Request, Response, Status};
 
 use super::{caller, check, unavailable};
-use crate::auth::authorize::{CLUSTER_MEMBER, CLUSTER_SNAPSHOT};
+use crate::auth::authorize::{CLUSTER_MEMBER, CLUSTER_SNAPSHOT, MEMBER_JOIN_TOKEN};
 use crate::auth::{Access, Verb};
 use crate::raft::RaftNode;
+use crate::store::Op;
 
 pub struct ClusterService {
     node: Arc<RaftNode>,
+    join_failures: super::member_join::FailureWindow,
 }
 
 impl ClusterService {
     pub fn new(node: Arc<RaftNode>) -> Self {
-        ClusterService { node }
+        ClusterService {
+            node,
+            join_failures: Default::default(),
+        }
     }
 
     /// Membership changes run on the leader; a follower passes the request on.
@@ -164,6 +171,70 @@ impl Cluster for ClusterService {
             .map(|c| Ok(SnapshotChunk { data: c.to_vec() }))
             .collect();
         Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
+    }
+
+    async fn cluster_ca(
+        &self,
+        _req: Request<ClusterCaRequest>,
+    ) -> Result<Response<ClusterCaResponse>, Status> {
+        let tls = self.node.credentials().tls().ok_or_else(|| {
+            Status::failed_precondition("this controller runs without TLS (--insecure): no CA")
+        })?;
+        Ok(Response::new(ClusterCaResponse {
+            ca_cert_pem: tls.ca.cert_pem().to_string(),
+        }))
+    }
+
+    async fn member_join_token(
+        &self,
+        req: Request<MemberJoinTokenRequest>,
+    ) -> Result<Response<MemberJoinTokenResponse>, Status> {
+        let who = caller(&req);
+        let rotate = req.get_ref().rotate;
+        let verb = if rotate { Verb::Create } else { Verb::Get };
+        check(
+            &self.node,
+            &who,
+            &Access::new(verb, MEMBER_JOIN_TOKEN, "", ""),
+        )?;
+        let token = if rotate {
+            // Refused before anything is committed on a cluster whose token cannot exist.
+            super::member_join::cluster_token(&self.node, None)?;
+            let salt = hex::encode(rand::random::<[u8; 16]>());
+            super::commit(
+                &self.node,
+                String::new(),
+                who.user(),
+                Op::RotateMemberJoinToken { salt: salt.clone() },
+            )
+            .await?;
+            tracing::info!(caller = %who.audit_name(), "controller join token rotated");
+            super::member_join::cluster_token(&self.node, Some(&salt))?
+        } else {
+            super::member_join::cluster_token(&self.node, None)?
+        };
+        // Who may now hand out the cluster's keys is worth knowing.
+        tracing::info!(caller = %who.audit_name(), "controller join token read");
+        Ok(Response::new(MemberJoinTokenResponse {
+            token: token.to_string(),
+        }))
+    }
+
+    async fn join_cluster(
+        &self,
+        req: Request<JoinClusterRequest>,
+    ) -> Result<Response<JoinClusterResponse>, Status> {
+        let req = req.into_inner();
+        super::member_join::check_token(&self.node, &self.join_failures, &req)?;
+        if req.id == 0 {
+            return Err(Status::invalid_argument("id: controller ids start at 1"));
+        }
+        check_address(&req.address)?;
+        // Membership is the leader's to say: a follower's view may be behind.
+        if let Some(mut leader) = self.leader_client().await? {
+            return leader.join_cluster(req).await;
+        }
+        super::member_join::answer(&self.node, &req).map(Response::new)
     }
 
     async fn remove_member(

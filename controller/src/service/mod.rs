@@ -2,6 +2,7 @@
 
 pub mod auth;
 pub mod cluster;
+mod member_join;
 pub mod nodes;
 pub mod objects;
 mod priority;

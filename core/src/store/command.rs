@@ -43,6 +43,7 @@ impl std::fmt::Display for Command {
             Op::RevokeToken { id } => write!(f, "revoke token {id}"),
             Op::BootstrapAdmin { .. } => write!(f, "bootstrap admin"),
             Op::RecordAudit { record } => write!(f, "audit {} {}", record.verb, record.kind),
+            Op::RotateMemberJoinToken { .. } => write!(f, "rotate the controller join token"),
         }
     }
 }
@@ -127,6 +128,12 @@ pub enum Op {
     /// Record a refusal that never reached the store (a denied mutation).
     RecordAudit {
         record: AuditRecord,
+    },
+    /// A new salt for the controller join token: the token every member derives from the
+    /// cluster secret changes, and the old one stops working (`tbctl cluster join-token
+    /// --rotate`). The salt alone tells nothing about the token.
+    RotateMemberJoinToken {
+        salt: String,
     },
 }
 

@@ -112,6 +112,10 @@ pub struct State {
     /// Usage accounting: hourly buckets per (queue, namespace, user), decayed usage per queue.
     #[serde(default)]
     pub usage: Ledger,
+    /// What the controller join token is derived with, besides the cluster secret; empty until
+    /// the token is first rotated.
+    #[serde(default)]
+    pub member_join_salt: String,
 }
 
 impl State {
@@ -184,6 +188,10 @@ impl State {
                 self.audit(record.clone());
                 (Response::Done, Vec::new())
             }
+            Op::RotateMemberJoinToken { salt } => {
+                self.member_join_salt = salt.clone();
+                (Response::Done, Vec::new())
+            }
         };
         if !cmd.user.is_empty() {
             self.audit_command(cmd, &response);
@@ -231,6 +239,10 @@ impl State {
                 ),
             )],
             Op::RevokeToken { id } => vec![("delete", ("Token".into(), String::new(), id.clone()))],
+            Op::RotateMemberJoinToken { .. } => vec![(
+                "create",
+                ("MemberJoinToken".into(), String::new(), String::new()),
+            )],
             Op::Join { .. }
             | Op::Heartbeat { .. }
             | Op::Plan(_)

@@ -23,6 +23,7 @@ mod first_hour;
 mod identity;
 mod isolation;
 mod jobs;
+mod join;
 mod linearizability;
 mod mlx;
 mod partitions;
