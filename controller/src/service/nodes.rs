@@ -208,7 +208,18 @@ impl Nodes for NodesService {
         req: Request<LogsRequest>,
     ) -> Result<TonicResponse<Self::LogsStream>, Status> {
         let caller = caller(&req);
-        let req = req.into_inner();
+        let rx = open_logs(&self.node, &caller, req.into_inner())?;
+        Ok(TonicResponse::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// The lines of a job's ranks, read from the nodelets that ran them, for `caller` (who must
+/// be allowed to get the job): `tbctl logs` and the dashboard both read logs through here.
+pub(crate) fn open_logs(
+    node: &Arc<RaftNode>,
+    caller: &Caller,
+    req: LogsRequest,
+) -> Result<tokio::sync::mpsc::Receiver<Result<LogLine, Status>>, Status> {
         let kind = Kind::parse(&req.kind)
             .filter(|k| matches!(k, Kind::TrainingJob | Kind::InferenceService))
             .ok_or_else(|| {
@@ -229,13 +240,13 @@ impl Nodes for NodesService {
             name: req.name.clone(),
         };
         check(
-            &self.node,
-            &caller,
+            node,
+            caller,
             &Access::new(Verb::Get, &key.kind, &key.namespace, &key.name),
         )?;
         // Where each rank ran: the job's placement, and the nodelets' addresses.
         let targets: Vec<(u32, String, String)> = {
-            let state = self.node.store().read();
+            let state = node.store().read();
             let job = state
                 .get(&key)
                 .ok_or_else(|| Status::not_found(format!("{key} not found")))?;
@@ -282,7 +293,7 @@ impl Nodes for NodesService {
             ask.namespace = namespace.clone();
             ask.allocation = allocation;
             ask.rank = rank as i32;
-            let node = self.node.clone();
+            let node = node.clone();
             tokio::spawn(async move {
                 if let Err(status) = forward_logs(node.credentials(), &address, ask, &tx).await {
                     let _ = tx
@@ -294,8 +305,7 @@ impl Nodes for NodesService {
                 }
             });
         }
-        Ok(TonicResponse::new(Box::pin(ReceiverStream::new(rx))))
-    }
+        Ok(rx)
 }
 
 /// A joined node's certificate, key and the CA (PEM), for the host of the address it registered;

@@ -12,6 +12,7 @@ mod cli;
 mod clock_faults;
 mod corrupt_data;
 mod cron;
+mod dashboard;
 mod disk_faults;
 mod emulated_lab;
 mod examples;
