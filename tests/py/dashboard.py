@@ -69,8 +69,15 @@ def main():
         page.on("console", lambda m: messages.append(f"{m.type}: {m.text}"))
 
         # First visit: the sign-in page, and how soon it paints.
-        page.goto(URL)
+        first = page.goto(URL)
         expect(page.locator("#signin")).to_be_visible()
+        headers = first.headers
+        csp = headers.get("content-security-policy", "")
+        assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp, headers
+        assert headers.get("x-content-type-options") == "nosniff", headers
+        # The API answers nobody without a token.
+        anonymous = page.evaluate("() => fetch('/ui/api/jobs').then((r) => r.status)")
+        assert anonymous == 401, f"an anonymous read got {anonymous}"
         fcp = page.evaluate(
             """() => new Promise((done) => {
                 const seen = () => performance.getEntriesByName('first-contentful-paint')[0];
@@ -90,8 +97,9 @@ def main():
         # The admin signs in and sees the lab: the Mac that joined.
         started = time.monotonic()
         sign_in(page, os.environ["DASH_ADMIN_TOKEN"])
-        expect(page.locator("#lab-picture g.mac")).to_have_count(1)
+        expect(page.locator("#lab-picture g.mac")).to_have_count(3)
         expect(page.locator("#lab-picture")).to_contain_text("node-1")
+        expect(page.locator("#lab-picture line.cable")).to_have_count(3)
         lab_ms = (time.monotonic() - started) * 1000
         expect(job_row(page, hidden)).to_have_count(1)
 
@@ -105,10 +113,14 @@ def main():
         # Its logs, read from the nodelet.
         row.get_by_role("button", name="Logs").click()
         expect(page.locator("#log-lines")).to_contain_text("hello from the dashboard test")
+        # The loss its rank 0 logged, drawn as a curve: four points, 2.4 down to 2.1.
+        expect(page.locator("#loss-curve")).to_be_visible()
+        expect(page.locator("#loss-curve")).to_contain_text("last 2.100 · 4 points")
         # Events arrived too (the scheduler records them).
         expect(page.locator("#events tbody tr").first).not_to_have_text("No events.")
 
-        # The lab picture, kept as an artifact.
+        # The lab picture, kept as an artifact, once the nodelets measured every cable.
+        expect(page.locator("#lab-picture text.cable", has_text="µs")).to_have_count(3)
         shot = os.environ["DASH_SCREENSHOT"]
         os.makedirs(os.path.dirname(shot), exist_ok=True)
         page.locator("#lab").screenshot(path=shot)
@@ -131,7 +143,7 @@ def main():
         expect(page.locator("#who")).to_contain_text("member")
         expect(job_row(page, job)).to_have_count(1)
         expect(job_row(page, hidden)).to_have_count(0)
-        expect(page.locator("#lab-picture g.mac")).to_have_count(1)
+        expect(page.locator("#lab-picture g.mac")).to_have_count(3)
 
         tokens = [os.environ[k] for k in ("DASH_ADMIN_TOKEN", "DASH_VIEWER_TOKEN", "DASH_MEMBER_TOKEN")]
         leaked = [u for u in sent if any(t in u for t in tokens)]

@@ -1,7 +1,9 @@
-//! The web dashboard in a real browser: a lab of one controller and one nodelet, and
+//! The web dashboard in a real browser: a lab of one controller and three nodelets cabled in a
+//! ring, and
 //! tests/py/dashboard.py driving Debian's `chromium` through Playwright for Python. An admin
 //! signs in and sees the Mac; the test applies a short job, which the page shows appearing and
-//! succeeding (told by the change stream, not by polling) with its logs; a viewer's delete is
+//! succeeding (told by the change stream, not by polling) with its logs and the loss curve its
+//! log lines draw; a viewer's delete is
 //! refused in the page (403) and the job is still there; a member sees the job of its own
 //! namespace and not another namespace's. The lab picture is saved to
 //! `target/test-artifacts/dashboard-lab.png`, and the page's weight and first contentful paint
@@ -17,11 +19,22 @@ use std::time::{Duration, Instant};
 
 use tb_tests::lab::{Lab, LabOptions, workspace_root};
 use tb_tests::step;
+use tb_tests::workdir::TestDir;
 
 const JOB: &str = "team-a/hello";
 const HIDDEN_JOB: &str = "team-b/hidden";
 /// The browser script's own deadlines are 90 s per step; this bounds the whole run.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
+
+const TOPOLOGY: &str = "macs:
+  - {name: node-1, chip: Apple M2 Ultra, ports: [{name: tb1, address: 127.0.5.1, rdmaDevice: rdma_en1}, {name: tb2, address: 127.0.5.2}]}
+  - {name: node-2, chip: Apple M4 Max, ports: [{name: tb1, address: 127.0.5.3, rdmaDevice: rdma_en1}, {name: tb2, address: 127.0.5.4}]}
+  - {name: node-3, chip: Apple M4 Pro, ports: [{name: tb1, address: 127.0.5.5}, {name: tb2, address: 127.0.5.6}]}
+links:
+  - {between: [node-1/tb1, node-2/tb1], bandwidthGbps: 80, latencyUs: 5, rdma: true}
+  - {between: [node-2/tb2, node-3/tb1], bandwidthGbps: 40, latencyUs: 10}
+  - {between: [node-3/tb2, node-1/tb2], bandwidthGbps: 40, latencyUs: 10}
+";
 
 fn job_yaml(namespace: &str, name: &str, text: &str) -> String {
     format!(
@@ -34,7 +47,7 @@ spec:
   ranks: 1
   memory: 64Mi
   backoffLimit: 0
-  command: ["sh", "-c", "echo {text}; sleep 1"]
+  command: ["sh", "-c", "echo {text}; for i in 1 2 3 4; do echo step $i train loss 2.$((5-i)); done; sleep 1"]
 "#
     )
 }
@@ -101,7 +114,13 @@ async fn a_user_watches_a_job_in_the_browser() {
     if !browser_ready(&chromium, &python) {
         return;
     }
-    let lab = Lab::start_with("dashboard", LabOptions::new(1)).await;
+    // Three Macs on this host, cabled in a ring by loopback addresses (the nodelets measure
+    // the loopback: the picture shows measured figures).
+    let dir = TestDir::new("dashboard-topology");
+    let topology = dir.write("lab.yaml", TOPOLOGY);
+    let mut opts = LabOptions::new(3);
+    opts.topology = Some(topology);
+    let lab = Lab::start_with("dashboard", opts).await;
     let url = format!("https://{}/ui/", lab.services_addr());
     step!("dashboard at {url}");
     let viewer = token_of(

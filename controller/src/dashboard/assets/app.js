@@ -85,7 +85,7 @@ function fill(section, rows, empty) {
   body.replaceChildren(...(rows.length ? rows : [el('tr', {}, el('td', { colspan: cols, class: 'empty' }, empty))]));
 }
 
-function gib(bytes) { return bytes ? (bytes / 2 ** 30).toFixed(1) + ' GiB' : '-'; }
+function gib(bytes) { return typeof bytes === 'number' ? (bytes / 2 ** 30).toFixed(1) + ' GiB' : '-'; }
 function num(v, digits = 1) { return typeof v === 'number' ? v.toFixed(digits) : '-'; }
 function age(ts) {
   if (!ts) return '-';
@@ -175,7 +175,7 @@ const render = {
           el('td', {}, staging(s.staging)), el('td', {}, s.url || '-'), actions));
         continue;
       }
-      const why = phase === 'Pending' || s.reason ? [s.reason, s.message].filter(Boolean).join(': ') : '';
+      const why = phase === 'Pending' || phase === 'Failed' ? [s.reason, s.message].filter(Boolean).join(': ') : '';
       rows.push(el('tr', { 'data-job': id, 'data-phase': phase },
         el('td', {}, id), el('td', { class: 'phase ' + phase }, phase), el('td', {}, s.queue || '-'),
         el('td', {}, s.position ?? '-'), el('td', { class: 'why' }, why), el('td', {}, (s.nodes || []).join(', ') || '-'),
@@ -259,21 +259,54 @@ async function followLogs(job) {
   $('logs-of').textContent = `of ${m.namespace}/${m.name}`;
   const pre = $('log-lines');
   pre.textContent = '';
+  const losses = [];
   const add = (text) => {
     pre.append(text + '\n');
     while (pre.childNodes.length > MAX_LOG_LINES) pre.firstChild.remove();
     pre.scrollTop = pre.scrollHeight;
   };
+  drawLoss(losses);
   try {
     const r = await call(`logs/${kind}/${encodeURIComponent(m.namespace)}/${encodeURIComponent(m.name)}?tail=200`, { signal: control.signal });
     await readEvents(r, (name, data) => {
-      if (name === 'line') add(`[rank ${data.rank}] ${data.line}`);
-      else if (name === 'failed') add(`-- ${data.error}`);
+      if (name === 'failed') add(`-- ${data.error}`);
       else if (name === 'end') add(`-- ${data.why}`);
+      if (name !== 'line') return;
+      add(`[rank ${data.rank}] ${data.line}`);
+      const loss = data.rank === 0 && LOSS.exec(data.line);
+      if (loss) {
+        losses.push(Number(loss[1]));
+        if (losses.length > MAX_LOSS_POINTS) losses.splice(0, losses.length - MAX_LOSS_POINTS);
+        drawLoss(losses);
+      }
     });
   } catch (e) {
     if (e.name !== 'AbortError') add(`-- ${e.message}`);
   }
+}
+
+// Training loss, as rank 0 logs it: a number after the word "loss" ("loss 2.31", "Train loss
+// 2.310", "loss=2.31"), the form MLX's and most trainers' logs take.
+const LOSS = /\bloss\b\s*[:=]?\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)/i;
+const MAX_LOSS_POINTS = 2000;
+
+function drawLoss(losses) {
+  const curve = $('loss-curve');
+  // An <svg> has no `hidden` property: the attribute it is.
+  curve.toggleAttribute('hidden', losses.length < 2);
+  if (losses.length < 2) return;
+  const [w, h, pad] = [600, 140, 28];
+  const lo = Math.min(...losses);
+  const hi = Math.max(...losses);
+  const span = hi - lo || 1;
+  const points = losses.map((v, i) =>
+    `${(pad + ((w - 2 * pad) * i) / (losses.length - 1)).toFixed(1)},${(h - pad - ((h - 2 * pad) * (v - lo)) / span).toFixed(1)}`);
+  curve.replaceChildren(
+    svg('polyline', { class: 'loss', points: points.join(' ') }),
+    svg('text', { x: 4, y: pad - 6 }, `loss ${hi.toPrecision(4)}`),
+    svg('text', { x: 4, y: h - 8 }, `${lo.toPrecision(4)}`),
+    svg('text', { x: w - 4, y: pad - 6, 'text-anchor': 'end' }, `last ${losses[losses.length - 1].toPrecision(4)} · ${losses.length} points`),
+  );
 }
 
 // --- updates --------------------------------------------------------------------------------
