@@ -11,13 +11,13 @@ use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tb_api::status::{JobPhase, JobStatus, NodeStatus};
 use tb_api::{Kind, Object, ObjectKey};
 use tonic::Code;
 
-use super::rights::{Viewer, sign_in};
+use super::rights::{Refusal, Viewer, sign_in};
 use super::{Dashboard, error, json_response};
 use crate::auth::{Access, Verb, authorize};
 use crate::scheduler::view::ClusterView;
@@ -32,14 +32,14 @@ pub const MAX_EVENTS: usize = 200;
 type Shared = State<Arc<Dashboard>>;
 
 /// Sign in, then check the API lets the user list `kinds`.
-fn reader(d: &Dashboard, headers: &HeaderMap, kinds: &[Kind]) -> Result<Viewer, Response> {
+fn reader(d: &Dashboard, headers: &HeaderMap, kinds: &[Kind]) -> Result<Viewer, Refusal> {
     let viewer = sign_in(d, headers)?;
     for kind in kinds {
         if let Err(denied) = authorize(
             &viewer.caller,
             &Access::new(Verb::List, kind.as_str(), "", ""),
         ) {
-            return Err(error(StatusCode::FORBIDDEN, &denied.to_string()));
+            return Err(Refusal::new(StatusCode::FORBIDDEN, denied.to_string()));
         }
     }
     Ok(viewer)
@@ -80,7 +80,7 @@ fn values(objects: &[Arc<Object>]) -> Vec<Value> {
 pub async fn whoami(State(d): Shared, headers: HeaderMap) -> Response {
     match sign_in(&d, &headers) {
         Ok(v) => json_response(&v.describe()),
-        Err(r) => r,
+        Err(r) => r.into_response(),
     }
 }
 
@@ -89,7 +89,7 @@ pub async fn whoami(State(d): Shared, headers: HeaderMap) -> Response {
 pub async fn lab(State(d): Shared, headers: HeaderMap) -> Response {
     let viewer = match reader(&d, &headers, &[Kind::Node, Kind::Link]) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let state = d.node.store().read();
     let (mut nodes, nodes_cut) = visible(&state, &viewer, Kind::Node, MAX_OBJECTS);
@@ -110,7 +110,7 @@ pub async fn lab(State(d): Shared, headers: HeaderMap) -> Response {
 pub async fn jobs(State(d): Shared, headers: HeaderMap) -> Response {
     let viewer = match reader(&d, &headers, &[Kind::TrainingJob, Kind::InferenceService]) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let state = d.node.store().read();
     let (mut jobs, cut_tj) = visible(&state, &viewer, Kind::TrainingJob, MAX_OBJECTS);
@@ -199,7 +199,7 @@ fn staging(state: &StoreState, job: &Object) -> Option<(u64, u64)> {
 pub async fn queues(State(d): Shared, headers: HeaderMap) -> Response {
     let viewer = match reader(&d, &headers, &[Kind::Queue]) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let state = d.node.store().read();
     let (mut queues, cut) = visible(&state, &viewer, Kind::Queue, MAX_OBJECTS);
@@ -238,7 +238,7 @@ pub async fn queues(State(d): Shared, headers: HeaderMap) -> Response {
 pub async fn events(State(d): Shared, headers: HeaderMap) -> Response {
     let viewer = match reader(&d, &headers, &[Kind::Event]) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let state = d.node.store().read();
     let mut events: Vec<Arc<Object>> = state
@@ -256,14 +256,16 @@ pub async fn events(State(d): Shared, headers: HeaderMap) -> Response {
     events.sort_by_key(|e| std::cmp::Reverse(last(e)));
     let truncated = events.len() > MAX_EVENTS;
     events.truncate(MAX_EVENTS);
-    json_response(&json!({"events": values(&events), "revision": state.revision, "truncated": truncated}))
+    json_response(
+        &json!({"events": values(&events), "revision": state.revision, "truncated": truncated}),
+    )
 }
 
 /// Models, each with the Macs holding a whole staged copy (`heldBy`).
 pub async fn models(State(d): Shared, headers: HeaderMap) -> Response {
     let viewer = match reader(&d, &headers, &[Kind::Model, Kind::Node]) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let state = d.node.store().read();
     let (models, cut) = visible(&state, &viewer, Kind::Model, MAX_OBJECTS);
@@ -304,7 +306,7 @@ pub async fn delete_job(
 ) -> Response {
     let viewer = match sign_in(&d, &headers) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let Some(kind) =
         Kind::parse(&kind).filter(|k| matches!(k, Kind::TrainingJob | Kind::InferenceService))

@@ -58,7 +58,7 @@ impl Batch {
 pub async fn stream(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Response {
     let viewer = match sign_in(&d, &headers) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let Ok(permit) = d.change_streams.clone().try_acquire_owned() else {
         return error(

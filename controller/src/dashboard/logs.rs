@@ -42,7 +42,7 @@ pub async fn follow(
 ) -> Response {
     let viewer = match sign_in(&d, &headers) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     if !viewer.sees(&namespace) {
         return error(

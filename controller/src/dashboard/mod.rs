@@ -70,7 +70,10 @@ pub fn router(node: Arc<RaftNode>, scheduler: SchedulerConfig) -> Router {
         .route("/ui/api/queues", get(api::queues))
         .route("/ui/api/events", get(api::events))
         .route("/ui/api/models", get(api::models))
-        .route("/ui/api/jobs/{kind}/{namespace}/{name}", delete(api::delete_job))
+        .route(
+            "/ui/api/jobs/{kind}/{namespace}/{name}",
+            delete(api::delete_job),
+        )
         .route("/ui/api/logs/{kind}/{namespace}/{name}", get(logs::follow))
         .route("/ui/api/changes", get(changes::stream))
         .route("/ui/api/{*rest}", axum::routing::any(api::not_found))
@@ -97,7 +100,10 @@ async fn security_headers(request: Request, next: Next) -> Response {
         HeaderValue::from_static("nosniff"),
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     if api {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }

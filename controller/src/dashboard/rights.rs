@@ -8,7 +8,7 @@
 //! and viewers see every namespace. Writes are decided by `auth::authorize`, as over gRPC.
 
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::{Dashboard, error};
@@ -48,9 +48,31 @@ impl Viewer {
     }
 }
 
-/// The user the request's token names, or the answer to give: 401 without a valid user
-/// token (one message whatever the cause, as the API gives).
-pub fn sign_in(dashboard: &Dashboard, headers: &HeaderMap) -> Result<Viewer, Response> {
+/// Why a request is not served, answered as `{"error": MESSAGE}` with its status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        error(self.status, &self.message)
+    }
+}
+
+/// The user the request's token names, or the refusal: 401 without a valid user token (one
+/// message whatever the cause, as the API gives).
+pub fn sign_in(dashboard: &Dashboard, headers: &HeaderMap) -> Result<Viewer, Refusal> {
     let header = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
@@ -61,11 +83,11 @@ pub fn sign_in(dashboard: &Dashboard, headers: &HeaderMap) -> Result<Viewer, Res
     };
     match caller {
         Ok(caller @ Caller::User { .. }) => Ok(Viewer { caller }),
-        Ok(Caller::Anonymous) | Err(()) => Err(error(
+        Ok(Caller::Anonymous) | Err(()) => Err(Refusal::new(
             StatusCode::UNAUTHORIZED,
             "sign in with a tb user token (tbuser-...)",
         )),
-        Ok(_) => Err(error(
+        Ok(_) => Err(Refusal::new(
             StatusCode::FORBIDDEN,
             "the dashboard is for users: sign in with a user token (tbuser-...)",
         )),

@@ -13,7 +13,7 @@
 //! Without them the test fails, unless `TB_TEST_ALLOW_NO_BROWSER=1` says a machine without a
 //! browser may skip it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -62,7 +62,7 @@ fn python() -> PathBuf {
 
 /// Whether the browser and Playwright are there; when not, the test fails unless the
 /// environment allows skipping (returns false then).
-fn browser_ready(chromium: &PathBuf, python: &PathBuf) -> bool {
+fn browser_ready(chromium: &Path, python: &Path) -> bool {
     let playwright = std::process::Command::new(python)
         .args(["-c", "import playwright.sync_api"])
         .stdin(Stdio::null())
@@ -76,7 +76,12 @@ fn browser_ready(chromium: &PathBuf, python: &PathBuf) -> bool {
                 chromium.display()
             )
         }),
-        (!playwright).then(|| format!("Playwright in {} (pip install playwright)", python.display())),
+        (!playwright).then(|| {
+            format!(
+                "Playwright in {} (pip install playwright)",
+                python.display()
+            )
+        }),
     ]
     .into_iter()
     .flatten()
@@ -144,7 +149,10 @@ async fn a_user_watches_a_job_in_the_browser() {
     let screenshot = target.join("test-artifacts").join("dashboard-lab.png");
     let _ = std::fs::remove_file(&screenshot);
     let log = lab.dir().join("browser.log");
-    let script = workspace_root().join("tests").join("py").join("dashboard.py");
+    let script = workspace_root()
+        .join("tests")
+        .join("py")
+        .join("dashboard.py");
     let mut browser = tokio::process::Command::new(&python)
         .arg(&script)
         .env("DASH_URL", &url)
@@ -184,8 +192,12 @@ async fn a_user_watches_a_job_in_the_browser() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     step!("signed in; applying {JOB}");
-    lab.apply_yaml(&job_yaml("team-a", "hello", "hello from the dashboard test"))
-        .await;
+    lab.apply_yaml(&job_yaml(
+        "team-a",
+        "hello",
+        "hello from the dashboard test",
+    ))
+    .await;
 
     let status = tokio::time::timeout(SCRIPT_TIMEOUT, browser.wait())
         .await
