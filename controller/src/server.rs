@@ -200,13 +200,11 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         let l = tokio::net::TcpListener::bind(services.listen)
             .await
             .with_context(|| format!("binding the services listener on {}", services.listen))?;
-        tracing::info!(listen = %services.listen, "serving InferenceServices at /services/NAMESPACE/NAME/v1");
-        tokio::spawn(crate::services::serve(
-            l,
-            services_tls,
-            node.clone(),
-            services.wait,
-        ));
+        tracing::info!(listen = %services.listen, "serving InferenceServices at /services/NAMESPACE/NAME/v1 and the dashboard at /ui/");
+        let app = crate::services::router(node.clone(), services.wait).merge(
+            crate::dashboard::router(node.clone(), opts.scheduler.clone()),
+        );
+        tokio::spawn(crate::services::serve(l, services_tls, app));
     }
 
     // Watches are endless streams; on shutdown they are ended so the server can drain.

@@ -342,10 +342,14 @@ pub async fn run(args: &UpArgs, context: Option<&str>) -> Result<()> {
     }
     emit(&format!(
         "{}{file_path_note}local cluster up: 1 controller, {} nodelets (state in {}; `tbctl down` stops it)\n\
-         single-user development cluster: jobs run as your own account and can read its files\n",
+         single-user development cluster: jobs run as your own account and can read its files\n\
+         dashboard: https://127.0.0.1:{}/ui/ (sign in with the token in {}; the browser must trust {})\n",
         t.render(),
         args.nodelets,
-        dir.display()
+        dir.display(),
+        plan.services,
+        dir.join("controller").join(ADMIN_TOKEN_FILE).display(),
+        dir.join("controller").join(CA_CERT_FILE).display(),
     ))
 }
 

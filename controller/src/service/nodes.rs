@@ -208,94 +208,104 @@ impl Nodes for NodesService {
         req: Request<LogsRequest>,
     ) -> Result<TonicResponse<Self::LogsStream>, Status> {
         let caller = caller(&req);
-        let req = req.into_inner();
-        let kind = Kind::parse(&req.kind)
-            .filter(|k| matches!(k, Kind::TrainingJob | Kind::InferenceService))
-            .ok_or_else(|| {
-                Status::invalid_argument("kind: expected TrainingJob or InferenceService")
-            })?;
-        let namespace = if req.namespace.is_empty() {
-            "default".to_string()
-        } else {
-            req.namespace.clone()
-        };
-        tb_api::name::validate_name(&req.name)
-            .map_err(|m| Status::invalid_argument(format!("name: {m}")))?;
-        tb_api::name::validate_namespace(&namespace)
-            .map_err(|m| Status::invalid_argument(format!("namespace: {m}")))?;
-        let key = ObjectKey {
-            kind: kind.as_str().into(),
-            namespace: namespace.clone(),
-            name: req.name.clone(),
-        };
-        check(
-            &self.node,
-            &caller,
-            &Access::new(Verb::Get, &key.kind, &key.namespace, &key.name),
-        )?;
-        // Where each rank ran: the job's placement, and the nodelets' addresses.
-        let targets: Vec<(u32, String, String)> = {
-            let state = self.node.store().read();
-            let job = state
-                .get(&key)
-                .ok_or_else(|| Status::not_found(format!("{key} not found")))?;
-            let status = JobStatus::from_value(&job.status);
-            if status.placement.is_empty() {
-                return Err(Status::failed_precondition(format!(
-                    "{key} has not been placed yet ({}): no logs",
-                    if status.reason.is_empty() {
-                        "Pending"
-                    } else {
-                        &status.reason
-                    }
-                )));
-            }
-            if req.rank >= 0 && !status.placement.iter().any(|p| p.rank as i32 == req.rank) {
-                return Err(Status::invalid_argument(format!(
-                    "rank: {key} has ranks 0..{}, not {}",
-                    status.placement.len(),
-                    req.rank
-                )));
-            }
-            status
-                .placement
-                .iter()
-                .filter(|p| req.rank < 0 || p.rank as i32 == req.rank)
-                .map(|p| {
-                    let address = node_address(
-                        &state
-                            .get(&ObjectKey {
-                                kind: Kind::Node.as_str().into(),
-                                namespace: String::new(),
-                                name: p.node.clone(),
-                            })
-                            .map(|o| (**o).clone()),
-                    );
-                    (p.rank, p.allocation.clone(), address)
-                })
-                .collect()
-        };
-        let (tx, rx) = tokio::sync::mpsc::channel(1024);
-        for (rank, allocation, address) in targets {
-            let tx = tx.clone();
-            let mut ask = req.clone();
-            ask.namespace = namespace.clone();
-            ask.allocation = allocation;
-            ask.rank = rank as i32;
-            let node = self.node.clone();
-            tokio::spawn(async move {
-                if let Err(status) = forward_logs(node.credentials(), &address, ask, &tx).await {
-                    let _ = tx
-                        .send(Err(Status::unavailable(format!(
-                            "rank {rank}: logs from nodelet at {address}: {}",
-                            status.message()
-                        ))))
-                        .await;
-                }
-            });
-        }
+        let rx = open_logs(&self.node, &caller, req.into_inner())?;
         Ok(TonicResponse::new(Box::pin(ReceiverStream::new(rx))))
     }
+}
+
+/// The lines of a job's ranks, read from the nodelets that ran them, for `caller` (who must
+/// be allowed to get the job): `tbctl logs` and the dashboard both read logs through here.
+pub(crate) fn open_logs(
+    node: &Arc<RaftNode>,
+    caller: &Caller,
+    req: LogsRequest,
+) -> Result<tokio::sync::mpsc::Receiver<Result<LogLine, Status>>, Status> {
+    let kind = Kind::parse(&req.kind)
+        .filter(|k| matches!(k, Kind::TrainingJob | Kind::InferenceService))
+        .ok_or_else(|| {
+            Status::invalid_argument("kind: expected TrainingJob or InferenceService")
+        })?;
+    let namespace = if req.namespace.is_empty() {
+        "default".to_string()
+    } else {
+        req.namespace.clone()
+    };
+    tb_api::name::validate_name(&req.name)
+        .map_err(|m| Status::invalid_argument(format!("name: {m}")))?;
+    tb_api::name::validate_namespace(&namespace)
+        .map_err(|m| Status::invalid_argument(format!("namespace: {m}")))?;
+    let key = ObjectKey {
+        kind: kind.as_str().into(),
+        namespace: namespace.clone(),
+        name: req.name.clone(),
+    };
+    check(
+        node,
+        caller,
+        &Access::new(Verb::Get, &key.kind, &key.namespace, &key.name),
+    )?;
+    // Where each rank ran: the job's placement, and the nodelets' addresses.
+    let targets: Vec<(u32, String, String)> = {
+        let state = node.store().read();
+        let job = state
+            .get(&key)
+            .ok_or_else(|| Status::not_found(format!("{key} not found")))?;
+        let status = JobStatus::from_value(&job.status);
+        if status.placement.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "{key} has not been placed yet ({}): no logs",
+                if status.reason.is_empty() {
+                    "Pending"
+                } else {
+                    &status.reason
+                }
+            )));
+        }
+        if req.rank >= 0 && !status.placement.iter().any(|p| p.rank as i32 == req.rank) {
+            return Err(Status::invalid_argument(format!(
+                "rank: {key} has ranks 0..{}, not {}",
+                status.placement.len(),
+                req.rank
+            )));
+        }
+        status
+            .placement
+            .iter()
+            .filter(|p| req.rank < 0 || p.rank as i32 == req.rank)
+            .map(|p| {
+                let address = node_address(
+                    &state
+                        .get(&ObjectKey {
+                            kind: Kind::Node.as_str().into(),
+                            namespace: String::new(),
+                            name: p.node.clone(),
+                        })
+                        .map(|o| (**o).clone()),
+                );
+                (p.rank, p.allocation.clone(), address)
+            })
+            .collect()
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    for (rank, allocation, address) in targets {
+        let tx = tx.clone();
+        let mut ask = req.clone();
+        ask.namespace = namespace.clone();
+        ask.allocation = allocation;
+        ask.rank = rank as i32;
+        let node = node.clone();
+        tokio::spawn(async move {
+            if let Err(status) = forward_logs(node.credentials(), &address, ask, &tx).await {
+                let _ = tx
+                    .send(Err(Status::unavailable(format!(
+                        "rank {rank}: logs from nodelet at {address}: {}",
+                        status.message()
+                    ))))
+                    .await;
+            }
+        });
+    }
+    Ok(rx)
 }
 
 /// A joined node's certificate, key and the CA (PEM), for the host of the address it registered;

@@ -56,21 +56,19 @@ pub fn router(node: Arc<RaftNode>, wait: Duration) -> Router {
             error(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                "tb serves InferenceServices at /services/NAMESPACE/NAME/v1/...",
+                "tb serves InferenceServices at /services/NAMESPACE/NAME/v1/... and its dashboard at /ui/",
             )
         })
         .with_state(state)
 }
 
-/// Serves the router on `listener` until the process ends: over TLS with `tls`, else plain
-/// HTTP (`--insecure`).
+/// Serves `app` (this module's [`router`], with the dashboard's beside it) on `listener` until
+/// the process ends: over TLS with `tls`, else plain HTTP (`--insecure`).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
-    node: Arc<RaftNode>,
-    wait: Duration,
+    app: Router,
 ) -> std::io::Result<()> {
-    let app = router(node, wait);
     match tls {
         Some(config) => axum::serve(listener::TlsListener::new(listener, config), app).await,
         None => axum::serve(listener, app).await,

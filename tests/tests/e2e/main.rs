@@ -13,6 +13,7 @@ mod cli;
 mod clock_faults;
 mod corrupt_data;
 mod cron;
+mod dashboard;
 mod disk_faults;
 mod emulated_lab;
 mod examples;
