@@ -22,6 +22,7 @@ fn engine_logits(requantize: bool, prompt: &[u32]) -> Vec<f32> {
         &LoadOptions {
             requantize_to_q8_0: requantize,
             max_context: Some(512),
+            ..Default::default()
         },
     )
     .expect("engine");

@@ -411,7 +411,7 @@ fn every_example_manifest_loads() {
     assert_eq!(count(Kind::Model), 2);
     assert_eq!(count(Kind::InferenceService), 2);
     assert_eq!(count(Kind::TrainingJob), 2);
-    assert_eq!(count(Kind::Schedule), 1);
+    assert_eq!(count(Kind::Schedule), 2);
 }
 
 /// Loads `bytes` as the file job.yaml in a fresh directory; the one error, with the directory

@@ -310,7 +310,10 @@ fn a_gang_is_placed_again_only_once_its_old_ranks_have_stopped() {
     sim.run_for(30);
     sim.settle();
     let status = sim.job("TrainingJob", "train");
-    assert_eq!(status.epoch, epoch, "placed beside a running rank: {status:?}");
+    assert_eq!(
+        status.epoch, epoch,
+        "placed beside a running rank: {status:?}"
+    );
     let live: Vec<_> = sim
         .allocs()
         .into_iter()

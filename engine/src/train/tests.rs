@@ -321,7 +321,11 @@ fn sizes_and_estimates_agree_with_the_model() {
         t.parameter_count()
     );
     let estimate = super::estimate_memory_bytes(&tiny_config("qwen2"), &cfg.lora, 2, 16);
-    assert!(estimate >= t.memory_bytes(), "{estimate} < {}", t.memory_bytes());
+    assert!(
+        estimate >= t.memory_bytes(),
+        "{estimate} < {}",
+        t.memory_bytes()
+    );
     fn assert_send<T: Send + 'static>() {}
     assert_send::<super::Trainer>();
 }

@@ -70,7 +70,8 @@ fn parse() -> Result<Options, String> {
             "--smoke" => o.smoke = true,
             "--mlx" => {
                 o.mlx_python = Some(PathBuf::from(
-                    args.next().ok_or("--mlx needs the path of a python with mlx_lm")?,
+                    args.next()
+                        .ok_or("--mlx needs the path of a python with mlx_lm")?,
                 ))
             }
             "--targets" => {

@@ -36,7 +36,12 @@ use crate::Options;
 type Error = Box<dyn std::error::Error>;
 
 /// Runs mlx_lm.lora and returns its table row.
-pub fn run(python: &Path, trainer: &Trainer, batch: &[Example], o: &Options) -> Result<String, Error> {
+pub fn run(
+    python: &Path,
+    trainer: &Trainer,
+    batch: &[Example],
+    o: &Options,
+) -> Result<String, Error> {
     let dir = ScratchDir::new()?;
     let model = dir.path().join("model");
     export_hf(&o.path, trainer, &model)?;
@@ -204,4 +209,3 @@ fn export_hf(gguf: &Path, trainer: &Trainer, dir: &Path) -> Result<(), Error> {
     )?;
     Ok(())
 }
-
