@@ -170,7 +170,10 @@ fn batched_steps_with_the_adapter_match_one_sequence_at_a_time() {
     let path = common::model_path();
     let dir = tempfile::tempdir().expect("tempdir");
     // A milder adapter than the others': the low-rank matmul is f32, whose rounding depends on
-    // how many rows it multiplies at once, and a strong adapter amplifies that through 30 blocks.
+    // how many rows it multiplies at once (one row takes a matrix-vector kernel). A last-bit
+    // difference can move an activation across a rounding step of the next quantised matmul's
+    // 8-bit activations, which 30 blocks carry to the logits: measured up to 0.57 for one of
+    // these prompts, 0 for the other. Greedy tokens must not change.
     write_adapter(dir.path(), 0.05);
     let tok = Tokenizer::from_file(&path).expect("tokenizer");
     let mut shard = Shard::load(&path, 0, 30, &with_adapter(dir.path())).expect("load");
@@ -197,8 +200,9 @@ fn batched_steps_with_the_adapter_match_one_sequence_at_a_time() {
         for (i, out) in shard.forward_batch(items).into_iter().enumerate() {
             let l = logits(out.expect("batched step"));
             let d = max_abs_diff(&l, &alone[i].1[step]);
-            assert!(d <= 1e-2, "prompt {i} step {step}: max abs diff {d}");
+            assert!(d <= 1.0, "prompt {i} step {step}: max abs diff {d}");
             let next = argmax(&l);
+            assert_eq!(next, argmax(&alone[i].1[step]), "prompt {i} step {step}");
             if step < 4 {
                 assert_eq!(next, alone[i].0[step], "prompt {i} step {step}");
             }
