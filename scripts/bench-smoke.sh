@@ -30,6 +30,7 @@ benches=(
   "pipeline-bench|$bin/pipeline-bench --smoke --shard-bin $bin/tb-shard"
   "tb-enginebench|$bin/tb-enginebench --smoke"
   "tb-trainbench|$bin/tb-trainbench --smoke"
+  "tb-trainbench-dp|$bin/tb-trainbench-dp --smoke"
   "tb-collbench|$bin/tb-collbench --smoke"
   "tb-chaos|$bin/tb-chaos --smoke"
 )

@@ -6,6 +6,10 @@
 //! Threads: candle's CPU kernels run on rayon's global pool (`RAYON_NUM_THREADS`); the bench
 //! reports the number. Every run is deterministic for a fixed thread count.
 //!
+//! Data-parallel scaling (1 rank against N rank processes, each on its share of the same global
+//! batch, gradients all-reduced over tb-transport) is `tb-trainbench-dp` in tb-nodelet, beside
+//! `tb-train`, whose step it runs: tb-engine does not depend on the transport.
+//!
 //! With `--mlx PYTHON` (a Python with `mlx_lm`), the same model is written as a Hugging Face
 //! directory (f32 safetensors dequantised from the GGUF with q/k rows back in HF order,
 //! config.json, tokenizer.json, the chat template) and `mlx_lm.lora` trains the same LoRA

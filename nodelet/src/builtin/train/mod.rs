@@ -5,6 +5,8 @@
 //! so the result is that of the whole batch on one Mac.
 //!
 //! - [`group`]: the ranks' collectives (bootstrap as `tb-shard`, bucketed all-reduce);
+//! - [`train_step`]: one step of a rank (its share forward and backward, the all-reduce, the
+//!   update), also what `tb-trainbench-dp` measures;
 //! - [`checkpoints`]: `step-N` checkpoints, saved whole and pruned; resumed from
 //!   TB_RESUME_FROM;
 //! - [`progress`]: rank 0's progress file, which the nodelet passes on to the job's status.
@@ -28,7 +30,7 @@ use tb_engine::gguf::GgufIndex;
 use tb_engine::shard::default_device;
 use tb_engine::tokenizer::Tokenizer;
 use tb_engine::train::data::{Batches, load_jsonl, split_eval};
-use tb_engine::train::{Example, StepLoss, TrainConfig, Trainer};
+use tb_engine::train::{Applied, Example, StepLoss, TrainConfig, Trainer};
 use tb_transport::{Preference, TransportError};
 
 use super::StartError;
@@ -265,42 +267,13 @@ pub fn run(opts: TrainOptions) -> Result<Finished, StartError> {
             .map(|i| train[i].clone())
             .collect();
         let micro = share.len().div_ceil(f.accumulation as usize).max(1);
-        let mut local = StepLoss::default();
-        let mut tokens = 0u64;
-        for chunk in share.chunks(micro) {
-            let l = trainer
-                .accumulate(chunk)
-                .map_err(|e| anyhow!("{e}"))
-                .with_context(|| format!("step {}", step + 1))
-                .map_err(fail("TrainingFailed"))?;
-            local.loss_sum += l.loss_sum;
-            local.tokens += l.tokens;
-            tokens += chunk.iter().map(|e| e.tokens.len() as u64).sum::<u64>();
-        }
-        let (loss_sum, targets, tokens) = if world > 1 {
-            let mut flat = trainer.gradients_flat();
-            let n = flat.len();
-            flat.extend([local.loss_sum as f32, local.tokens as f32, tokens as f32]);
-            group
-                .all_reduce(&mut flat)
-                .map_err(|e| transport(e, "summing the gradients"))?;
-            trainer
-                .set_gradients_flat(&flat[..n])
-                .map_err(|e| anyhow!("{e}"))
-                .map_err(fail("TrainingFailed"))?;
-            (
-                f64::from(flat[n]),
-                f64::from(flat[n + 1]).round() as u64,
-                f64::from(flat[n + 2]).round() as u64,
-            )
-        } else {
-            (local.loss_sum, local.tokens, tokens)
-        };
-        let applied = trainer
-            .apply(targets)
-            .map_err(|e| anyhow!("{e}"))
-            .with_context(|| format!("step {}", step + 1))
-            .map_err(fail("TrainingFailed"))?;
+        let StepDone {
+            loss_sum,
+            targets,
+            tokens,
+            applied,
+            ..
+        } = train_step(&mut trainer, &mut group, &share, micro)?;
         let done = trainer.step();
         let loss = loss_sum / targets.max(1) as f64;
         last_loss = Some(loss);
@@ -362,6 +335,78 @@ pub fn run(opts: TrainOptions) -> Result<Finished, StartError> {
         loss: last_loss,
         eval_loss: last_eval,
         seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// What one step did, summed over every rank of the group.
+#[derive(Debug, Clone, Copy)]
+pub struct StepDone {
+    pub loss_sum: f64,
+    /// Target tokens of the global batch.
+    pub targets: u64,
+    /// Tokens of the global batch.
+    pub tokens: u64,
+    pub applied: Applied,
+    /// Time this rank spent in the gradient all-reduce, waiting for the slowest rank included
+    /// (zero for a group of one).
+    pub all_reduce: Duration,
+}
+
+/// One optimizer step of this rank: forward and backward of `share` (its part of the global
+/// batch) in micro-batches of `micro` examples, then the gradients, loss and token counts summed
+/// over `group`, and the same AdamW update of the summed gradients on every rank.
+pub fn train_step(
+    trainer: &mut Trainer,
+    group: &mut Group,
+    share: &[Example],
+    micro: usize,
+) -> Result<StepDone, StartError> {
+    let step = trainer.step();
+    let mut local = StepLoss::default();
+    let mut tokens = 0u64;
+    for chunk in share.chunks(micro.max(1)) {
+        let l = trainer
+            .accumulate(chunk)
+            .map_err(|e| anyhow!("{e}"))
+            .with_context(|| format!("step {}", step + 1))
+            .map_err(fail("TrainingFailed"))?;
+        local.loss_sum += l.loss_sum;
+        local.tokens += l.tokens;
+        tokens += chunk.iter().map(|e| e.tokens.len() as u64).sum::<u64>();
+    }
+    let mut all_reduce = Duration::ZERO;
+    let (loss_sum, targets, tokens) = if group.world() > 1 {
+        let mut flat = trainer.gradients_flat();
+        let n = flat.len();
+        flat.extend([local.loss_sum as f32, local.tokens as f32, tokens as f32]);
+        let t = Instant::now();
+        group
+            .all_reduce(&mut flat)
+            .map_err(|e| transport(e, "summing the gradients"))?;
+        all_reduce = t.elapsed();
+        trainer
+            .set_gradients_flat(&flat[..n])
+            .map_err(|e| anyhow!("{e}"))
+            .map_err(fail("TrainingFailed"))?;
+        (
+            f64::from(flat[n]),
+            f64::from(flat[n + 1]).round() as u64,
+            f64::from(flat[n + 2]).round() as u64,
+        )
+    } else {
+        (local.loss_sum, local.tokens, tokens)
+    };
+    let applied = trainer
+        .apply(targets)
+        .map_err(|e| anyhow!("{e}"))
+        .with_context(|| format!("step {}", step + 1))
+        .map_err(fail("TrainingFailed"))?;
+    Ok(StepDone {
+        loss_sum,
+        targets,
+        tokens,
+        applied,
+        all_reduce,
     })
 }
 
