@@ -188,7 +188,7 @@ fn batched_steps_with_the_adapter_match_one_sequence_at_a_time() {
         .collect();
     // Both prompts prefilled in one pass, then decoded together.
     let mut inputs: Vec<Vec<u32>> = prompts.clone();
-    let mut pos = vec![0usize; 2];
+    let mut pos = [0usize; 2];
     for step in 0..5 {
         let items = (0..2)
             .map(|i| BatchItem {
