@@ -8,6 +8,10 @@
 //! computes `W·x + scale·B·(A·x)` — the low-rank path beside the quantised weight, never a
 //! merged matrix, so the quantised weight stays exactly as without the adapter. A block without
 //! an adapter pays one `None` check per layer.
+//!
+//! A block may also be one rank's tensor-parallel slice (built by [`crate::tp`]): the same
+//! struct holding that rank's heads and MLP columns, run with [`Block::forward_reduced`], which
+//! sums the o and down projections' partial outputs across ranks before each residual add.
 
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
@@ -15,6 +19,7 @@ use candle_transformers::quantized_nn::RmsNorm;
 
 use crate::adapter::{LoraPair, Target};
 use crate::error::Result;
+use crate::tp::AllReduce;
 
 /// Precomputed cos/sin tables, [positions, head_dim / 2].
 #[derive(Debug, Clone)]
@@ -74,15 +79,32 @@ pub(crate) struct Block {
     pub(crate) bq: Option<Tensor>,
     pub(crate) bk: Option<Tensor>,
     pub(crate) bv: Option<Tensor>,
+    /// Bias of the o projection (no supported architecture has one; read when present).
+    pub(crate) bo: Option<Tensor>,
     pub(crate) ffn_norm: RmsNorm,
     pub(crate) gate: QMatMul,
     pub(crate) up: QMatMul,
     pub(crate) down: QMatMul,
+    /// Bias of the down projection (no supported architecture has one; read when present).
+    pub(crate) bdown: Option<Tensor>,
+    /// Query heads and KV heads of this block (a tensor-parallel slice's own, else the model's).
     pub(crate) heads: usize,
     pub(crate) kv_heads: usize,
     pub(crate) head_dim: usize,
     /// The adapter's pairs for this block, if an adapter is loaded and adapts it.
     pub(crate) lora: Option<BlockLora>,
+}
+
+/// The partial output `t` of a row-parallel layer summed across the ranks by `reduce`; `t`
+/// itself without one.
+fn reduced(t: Tensor, reduce: &mut Option<&mut dyn AllReduce>) -> Result<Tensor> {
+    let Some(reduce) = reduce.as_mut() else {
+        return Ok(t);
+    };
+    let shape = t.shape().clone();
+    let mut data = t.flatten_all()?.to_vec1::<f32>()?;
+    reduce.all_reduce_sum(&mut data)?;
+    Ok(Tensor::from_vec(data, shape, t.device())?)
 }
 
 /// A LoRA adapter's pairs for one block, by target, and the scale applied to them.
@@ -110,6 +132,28 @@ impl BlockLora {
     fn pair(&self, target: Target) -> Option<&LoraPair> {
         let i = Target::ALL.iter().position(|t| *t == target)?;
         self.pairs[i].as_ref()
+    }
+
+    /// Replaces every pair by `f(target, pair)` (a tensor-parallel rank keeps its slice).
+    pub(crate) fn map_pairs(
+        &mut self,
+        mut f: impl FnMut(Target, &LoraPair) -> Result<LoraPair>,
+    ) -> Result<()> {
+        for (slot, target) in self.pairs.iter_mut().zip(Target::ALL) {
+            if let Some(pair) = slot.as_ref() {
+                *slot = Some(f(target, pair)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes the pairs hold (f32).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.pairs
+            .iter()
+            .flatten()
+            .map(|p| ((p.a.elem_count() + p.b.elem_count()) * 4) as u64)
+            .sum()
     }
 }
 
@@ -144,15 +188,31 @@ impl Block {
         segments: &[Segment],
         caches: &mut [&mut KvCache],
     ) -> Result<Tensor> {
+        self.forward_reduced(x, rope, segments, caches, None)
+    }
+
+    /// [`Self::forward`] of a tensor-parallel slice: `reduce` sums the partial outputs of the
+    /// o projection and of the down projection across the ranks (one all-reduce each) before
+    /// the residual adds. With `None` this is exactly [`Self::forward`].
+    pub(crate) fn forward_reduced(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        segments: &[Segment],
+        caches: &mut [&mut KvCache],
+        mut reduce: Option<&mut dyn AllReduce>,
+    ) -> Result<Tensor> {
         let residual = x;
         let h = self.attn_norm.forward(x)?;
         let attn = self.attention(&h, rope, segments, caches)?;
+        let attn = reduced(attn, &mut reduce)?;
         let x = (attn + residual)?;
         let residual = &x;
         let h = self.ffn_norm.forward(&x)?;
         let gate = self.linear(Target::Gate, &h)?;
         let up = self.linear(Target::Up, &h)?;
         let mlp = self.linear(Target::Down, &(candle_nn::ops::silu(&gate)? * up)?)?;
+        let mlp = reduced(mlp, &mut reduce)?;
         Ok((mlp + residual)?)
     }
 
@@ -162,10 +222,10 @@ impl Block {
             Target::Q => (&self.wq, self.bq.as_ref()),
             Target::K => (&self.wk, self.bk.as_ref()),
             Target::V => (&self.wv, self.bv.as_ref()),
-            Target::O => (&self.wo, None),
+            Target::O => (&self.wo, self.bo.as_ref()),
             Target::Gate => (&self.gate, None),
             Target::Up => (&self.up, None),
-            Target::Down => (&self.down, None),
+            Target::Down => (&self.down, self.bdown.as_ref()),
         }
     }
 

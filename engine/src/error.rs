@@ -60,6 +60,8 @@ pub enum EngineError {
     BatchFailed { detail: String },
     #[error("LoRA adapter {path}: {detail}")]
     BadAdapter { path: PathBuf, detail: String },
+    #[error("tensor parallelism: {detail}")]
+    TensorParallel { detail: String },
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
 }

@@ -1,7 +1,8 @@
 //! tb-engine: tb's built-in model engine on candle. It runs a *shard* of a llama-family GGUF
 //! model (a contiguous range of transformer blocks) so a model can be split across Macs as a
 //! pipeline, and, as a reference, the whole model in one process ([`generate::Engine`]), with the
-//! tokenizer and chat template read from the GGUF and token sampling.
+//! tokenizer and chat template read from the GGUF and token sampling. A shard's blocks can also be
+//! split across ranks by tensor parallelism ([`tp`]).
 //!
 //! Features `metal` and `accelerate` forward to candle's.
 
@@ -14,6 +15,7 @@ pub mod gguf;
 pub mod sample;
 pub mod shard;
 pub mod tokenizer;
+pub mod tp;
 pub mod train;
 pub mod weights;
 
@@ -26,6 +28,7 @@ pub use gguf::{GgufIndex, ModelConfig, TensorEntry};
 pub use sample::{Sampler, SamplingParams, StopMatcher};
 pub use shard::{Activation, BatchItem, LoadOptions, Shard, StageInput, StageOutput};
 pub use tokenizer::{Decoder, Tokenizer};
+pub use tp::{AllReduce, InProcessAllReduce, TensorParallel, TpSlice};
 
 /// Where the tests and the bench find the model: `$TB_TEST_MODEL`, else
 /// `<workspace>/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf` (fetched by

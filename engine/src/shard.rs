@@ -6,6 +6,10 @@
 //! With [`LoadOptions::adapter`], a shard also loads a LoRA adapter's pairs for its own blocks
 //! (not the others'), so shards that each load the same adapter directory compute what the
 //! whole model with that adapter computes.
+//!
+//! A shard may also be one rank of a tensor-parallel group ([`crate::tp`],
+//! [`Shard::tensor_parallel_from_index`]): it then holds that rank's slice of each block and
+//! sums partial outputs with its peers through an [`crate::tp::AllReduce`] inside each block.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,6 +23,7 @@ use crate::adapter::Adapter;
 use crate::block::{Block, BlockLora, KvCache, Rope, Segment};
 use crate::error::{EngineError, Result};
 use crate::gguf::{GgufIndex, ModelConfig};
+use crate::tp::{TensorParallel, TpState};
 use crate::weights::{DEFAULT_REQUANTIZE, TensorReader};
 
 /// How to load a shard.
@@ -125,6 +130,8 @@ pub struct Shard {
     rope: Rope,
     weight_bytes: u64,
     seqs: HashMap<u64, SeqState>,
+    /// This shard's rank in a tensor-parallel group, and the group's all-reduce.
+    tp: Option<TpState>,
 }
 
 /// The device a shard runs on: Metal when built with the `metal` feature and a GPU is present,
@@ -167,6 +174,19 @@ impl Shard {
         opts: &LoadOptions,
         device: &Device,
     ) -> Result<Shard> {
+        Self::build(index, first, count, opts, device, None)
+    }
+
+    /// [`Self::from_index`], or with `tp` one tensor-parallel rank's slice of it: its part of
+    /// every block, the embedding (replicated), and the final norm + head on rank 0 only.
+    pub(crate) fn build(
+        index: &GgufIndex,
+        first: usize,
+        count: usize,
+        opts: &LoadOptions,
+        device: &Device,
+        tp: Option<TpState>,
+    ) -> Result<Shard> {
         let started = std::time::Instant::now();
         let config = index.config().clone();
         let needed = index.shard_tensors(first, count)?;
@@ -175,17 +195,24 @@ impl Shard {
         }
         let is_first = first == 0;
         let is_last = first + count == config.n_layers;
+        let slice = tp.as_ref().map(|t| &t.slice);
+        // Every rank ends a block with the same (all-reduced) hidden states, so one head is
+        // enough: rank 0's.
+        let holds_head = is_last && slice.is_none_or(|s| s.rank == 0);
         let mut r = TensorReader::new(index, index.path(), device, opts.requantize_to_q8_0)?;
-        let embed = if is_first || (is_last && !r.has("output.weight")) {
+        let embed = if is_first || (holds_head && !r.has("output.weight")) {
             Some(r.shared("token_embd.weight")?)
         } else {
             None
         };
         let mut blocks = Vec::with_capacity(count);
         for i in first..first + count {
-            blocks.push(load_block(&mut r, &config, i)?);
+            blocks.push(match slice {
+                None => load_block(&mut r, &config, i)?,
+                Some(s) => crate::tp::load_block(&mut r, &config, i, s)?,
+            });
         }
-        let head = if is_last {
+        let head = if holds_head {
             let norm = r.norm("output_norm.weight", config.rms_eps)?;
             let out = if r.has("output.weight") {
                 r.matrix("output.weight")?
@@ -210,10 +237,20 @@ impl Shard {
         let mut weight_bytes = r.bytes();
         if let Some(dir) = &opts.adapter {
             let adapter = Adapter::load_blocks(dir, &config, device, first..first + count)?;
-            weight_bytes += adapter.bytes();
             for (i, block) in blocks.iter_mut().enumerate() {
                 block.lora = BlockLora::of(&adapter, first + i);
+                if let (Some(s), Some(lora)) = (slice, block.lora.as_mut()) {
+                    crate::tp::slice_lora(lora, s)?;
+                }
             }
+            weight_bytes += match slice {
+                None => adapter.bytes(),
+                Some(_) => blocks
+                    .iter()
+                    .filter_map(|b| b.lora.as_ref())
+                    .map(BlockLora::bytes)
+                    .sum(),
+            };
             tracing::info!(
                 adapter = %dir.display(), rank = adapter.config.rank, scale = adapter.scale(),
                 pairs = adapter.pairs.len(), bytes = adapter.bytes(), "loaded LoRA adapter"
@@ -222,6 +259,7 @@ impl Shard {
         tracing::info!(
             path = %index.path().display(), first, count, layers = config.n_layers, weight_bytes,
             requantize = opts.requantize_to_q8_0, elapsed_ms = started.elapsed().as_millis() as u64,
+            tp_rank = slice.map(|s| s.rank), tp_ranks = slice.map(|s| s.ranks),
             "loaded shard"
         );
         Ok(Shard {
@@ -236,6 +274,7 @@ impl Shard {
             rope,
             weight_bytes,
             seqs: HashMap::new(),
+            tp,
         })
     }
 
@@ -268,9 +307,15 @@ impl Shard {
     }
 
     /// Bytes of KV cache one position of one sequence takes in this shard (keys and values,
-    /// f32, every block).
+    /// f32, every block; a tensor-parallel rank's own KV heads only).
     pub fn kv_bytes_per_position(&self) -> u64 {
-        (2 * self.blocks.len() * self.config.kv_heads * self.config.head_dim * 4) as u64
+        let kv_heads: usize = self.blocks.iter().map(|b| b.kv_heads).sum();
+        (2 * kv_heads * self.config.head_dim * 4) as u64
+    }
+
+    /// This shard's rank in its tensor-parallel group, if it is one ([`crate::tp`]).
+    pub fn tensor_parallel(&self) -> Option<TensorParallel> {
+        self.tp.as_ref().map(|t| t.slice.rank())
     }
 
     /// Positions held in the KV cache of `seq` (0 for an unknown sequence).
@@ -467,7 +512,16 @@ impl Shard {
         .reshape((1, total, hidden))?;
         for (b, block) in self.blocks.iter().enumerate() {
             let mut caches: Vec<&mut KvCache> = states.iter_mut().map(|s| &mut s.kv[b]).collect();
-            x = block.forward(&x, &self.rope, &segments, &mut caches)?;
+            x = match self.tp.as_mut() {
+                None => block.forward(&x, &self.rope, &segments, &mut caches)?,
+                Some(tp) => block.forward_reduced(
+                    &x,
+                    &self.rope,
+                    &segments,
+                    &mut caches,
+                    Some(tp.reduce.as_mut()),
+                )?,
+            };
         }
         let outputs: Vec<StageOutput> = match &self.head {
             Some((norm, out)) => {
@@ -536,10 +590,12 @@ fn load_block(r: &mut TensorReader<'_>, c: &ModelConfig, i: usize) -> Result<Blo
         bq: r.optional_vector(&format!("{p}.attn_q.bias"))?,
         bk: r.optional_vector(&format!("{p}.attn_k.bias"))?,
         bv: r.optional_vector(&format!("{p}.attn_v.bias"))?,
+        bo: r.optional_vector(&format!("{p}.attn_output.bias"))?,
         ffn_norm: r.norm(&format!("{p}.ffn_norm.weight"), c.rms_eps)?,
         gate: r.matrix(&format!("{p}.ffn_gate.weight"))?,
         up: r.matrix(&format!("{p}.ffn_up.weight"))?,
         down: r.matrix(&format!("{p}.ffn_down.weight"))?,
+        bdown: r.optional_vector(&format!("{p}.ffn_down.bias"))?,
         heads: c.heads,
         kv_heads: c.kv_heads,
         head_dim: c.head_dim,

@@ -128,6 +128,33 @@ impl<'a> TensorReader<'a> {
         Ok(QMatMul::from_arc(t)?)
     }
 
+    /// Part of a weight matrix for a tensor-parallel rank (see [`crate::tp`]): some of its rows
+    /// (output features) or input columns, cut from the tensor as stored and then requantised
+    /// like [`Self::matrix`]; only the part is counted.
+    pub(crate) fn matrix_part(&mut self, name: &str, part: &crate::tp::Part) -> Result<QMatMul> {
+        let whole = self.qtensor(name)?;
+        let t = Arc::new(crate::tp::slice_matrix(name, &whole, part, &self.device)?);
+        drop(whole);
+        let t = self.maybe_requantize(t)?;
+        self.count(&t);
+        Ok(QMatMul::from_arc(t)?)
+    }
+
+    /// Elements `range` of an optional f32 vector (a bias), dequantised; only those are counted.
+    pub(crate) fn optional_vector_part(
+        &mut self,
+        name: &str,
+        range: std::ops::Range<usize>,
+    ) -> Result<Option<Tensor>> {
+        if !self.has(name) {
+            return Ok(None);
+        }
+        let t = self.qtensor(name)?.dequantize(&self.device)?;
+        let t = t.narrow(0, range.start, range.len())?.force_contiguous()?;
+        self.bytes += (range.len() * 4) as u64;
+        Ok(Some(t))
+    }
+
     /// A tensor kept as stored (embedding table, possibly shared with a tied output head).
     pub(crate) fn shared(&mut self, name: &str) -> Result<Arc<QTensor>> {
         let t = Arc::new(self.qtensor(name)?);

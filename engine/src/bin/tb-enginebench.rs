@@ -12,18 +12,27 @@
 //!
 //! `--adapter DIR` applies a LoRA adapter (a PEFT directory) to every run, to measure its cost.
 //!
-//! Usage: `tb-enginebench [MODEL.gguf] [--runs N] [--batches 1,4,8] [--adapter DIR] [--smoke]` (model defaults to
+//! `--tp N` adds a table for tensor parallelism ([`tb_engine::tp`]): decode tok/s of N ranks
+//! as threads of one process (in-process all-reduce), each rank on one CPU thread, against one
+//! rank on one thread and against the single-process row above. candle's CPU matmul pool is one
+//! per process and serves one caller at a time, so the ranks run in a child process with
+//! `CANDLE_NUM_THREADS=1` (each rank computes on its own thread, no pool); the weights are
+//! requantised to Q8_0 as in the second row.
+//!
+//! Usage: `tb-enginebench [MODEL.gguf] [--runs N] [--batches 1,4,8] [--adapter DIR] [--tp N] [--smoke]` (model defaults to
 //! `$TB_TEST_MODEL` or `.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf`). `--smoke` runs the
 //! same code with 8 tokens and one run without a warm-up, and fails if either weight form generates
 //! nothing.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::Instant;
 
 use tb_engine::sample::argmax;
 use tb_engine::{
-    BatchItem, ChatMessage, Engine, LoadOptions, SamplingParams, StageInput, StageOutput,
+    BatchItem, ChatMessage, ChatTemplate, Engine, EngineError, GgufIndex, InProcessAllReduce,
+    LoadOptions, SamplingParams, Shard, StageInput, StageOutput, TensorParallel, Tokenizer,
 };
 
 const PROMPT: &str =
@@ -143,6 +152,199 @@ fn run_batched(
     Ok(best)
 }
 
+/// One TP measurement: ranks, TTFT (ms), decode tok/s, tokens generated (best of the runs).
+struct TpRow {
+    ranks: usize,
+    ttft_ms: f64,
+    tok_s: f64,
+    generated: usize,
+}
+
+/// `ranks` tensor-parallel ranks of the whole model in threads: greedy generation of up to
+/// `tokens` tokens (stopping at an end-of-sequence token), best of `runs`.
+fn tp_run(
+    path: &Path,
+    ranks: usize,
+    prompt: &[u32],
+    eos: &[u32],
+    runs: usize,
+    tokens: usize,
+    warm_up: bool,
+) -> Result<TpRow, EngineError> {
+    type Reply = Result<Option<Vec<f32>>, String>;
+    let layers = GgufIndex::open(path)?.config().n_layers;
+    let opts = LoadOptions {
+        max_context: Some(2048),
+        ..Default::default()
+    };
+    let mut cmds: Vec<Sender<(Vec<u32>, usize)>> = Vec::new();
+    let mut replies: Vec<Receiver<Reply>> = Vec::new();
+    let mut threads = Vec::new();
+    for (rank, reduce) in InProcessAllReduce::group(ranks).into_iter().enumerate() {
+        let (cmd_tx, cmd_rx) = channel::<(Vec<u32>, usize)>();
+        let (reply_tx, reply_rx) = channel::<Reply>();
+        let (path, opts) = (path.to_path_buf(), opts.clone());
+        threads.push(std::thread::spawn(move || {
+            let tp = TensorParallel { rank, ranks };
+            let mut shard =
+                match Shard::tensor_parallel_load(&path, 0, layers, &opts, tp, Box::new(reduce)) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = reply_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+            let _ = reply_tx.send(Ok(None));
+            while let Ok((tokens, pos)) = cmd_rx.recv() {
+                let reply = match shard.forward(0, StageInput::Tokens(tokens), pos) {
+                    Ok(StageOutput::Logits(l)) => Ok(Some(l)),
+                    Ok(StageOutput::Hidden(_)) => Ok(None),
+                    Err(e) => Err(e.to_string()),
+                };
+                if reply_tx.send(reply).is_err() {
+                    break;
+                }
+            }
+        }));
+        cmds.push(cmd_tx);
+        replies.push(reply_rx);
+    }
+    let failed = |detail: String| EngineError::TensorParallel { detail };
+    let collect = |replies: &[Receiver<Reply>]| -> Result<Option<Vec<f32>>, EngineError> {
+        let mut logits = None;
+        for r in replies {
+            let reply = r.recv().map_err(|_| failed("a rank died".into()))?;
+            if let Some(l) = reply.map_err(failed)? {
+                logits = Some(l);
+            }
+        }
+        Ok(logits)
+    };
+    collect(&replies)?; // every rank loaded
+    let step = |tokens: Vec<u32>, pos: usize| -> Result<Vec<f32>, EngineError> {
+        for c in &cmds {
+            c.send((tokens.clone(), pos))
+                .map_err(|_| failed("a rank died".into()))?;
+        }
+        collect(&replies)?.ok_or_else(|| failed("rank 0 returned no logits".into()))
+    };
+    let mut best: Option<TpRow> = None;
+    for run in 0..runs + usize::from(warm_up) {
+        let started = Instant::now();
+        let mut next = argmax(&step(prompt.to_vec(), 0)?);
+        let ttft_ms = started.elapsed().as_secs_f64() * 1e3;
+        let first_at = Instant::now();
+        let mut generated = 0;
+        let mut pos = prompt.len();
+        while generated < tokens && !eos.contains(&next) {
+            generated += 1;
+            if generated == tokens {
+                break;
+            }
+            next = argmax(&step(vec![next], pos)?);
+            pos += 1;
+        }
+        let tok_s = if generated > 1 {
+            (generated - 1) as f64 / first_at.elapsed().as_secs_f64().max(1e-9)
+        } else {
+            0.0
+        };
+        if warm_up && run == 0 {
+            continue;
+        }
+        best = Some(match best {
+            None => TpRow {
+                ranks,
+                ttft_ms,
+                tok_s,
+                generated,
+            },
+            Some(b) => TpRow {
+                ranks,
+                ttft_ms: b.ttft_ms.min(ttft_ms),
+                tok_s: b.tok_s.max(tok_s),
+                generated: b.generated.max(generated),
+            },
+        });
+    }
+    drop(cmds);
+    for t in threads {
+        let _ = t.join();
+    }
+    best.ok_or_else(|| failed("no runs".into()))
+}
+
+/// The child process of `--tp N`: one rank on one thread, then N ranks; one `tp-result` line
+/// each.
+fn tp_child(path: &Path, ranks: usize, runs: usize, tokens: usize, warm_up: bool) -> ExitCode {
+    let result = (|| -> Result<Vec<TpRow>, EngineError> {
+        let index = GgufIndex::open(path)?;
+        let tokenizer = Tokenizer::from_gguf(index.content())?;
+        let template = ChatTemplate::from_gguf(index.content())?;
+        let text = template.render(&[ChatMessage::new("user", PROMPT)], true)?;
+        let prompt = tokenizer.encode(&text)?;
+        let eos = tokenizer.eos_ids().to_vec();
+        let mut rows = Vec::new();
+        for n in [1, ranks] {
+            rows.push(tp_run(path, n, &prompt, &eos, runs, tokens, warm_up)?);
+        }
+        Ok(rows)
+    })();
+    match result {
+        Ok(rows) => {
+            for r in rows {
+                println!(
+                    "tp-result {} {} {} {}",
+                    r.ranks, r.ttft_ms, r.tok_s, r.generated
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tb-enginebench --tp-child: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the `--tp N` child and parses its rows.
+fn tp_table(path: &Path, ranks: usize, runs: usize, smoke: bool) -> Result<Vec<TpRow>, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg(path)
+        .args([
+            "--tp-child",
+            &ranks.to_string(),
+            "--runs",
+            &runs.to_string(),
+        ])
+        .env("CANDLE_NUM_THREADS", "1")
+        .env("RAYON_NUM_THREADS", "1");
+    if smoke {
+        cmd.arg("--smoke");
+    }
+    let out = cmd.output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    let rows: Vec<TpRow> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.strip_prefix("tp-result ")?.split(' ').collect();
+            Some(TpRow {
+                ranks: f.first()?.parse().ok()?,
+                ttft_ms: f.get(1)?.parse().ok()?,
+                tok_s: f.get(2)?.parse().ok()?,
+                generated: f.get(3)?.parse().ok()?,
+            })
+        })
+        .collect();
+    if rows.len() != 2 {
+        return Err("the --tp child printed no results".into());
+    }
+    Ok(rows)
+}
+
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let mut path = tb_engine::test_model_path();
@@ -150,7 +352,18 @@ fn main() -> ExitCode {
     let mut smoke = false;
     let mut batches = vec![1usize, 4, 8];
     let mut adapter: Option<PathBuf> = None;
+    let mut tp: Option<usize> = None;
+    let mut tp_child_ranks: Option<usize> = None;
     while let Some(a) = args.next() {
+        if a == "--tp" || a == "--tp-child" {
+            let n = args.next().and_then(|n| n.parse().ok()).filter(|&n| n > 0);
+            if a == "--tp" {
+                tp = n;
+            } else {
+                tp_child_ranks = n;
+            }
+            continue;
+        }
         if a == "--adapter" {
             adapter = args.next().map(PathBuf::from);
             continue;
@@ -175,6 +388,9 @@ fn main() -> ExitCode {
     }
     let runs = runs.unwrap_or(if smoke { 1 } else { 3 });
     let tokens = if smoke { SMOKE_TOKENS } else { TOKENS };
+    if let Some(ranks) = tp_child_ranks {
+        return tp_child(&path, ranks, runs, tokens, !smoke);
+    }
     let threads = candle_core::utils::get_num_threads();
     let file = path
         .file_name()
@@ -197,6 +413,7 @@ fn main() -> ExitCode {
         "| weights | load (s) | weights in memory (MB) | prompt tokens | TTFT (ms) | decode tok/s | generated |"
     );
     println!("|---|---|---|---|---|---|---|");
+    let mut single_tok_s = 0.0;
     for requant in [false, true] {
         match run(&path, adapter.as_deref(), requant, runs, tokens, !smoke) {
             Ok(r) if smoke && r.generated == 0 => {
@@ -206,10 +423,21 @@ fn main() -> ExitCode {
                 );
                 return ExitCode::FAILURE;
             }
-            Ok(r) => println!(
-                "| {} | {:.2} | {:.1} | {} | {:.1} | {:.1} | {} |",
-                r.label, r.load_s, r.weight_mb, r.prompt_tokens, r.ttft_ms, r.tok_s, r.generated
-            ),
+            Ok(r) => {
+                if requant {
+                    single_tok_s = r.tok_s;
+                }
+                println!(
+                    "| {} | {:.2} | {:.1} | {} | {:.1} | {:.1} | {} |",
+                    r.label,
+                    r.load_s,
+                    r.weight_mb,
+                    r.prompt_tokens,
+                    r.ttft_ms,
+                    r.tok_s,
+                    r.generated
+                )
+            }
             Err(e) => {
                 eprintln!("tb-enginebench: {e}");
                 return ExitCode::FAILURE;
@@ -250,6 +478,52 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("tb-enginebench: batched: {e}");
             return ExitCode::FAILURE;
+        }
+    }
+    if let Some(ranks) = tp {
+        if adapter.is_some() {
+            println!("\n(the tensor-parallel table runs without the adapter)");
+        }
+        match tp_table(&path, ranks, runs, smoke) {
+            Ok(rows) if smoke && rows.iter().any(|r| r.generated == 0) => {
+                eprintln!("tb-enginebench --smoke: FAILED: tensor parallel generated no tokens");
+                return ExitCode::FAILURE;
+            }
+            Ok(rows) => {
+                println!(
+                    "\ntensor parallel (requantised Q8_0), ranks as threads of one process, in-process all-reduce:\n"
+                );
+                println!(
+                    "| setup | CPU threads | TTFT (ms) | decode tok/s | vs 1 process | generated |"
+                );
+                println!("|---|---|---|---|---|---|");
+                println!(
+                    "| 1 process (second row above) | {threads} | | {single_tok_s:.1} | 1.00x | |"
+                );
+                for r in rows {
+                    let label = if r.ranks == 1 {
+                        "1 rank".to_string()
+                    } else {
+                        format!("{} ranks", r.ranks)
+                    };
+                    println!(
+                        "| {label} | {} x 1 | {:.1} | {:.1} | {:.2}x | {} |",
+                        r.ranks,
+                        r.ttft_ms,
+                        r.tok_s,
+                        if single_tok_s > 0.0 {
+                            r.tok_s / single_tok_s
+                        } else {
+                            0.0
+                        },
+                        r.generated
+                    );
+                }
+            }
+            Err(e) => {
+                eprintln!("tb-enginebench: tensor parallel: {e}");
+                return ExitCode::FAILURE;
+            }
         }
     }
     ExitCode::SUCCESS
