@@ -97,6 +97,7 @@ pub fn run(
     std::fs::write(&config_path, config.to_string())?;
     let out = Command::new(python)
         .args(["-m", "mlx_lm", "lora", "--config"])
+        .env("NO_COLOR", "1")
         .arg(&config_path)
         .output()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -105,10 +106,56 @@ pub fn run(
         let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
         return Err(format!("exit {}: {}", out.status, tail.join(" / ")).into());
     }
-    // "Iter 2: Train loss 1.234, Learning Rate 1.000e-04, It/sec 0.123, Tokens/sec 63.1, ..."
     // The first report includes warm-up; the best of the later ones is comparable to tb's.
     let mut best: Option<(f64, f64, f64)> = None;
-    for line in stdout.lines().filter(|l| l.contains("Tokens/sec")).skip(1) {
+    let plain = strip_ansi(&stdout);
+    for (s, tps, loss) in plain.lines().filter_map(report_line).skip(1) {
+        if best.is_none_or(|b| tps > b.1) {
+            best = Some((s, tps, loss));
+        }
+    }
+    let (s, tps, loss) = best.ok_or_else(|| {
+        let tail: Vec<&str> = plain.lines().rev().take(5).collect();
+        format!(
+            "no report lines in mlx_lm's output (last lines: {})",
+            tail.join(" / ")
+        )
+    })?;
+    Ok(format!(
+        "| mlx_lm.lora (mlx cpu, f32 HF copy) | train step, best of {} | {s:.2} | {tps:.1} | {loss:.3} |",
+        o.steps
+    ))
+}
+
+/// `text` without ANSI escape sequences (mlx_lm's console styles its output even into a pipe).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c != '\x1b' {
+            out.push(c);
+            continue;
+        }
+        // CSI: ESC [ parameters... final byte in '@'..='~'.
+        if chars.next() == Some('[') {
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) {
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// (seconds per step, tokens/s, loss) of one of mlx_lm.lora's training reports, in either of
+/// the formats its versions print: before 0.30,
+/// `Iter 2: Train loss 1.234, Learning Rate 1.000e-04, It/sec 0.123, Tokens/sec 63.1, ...`;
+/// since, a table row `   2    1.234 ▼       63      0.5k` (iteration, loss, trend, tokens/s
+/// rounded, thousands of tokens trained so far), from which seconds per step come as the
+/// tokens of one step over tokens/s.
+fn report_line(line: &str) -> Option<(f64, f64, f64)> {
+    if line.contains("Tokens/sec") {
         let field = |name: &str| -> Option<f64> {
             let rest = line.split(name).nth(1)?;
             rest.trim_start_matches([' ', ':'])
@@ -117,18 +164,24 @@ pub fn run(
                 .parse()
                 .ok()
         };
-        if let (Some(it), Some(tps), Some(loss)) =
-            (field("It/sec"), field("Tokens/sec"), field("Train loss"))
-            && best.is_none_or(|b| tps > b.1)
-        {
-            best = Some((1.0 / it, tps, loss));
-        }
+        return Some((
+            1.0 / field("It/sec")?,
+            field("Tokens/sec")?,
+            field("Train loss")?,
+        ));
     }
-    let (s, tps, loss) = best.ok_or("no report lines in mlx_lm's output")?;
-    Ok(format!(
-        "| mlx_lm.lora (mlx cpu, f32 HF copy) | train step, best of {} | {s:.2} | {tps:.1} | {loss:.3} |",
-        o.steps
-    ))
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let [it, loss, arrow, tps, trained] = words[..] else {
+        return None;
+    };
+    let it: f64 = it.parse().ok()?;
+    let loss: f64 = loss.parse().ok()?;
+    if !matches!(arrow, "▼" | "▲") || it < 1.0 {
+        return None;
+    }
+    let tps: f64 = tps.replace(',', "").parse().ok()?;
+    let trained: f64 = trained.strip_suffix('k')?.parse().ok()?;
+    Some((trained * 1000.0 / it / tps, tps, loss))
 }
 
 /// Writes the GGUF model at `gguf` as a Hugging Face llama directory in `dir`.
@@ -208,4 +261,22 @@ fn export_hf(gguf: &Path, trainer: &Trainer, dir: &Path) -> Result<(), Error> {
         tokenizer_config.to_string(),
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn both_report_formats_are_read() {
+        let old = "Iter 2: Train loss 1.250, Learning Rate 1.000e-04, It/sec 0.500, Tokens/sec 64.0, Trained Tokens 256";
+        assert_eq!(super::report_line(old), Some((2.0, 64.0, 1.25)));
+        let (s, tps, loss) =
+            super::report_line("     2    3.440 ▼       64      0.5k").expect("row");
+        assert_eq!((tps, loss), (64.0, 3.44));
+        assert!((s - 500.0 / 2.0 / 64.0).abs() < 1e-9);
+        let styled = "\x1b[38;5;244m   4\x1b[0m    \x1b[1;32m3.172 ▼\x1b[0m    \x1b[1m    6\x1b[0m    \x1b[38;5;244m  1.0k\x1b[0m";
+        let (_, tps, loss) = super::report_line(&super::strip_ansi(styled)).expect("styled row");
+        assert_eq!((tps, loss), (6.0, 3.172));
+        assert_eq!(super::report_line("Loading pretrained model"), None);
+        assert_eq!(super::report_line("  it   loss   tok/s   trained"), None);
+    }
 }
