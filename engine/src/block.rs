@@ -10,8 +10,8 @@
 //! an adapter pays one `None` check per layer.
 //!
 //! A block may also be one rank's tensor-parallel slice (built by [`crate::tp`]): the same
-//! struct holding that rank's heads and MLP columns, run with [`Block::forward_reduced`], which
-//! sums the o and down projections' partial outputs across ranks before each residual add.
+//! struct holding that rank's heads and MLP columns, run by [`Block::forward`] with a `reduce`
+//! that sums the o and down projections' partial outputs across ranks before each residual add.
 
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
@@ -180,21 +180,11 @@ pub(crate) struct Segment {
 impl Block {
     /// x: [1, rows, hidden], the rows of every sequence of the batch one after another (see
     /// [`Segment`]); `caches[i]` is the KV cache of `segments[i]`'s sequence for this block.
-    /// Every weight multiplies all rows at once; only attention runs per sequence.
+    /// Every weight multiplies all rows at once; only attention runs per sequence. A
+    /// tensor-parallel slice passes `reduce`, which sums the partial outputs of the o
+    /// projection and of the down projection across the ranks (one all-reduce each) before the
+    /// residual adds; a whole block passes `None`.
     pub(crate) fn forward(
-        &self,
-        x: &Tensor,
-        rope: &Rope,
-        segments: &[Segment],
-        caches: &mut [&mut KvCache],
-    ) -> Result<Tensor> {
-        self.forward_reduced(x, rope, segments, caches, None)
-    }
-
-    /// [`Self::forward`] of a tensor-parallel slice: `reduce` sums the partial outputs of the
-    /// o projection and of the down projection across the ranks (one all-reduce each) before
-    /// the residual adds. With `None` this is exactly [`Self::forward`].
-    pub(crate) fn forward_reduced(
         &self,
         x: &Tensor,
         rope: &Rope,

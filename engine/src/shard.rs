@@ -23,7 +23,7 @@ use crate::adapter::Adapter;
 use crate::block::{Block, BlockLora, KvCache, Rope, Segment};
 use crate::error::{EngineError, Result};
 use crate::gguf::{GgufIndex, ModelConfig};
-use crate::tp::{TensorParallel, TpState};
+use crate::tp::{AllReduce, TensorParallel, TpState};
 use crate::weights::{DEFAULT_REQUANTIZE, TensorReader};
 
 /// How to load a shard.
@@ -512,16 +512,11 @@ impl Shard {
         .reshape((1, total, hidden))?;
         for (b, block) in self.blocks.iter().enumerate() {
             let mut caches: Vec<&mut KvCache> = states.iter_mut().map(|s| &mut s.kv[b]).collect();
-            x = match self.tp.as_mut() {
-                None => block.forward(&x, &self.rope, &segments, &mut caches)?,
-                Some(tp) => block.forward_reduced(
-                    &x,
-                    &self.rope,
-                    &segments,
-                    &mut caches,
-                    Some(tp.reduce.as_mut()),
-                )?,
-            };
+            let reduce = self
+                .tp
+                .as_mut()
+                .map(|tp| -> &mut dyn AllReduce { tp.reduce.as_mut() });
+            x = block.forward(&x, &self.rope, &segments, &mut caches, reduce)?;
         }
         let outputs: Vec<StageOutput> = match &self.head {
             Some((norm, out)) => {
@@ -619,6 +614,28 @@ mod tests {
     /// The LoRA path is the merged-weight math: for each adapted layer of a block, the
     /// dequantised W plus scale·B·A applied densely gives what the block computes, and differs
     /// from W alone by far more than the tolerance (so the check can fail).
+    /// Standard normal values (Box-Muller over xorshift64*) from a fixed seed. candle's CPU
+    /// `randn` cannot be seeded, and a fresh draw made the check below fail now and then: its
+    /// "the adapter moved the output by more than 4 tolerances" margin is thin for some inputs
+    /// (2 of 16 seeds fall short, on Gate or Down).
+    fn normal_input(shape: (usize, usize, usize), dev: &Device) -> Tensor {
+        let mut state = 0x9E37_79B9_7F4A_7C15_u64 | 1;
+        let mut uniform = move || {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            ((state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        };
+        let n = shape.0 * shape.1 * shape.2;
+        let values: Vec<f32> = (0..n)
+            .map(|_| {
+                let (u, v) = (uniform(), uniform());
+                ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+            })
+            .collect();
+        Tensor::from_vec(values, shape, dev).expect("x")
+    }
+
     #[test]
     fn the_lora_path_equals_the_dense_merged_weight() {
         use crate::adapter::{Adapter, Target};
@@ -640,7 +657,7 @@ mod tests {
         let loaded = Adapter::load(dir.path(), &config, &dev).expect("load");
         for target in Target::ALL {
             let (inp, _) = target.shape(&config);
-            let x = Tensor::randn(0f32, 1.0, (1, 3, inp), &dev).expect("x");
+            let x = normal_input((1, 3, inp), &dev);
             let got = block.linear(target, &x).expect("linear");
             let w = match block.weight(target).0 {
                 QMatMul::QTensor(q) => q.dequantize(&dev).expect("dequantize"),

@@ -18,7 +18,7 @@
 //!   / features, and their biases (qwen2's q/k/v biases). o and down are row-parallel: a rank
 //!   keeps the input columns of its heads / features, computes a partial output over them, and
 //!   the partial outputs are summed across ranks: one all-reduce after attention and one after
-//!   the MLP per block (`Block::forward_reduced`). An o/down bias (no supported
+//!   the MLP per block (`Block::forward`). An o/down bias (no supported
 //!   architecture has one) is added on rank 0 only, so it is counted once in the sum.
 //! - A LoRA adapter is split the same way: for a column-parallel layer a rank keeps its rows of
 //!   B (A whole), for a row-parallel one its columns of A (B whole), so the low-rank partial
@@ -216,22 +216,26 @@ fn split(n: usize, parts: usize, part: usize) -> Range<usize> {
 
 impl TensorParallel {
     pub fn new(rank: usize, ranks: usize) -> Result<Self> {
-        if ranks == 0 || rank >= ranks {
-            return Err(collective(format!(
-                "rank {rank} of {ranks}: need ranks >= 1 and rank < ranks"
-            )));
-        }
-        Ok(Self { rank, ranks })
+        let tp = Self { rank, ranks };
+        tp.check()?;
+        Ok(tp)
     }
 
-    /// What this rank holds of each block of a model with `config`.
-    pub fn slice(&self, config: &ModelConfig) -> Result<TpSlice> {
+    /// The fields are public, so [`Self::slice`] checks them again through this.
+    fn check(&self) -> Result<()> {
         let Self { rank, ranks } = *self;
         if ranks == 0 || rank >= ranks {
             return Err(collective(format!(
                 "rank {rank} of {ranks}: need ranks >= 1 and rank < ranks"
             )));
         }
+        Ok(())
+    }
+
+    /// What this rank holds of each block of a model with `config`.
+    pub fn slice(&self, config: &ModelConfig) -> Result<TpSlice> {
+        self.check()?;
+        let Self { rank, ranks } = *self;
         if ranks > config.kv_heads {
             return Err(collective(format!(
                 "{ranks} ranks but the model has {} KV heads: a rank needs at least one whole \

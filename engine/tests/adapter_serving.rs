@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::max_abs_diff;
+
 use std::path::Path;
 
 use tb_engine::adapter::{Adapter, Target};
@@ -69,14 +71,6 @@ fn trace(
         all.push(run_pipeline(shards, seq, vec![next], pos));
     }
     (tokens, all)
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 #[test]

@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::max_abs_diff;
+
 use tb_engine::sample::argmax;
 use tb_engine::{BatchItem, LoadOptions, Shard, StageInput, StageOutput, Tokenizer};
 
@@ -37,13 +39,6 @@ fn alone(shard: &mut Shard, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
     }
     shard.drop_sequence(100);
     (tokens, all)
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 #[test]

@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::max_abs_diff;
+
 use tb_engine::sample::argmax;
 use tb_engine::{LoadOptions, Shard, StageInput, StageOutput, Tokenizer};
 
@@ -15,14 +17,6 @@ fn run_pipeline(shards: &mut [Shard], seq: u64, tokens: Vec<u32>, pos: usize) ->
         }
     }
     panic!("the last shard returned no logits");
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// Greedy tokens and per-step logits of a pipeline.

@@ -16,6 +16,8 @@
 
 mod common;
 
+use common::max_abs_diff;
+
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 
@@ -153,16 +155,30 @@ impl Drop for Group {
     }
 }
 
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
+/// The model's config and load options with a random LoRA adapter (rank 8 on every target,
+/// seeded) written to a temporary directory, which lives as long as the returned guard.
+fn with_seeded_adapter(
+    path: &std::path::Path,
+    seed: u64,
+) -> (tb_engine::ModelConfig, tempfile::TempDir, LoadOptions) {
+    let config = tb_engine::GgufIndex::open(path)
+        .expect("index")
+        .config()
+        .clone();
+    let dir = tempfile::tempdir().expect("tempdir");
+    Adapter::seeded(&config, &Target::ALL, 8, 16.0, 0.5, seed)
+        .expect("adapter")
+        .save(dir.path(), &config)
+        .expect("save");
+    let opts = LoadOptions {
+        adapter: Some(dir.path().to_path_buf()),
+        ..Default::default()
+    };
+    (config, dir, opts)
 }
 
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
 }
 
 /// Greedy tokens and the logits of every step: the prefill, then `TOKENS - 1` decode steps.
@@ -313,19 +329,7 @@ fn each_rank_holds_about_a_tth_of_the_block_weights() {
 fn a_tensor_parallel_stage_with_an_adapter_in_a_pipeline() {
     let path = common::model_path();
     let tok = Tokenizer::from_file(&path).expect("tokenizer");
-    let config = tb_engine::GgufIndex::open(&path)
-        .expect("index")
-        .config()
-        .clone();
-    let dir = tempfile::tempdir().expect("tempdir");
-    Adapter::seeded(&config, &Target::ALL, 8, 16.0, 0.5, 11)
-        .expect("adapter")
-        .save(dir.path(), &config)
-        .expect("save");
-    let opts = LoadOptions {
-        adapter: Some(dir.path().to_path_buf()),
-        ..Default::default()
-    };
+    let (_, _dir, opts) = with_seeded_adapter(&path, 11);
     let mut full = Shard::load(&path, 0, 30, &opts).expect("full");
     let split = 12;
     let group = Group::load(0, split, 2, &opts);
@@ -451,19 +455,7 @@ fn margin(logits: &[f32]) -> f32 {
 #[test]
 fn adapter_slices_sum_to_the_whole_adapter() {
     let path = common::model_path();
-    let config = tb_engine::GgufIndex::open(&path)
-        .expect("index")
-        .config()
-        .clone();
-    let dir = tempfile::tempdir().expect("tempdir");
-    Adapter::seeded(&config, &Target::ALL, 8, 16.0, 0.5, 5)
-        .expect("adapter")
-        .save(dir.path(), &config)
-        .expect("save");
-    let opts = LoadOptions {
-        adapter: Some(dir.path().to_path_buf()),
-        ..Default::default()
-    };
+    let (config, _dir, opts) = with_seeded_adapter(&path, 5);
     let hidden = config.hidden;
     let input = StageInput::Hidden(Activation {
         tokens: 4,

@@ -4,17 +4,12 @@
 
 mod common;
 
+use common::max_abs_diff;
+
 use candle_core::Device;
 use tb_engine::adapter::{LoraConfig, Target};
 use tb_engine::train::{TrainConfig, Trainer};
 use tb_engine::{ChatMessage, Engine, LoadOptions, StageInput, StageOutput};
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 fn engine_logits(requantize: bool, prompt: &[u32]) -> Vec<f32> {
     let mut engine = Engine::load(
