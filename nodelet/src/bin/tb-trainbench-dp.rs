@@ -452,10 +452,17 @@ fn run_group(a: &Args, world: usize, out: &Path) -> Result<Vec<RankResult>> {
             .env("RAYON_NUM_THREADS", a.threads.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting rank {rank} of {world}"))?;
-        children.push(child);
+        match cmd.spawn() {
+            Ok(child) => children.push(child),
+            Err(e) => {
+                // The ranks already started would wait for this one until their timeouts.
+                for mut c in children {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                return Err(e).with_context(|| format!("starting rank {rank} of {world}"));
+            }
+        }
     }
     let readers: Vec<_> = children
         .iter_mut()
