@@ -175,6 +175,7 @@ async fn schedules_neither_run_twice_nor_flood_across_clock_jumps() {
     .await;
     let client = cluster.client();
     let ns = unique_namespace("clock-cron");
+    clock.wait_clear_of_a_slot().await;
     client
         .apply(&[schedule(&ns, Some(600))], &request_id(), 0, CALL_BUDGET)
         .await

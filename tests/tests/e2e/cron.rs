@@ -25,6 +25,8 @@ use tb_tests::{Client, Cluster, ClusterOptions, TestDir, step, wait};
 const SCHEDULE: &str = "every";
 /// How far before a slot the test clock is set: the slot then arrives by itself.
 pub(crate) const LEAD_MS: i64 = 300;
+/// How far from a minute boundary a Schedule is applied (`TestClock::wait_clear_of_a_slot`).
+const CLEAR_MS: i64 = 20_000;
 /// How long a slot's job may take to appear: an election and a reconcile pass, on a loaded
 /// machine.
 pub(crate) const SLOT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -90,6 +92,20 @@ impl TestClock {
         let slot = next_minute(self.now_ms());
         self.set_now(slot - LEAD_MS);
         slot
+    }
+
+    /// Before a Schedule is applied: when the next minute boundary is less than `CLEAR_MS`
+    /// away, sleep past it. The Schedule's first slot is then at least `CLEAR_MS` after its
+    /// creation, so the test's first `just_before_next_slot` comes before that slot instead of
+    /// skipping it (a skipped slot is a MissedSchedule, as designed). Sleeps rather than moving
+    /// the offset: controllers pick up a new offset on their next pass, which may come after
+    /// the apply is stamped.
+    pub(crate) async fn wait_clear_of_a_slot(&self) {
+        let now = self.now_ms();
+        let boundary = next_minute(now);
+        if boundary - now < CLEAR_MS {
+            self.sleep_until(boundary + 500).await;
+        }
     }
 
     /// Sleep until the controllers' time is `at_ms`.
@@ -362,6 +378,7 @@ async fn leader_killed_at_a_slot_starts_exactly_one_job() {
     .await;
     let client: Arc<Client> = cluster.client();
     let ns = unique_namespace("cron-kill");
+    clock.wait_clear_of_a_slot().await;
     client
         .apply(&[schedule(&ns, None)], &request_id(), 0, CALL_BUDGET)
         .await
@@ -463,6 +480,7 @@ async fn cluster_down_across_three_slots_runs_the_latest_once() {
     .await;
     let client: Arc<Client> = cluster.client();
     let ns = unique_namespace("cron-down");
+    clock.wait_clear_of_a_slot().await;
     client
         .apply(&[schedule(&ns, Some(600))], &request_id(), 0, CALL_BUDGET)
         .await

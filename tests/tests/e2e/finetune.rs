@@ -441,6 +441,7 @@ async fn a_schedule_fires_the_fine_tune_once_per_slot() {
         extra: "",
     };
     let spec: String = job.spec().lines().map(|l| format!("    {l}\n")).collect();
+    clock.wait_clear_of_a_slot().await;
     lab.apply_yaml(&format!(
         "apiVersion: tb/v1
 kind: Schedule
