@@ -57,6 +57,8 @@ reasons! {
     /// The service's adapter is not there yet: its TrainingJob is missing, unfinished or wrote
     /// none, or the Node holding it is not Ready.
     AdapterNotReady,
+    /// A built-in fine-tune's `datasetNode` is not Ready to serve the dataset.
+    DatasetNotReady,
     /// Placement failed (event).
     FailedScheduling,
     // Jobs: running and ending.

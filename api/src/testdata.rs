@@ -25,6 +25,14 @@ pub(crate) fn full_objects(kind: Kind) -> Vec<Object> {
                 .replace("steps: 600", "epochs: 3")
                 .replace("warmupSteps: 20", "warmupSteps: 0"),
         ),
+        // The dataset on one Node, staged to the other ranks.
+        parse(
+            Kind::TrainingJob,
+            &BUILTIN_TRAINING_JOB.replace(
+                "dataset: data/facts.jsonl",
+                "dataset: /data/facts.jsonl\n    datasetNode: mac-studio-1",
+            ),
+        ),
     ];
     let mut all = vec![full_object(kind)];
     match kind {
@@ -307,6 +315,7 @@ spec:
     sources: ["10.0.0.1:7602"]
     replicate: true
     dataset: data/facts.jsonl
+    datasetSource: "10.0.0.1:7602"
     finetune: {}
     adapter: {path: /Users/Shared/adapters/zorbania, source: "10.0.0.1:7602"}
 "#

@@ -102,6 +102,10 @@ pub struct BuiltinAssignment {
     /// A built-in TrainingJob's dataset, as its spec names it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dataset: Option<String>,
+    /// Where this rank fetches its examples of `dataset` from (the holder's probe server,
+    /// `host:port`), when the job names a `datasetNode` other than this rank's Node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset_source: Option<String>,
     /// A built-in TrainingJob's `finetune` section, as validated (the trainer's settings).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finetune: Option<serde_json::Value>,

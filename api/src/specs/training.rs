@@ -94,6 +94,12 @@ pub struct TrainingJobSpec {
     /// tb/manifest-dir), then the rank's working directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dataset: Option<String>,
+    /// builtin: the Node that holds `dataset` (an absolute path there). A rank on that Node
+    /// reads the file; a rank on another Mac fetches from that Node's nodelet only the
+    /// examples it trains and evaluates on. Absent: every rank reads `dataset` on its own Mac.
+    /// The file must be readable by every account on the holder (o+r, directories o+x).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset_node: Option<String>,
     /// Passed to the program (builtin: learning rate, steps, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub hyperparameters: BTreeMap<String, Value>,
@@ -171,6 +177,7 @@ impl Default for TrainingJobSpec {
         TrainingJobSpec {
             model: None,
             dataset: None,
+            dataset_node: None,
             hyperparameters: BTreeMap::new(),
             executor: exec(),
             command: Vec::new(),
@@ -208,6 +215,21 @@ impl TrainingJobSpec {
             ));
         }
         common::not_blank("dataset", self.dataset.as_deref())?;
+        if let Some(node) = &self.dataset_node {
+            common::optional_object_name("datasetNode", Some(node))?;
+            if self.executor != Executor::Builtin {
+                return Err(ValidationError::new(
+                    "datasetNode",
+                    "only used when executor is builtin (an exec job's program reads its own data)",
+                ));
+            }
+            if !self.dataset.as_deref().is_some_and(|d| d.starts_with('/')) {
+                return Err(ValidationError::new(
+                    "dataset",
+                    "must be an absolute path on datasetNode when datasetNode is set",
+                ));
+            }
+        }
         common::command("command", self.executor, &self.command)?;
         common::env("env", &self.env)?;
         common::not_blank("workingDir", self.working_dir.as_deref())?;

@@ -311,6 +311,34 @@ fn training_job_rules() {
         "spec.nodeSelector.chip",
         "label value",
     );
+    let builtin = |extra: Value| {
+        let mut spec = json!({"executor": "builtin", "model": "m", "finetune": {"steps": 1}});
+        for (k, v) in extra.as_object().expect("fields") {
+            spec[k] = v.clone();
+        }
+        job(spec)
+    };
+    assert_error(
+        builtin(json!({"dataset": "facts.jsonl", "datasetNode": "mac1"})),
+        "spec.dataset",
+        "absolute path on datasetNode",
+    );
+    assert_error(
+        builtin(json!({"dataset": "/d/facts.jsonl", "datasetNode": "Mac 1"})),
+        "spec.datasetNode",
+        "is not a valid name",
+    );
+    assert_error(
+        job(json!({"command": ["x"], "dataset": "/d/f.jsonl", "datasetNode": "mac1"})),
+        "spec.datasetNode",
+        "only used when executor is builtin",
+    );
+    assert!(
+        validate_object(&builtin(
+            json!({"dataset": "/d/facts.jsonl", "datasetNode": "mac1"})
+        ))
+        .is_ok()
+    );
 }
 
 #[test]

@@ -59,6 +59,8 @@ pub(super) struct JobShape {
 struct TrainerShape {
     model: String,
     dataset: String,
+    /// The Node holding `dataset`, which the other ranks fetch their examples from.
+    dataset_node: Option<String>,
     finetune: FineTuneSpec,
     /// The job's own `memory`, which overrides the prediction.
     memory_bytes: Option<u64>,
@@ -82,6 +84,7 @@ pub(super) fn shape(job: &Object, cfg: &SchedulerConfig) -> Option<JobShape> {
                     Some(TrainerShape {
                         model: model.clone(),
                         dataset: dataset.clone(),
+                        dataset_node: s.dataset_node.clone(),
                         finetune: finetune.clone(),
                         memory_bytes: s.memory.as_ref().map(|q| q.bytes()),
                     })
@@ -1251,6 +1254,14 @@ fn place_trainer(
                 format!("Model {ns}/{} does not exist (apply it first)", t.model),
             )
         })?;
+    if let Some(node) = &t.dataset_node
+        && probe_address(view, node).is_none()
+    {
+        return Err(refuse(
+            Reason::DatasetNotReady,
+            format!("the dataset is on Node {node} (datasetNode), which is not Ready to serve it"),
+        ));
+    }
     let predicted =
         model_placement::finetune::finetune_memory(&t.model, model, &t.finetune, shape.ranks)
             .map_err(|m| refuse(Reason::ModelIncomplete, m))?;
@@ -1435,6 +1446,7 @@ fn create_gang(
             sources: Vec::new(),
             replicate: false,
             dataset: shape.trainer.as_ref().map(|t| t.dataset.clone()),
+            dataset_source: None,
             finetune: shape
                 .trainer
                 .as_ref()
@@ -1495,6 +1507,12 @@ fn create_gang(
                     b.replicate = *replicate;
                 }
                 b.adapter = adapter.as_ref().map(|a| a.for_node(&slot.node));
+                b.dataset_source = shape
+                    .trainer
+                    .as_ref()
+                    .and_then(|t| t.dataset_node.as_deref())
+                    .filter(|holder| *holder != slot.node)
+                    .and_then(|holder| probe_address(view, holder));
                 b
             }),
             stop_grace_seconds: 10,
@@ -1619,26 +1637,29 @@ fn resolve_adapter(
     let holder = match node {
         None => None,
         Some(node) => {
-            let probe = view
-                .nodes
-                .get(&node)
-                .filter(|n| n.ready && n.status.probe_port != 0)
-                .map(|n| {
-                    let host = Some(n.status.host())
-                        .filter(|h| !h.is_empty())
-                        .unwrap_or("127.0.0.1");
-                    format!("{host}:{}", n.status.probe_port)
-                })
-                .ok_or_else(|| {
-                    refuse(
-                        Reason::AdapterNotReady,
-                        format!("the adapter is on Node {node}, which is not Ready to serve it"),
-                    )
-                })?;
+            let probe = probe_address(view, &node).ok_or_else(|| {
+                refuse(
+                    Reason::AdapterNotReady,
+                    format!("the adapter is on Node {node}, which is not Ready to serve it"),
+                )
+            })?;
             Some((node, probe))
         }
     };
     Ok(ResolvedAdapter { path, holder })
+}
+
+/// The staging address (`host:port` of its probe server) of `node`, when it is Ready to serve.
+fn probe_address(view: &ClusterView, node: &str) -> Option<String> {
+    view.nodes
+        .get(node)
+        .filter(|n| n.ready && n.status.probe_port != 0)
+        .map(|n| {
+            let host = Some(n.status.host())
+                .filter(|h| !h.is_empty())
+                .unwrap_or("127.0.0.1");
+            format!("{host}:{}", n.status.probe_port)
+        })
 }
 
 /// Where a built-in service's ranks get the model file: the nodes that hold it (the Model's

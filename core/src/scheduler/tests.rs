@@ -1832,3 +1832,34 @@ fn a_fine_tunes_adapter_is_served_once_the_fine_tune_succeeded() {
         assert_eq!(a.source.is_some(), node != "b", "{node}: {a:?}");
     }
 }
+
+#[test]
+fn a_fine_tunes_ranks_off_the_dataset_node_fetch_their_examples_from_it() {
+    let mut sim = triangle_with_probe_ports();
+    let spec = |node: &str| {
+        json!({"model": "m", "executor": "builtin", "ranks": 3, "memory": "1Gi",
+               "dataset": "/data/facts.jsonl", "datasetNode": node,
+               "finetune": {"steps": 10, "batchSize": 3, "sequenceLength": 64}})
+    };
+    // A holder that does not exist (or cannot serve) keeps the job waiting, saying why.
+    sim.apply_job("TrainingJob", "tune", spec("d"));
+    sim.settle();
+    let status = sim.job("TrainingJob", "tune");
+    assert_eq!(status.phase, JobPhase::Pending);
+    assert_eq!(status.reason, "DatasetNotReady", "{}", status.message);
+    assert!(status.message.contains("Node d"), "{}", status.message);
+    assert!(sim.allocs().is_empty());
+
+    sim.apply_job("TrainingJob", "tune", spec("a"));
+    sim.settle();
+    let status = sim.job("TrainingJob", "tune");
+    assert_eq!(status.phase, JobPhase::Scheduled, "{}", status.message);
+    let allocs = sim.allocs();
+    assert_eq!(allocs.len(), 3);
+    for (_, s, _) in &allocs {
+        let b = s.builtin.as_ref().expect("built-in");
+        assert_eq!(b.dataset.as_deref(), Some("/data/facts.jsonl"));
+        let expected = (s.node != "a").then(|| "10.0.0.1:7700".to_string());
+        assert_eq!(b.dataset_source, expected, "rank {} on {}", s.rank, s.node);
+    }
+}

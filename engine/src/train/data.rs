@@ -99,6 +99,38 @@ pub fn load_jsonl(
     parse_jsonl(path, &text, tok, template, max_len)
 }
 
+/// One non-blank line of a dataset (line `line_no` of `path`, which name it in errors): a
+/// record fetched from another Mac is read exactly as the same line of the whole file.
+pub fn parse_record(
+    path: &Path,
+    line_no: usize,
+    line: &str,
+    tok: &Tokenizer,
+    template: &ChatTemplate,
+    max_len: usize,
+) -> Result<Example, DataError> {
+    let err = |detail: String| DataError::Line {
+        path: path.to_path_buf(),
+        line: line_no,
+        detail,
+    };
+    let value: Value = serde_json::from_str(line)
+        .map_err(|e| err(format!("not JSON (column {}): {e}", e.column())))?;
+    let ex = example(&value, tok, template).map_err(err)?;
+    if ex.tokens.len() > max_len {
+        return Err(DataError::TooLong {
+            path: path.to_path_buf(),
+            line: line_no,
+            tokens: ex.tokens.len(),
+            max: max_len,
+        });
+    }
+    if ex.target_count() == 0 {
+        return Err(err("the example has no tokens to learn from".into()));
+    }
+    Ok(ex)
+}
+
 /// [`load_jsonl`] of text already read (`path` names it in errors).
 pub fn parse_jsonl(
     path: &Path,
@@ -109,30 +141,10 @@ pub fn parse_jsonl(
 ) -> Result<Vec<Example>, DataError> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
-        let line_no = i + 1;
         if line.trim().is_empty() {
             continue;
         }
-        let err = |detail: String| DataError::Line {
-            path: path.to_path_buf(),
-            line: line_no,
-            detail,
-        };
-        let value: Value = serde_json::from_str(line)
-            .map_err(|e| err(format!("not JSON (column {}): {e}", e.column())))?;
-        let ex = example(&value, tok, template).map_err(err)?;
-        if ex.tokens.len() > max_len {
-            return Err(DataError::TooLong {
-                path: path.to_path_buf(),
-                line: line_no,
-                tokens: ex.tokens.len(),
-                max: max_len,
-            });
-        }
-        if ex.target_count() == 0 {
-            return Err(err("the example has no tokens to learn from".into()));
-        }
-        out.push(ex);
+        out.push(parse_record(path, i + 1, line, tok, template, max_len)?);
     }
     if out.is_empty() {
         return Err(DataError::File {

@@ -41,9 +41,13 @@ struct Args {
     /// Rank 0's bootstrap address, ip:port.
     #[arg(long)]
     coordinator: SocketAddr,
-    /// The JSONL dataset.
+    /// The JSONL dataset (with --dataset-source: its path on the holder).
     #[arg(long)]
     dataset: PathBuf,
+    /// Fetch this rank's examples from the nodelet holding the dataset (its staging address,
+    /// ip:port) instead of reading the file here.
+    #[arg(long)]
+    dataset_source: Option<SocketAddr>,
     /// The TrainingJob's `finetune` section, as JSON.
     #[arg(long)]
     finetune: String,
@@ -107,6 +111,7 @@ fn main() -> ExitCode {
         hosts: args.hosts,
         coordinator: args.coordinator,
         dataset: args.dataset,
+        dataset_source: args.dataset_source,
         finetune,
         output: args.output,
         checkpoint_dir: args.checkpoint_dir,

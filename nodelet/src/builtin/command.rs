@@ -193,6 +193,10 @@ pub fn train_command(
         "--finetune".into(),
         finetune.to_string(),
     ];
+    if let Some(source) = &b.dataset_source {
+        // The path is the holder's: this rank fetches its examples from there.
+        cmd.extend(["--dataset-source".into(), source.clone()]);
+    }
     if spec.rank == 0 {
         cmd.extend(["--progress".into(), paths.progress.display().to_string()]);
     }

@@ -16,7 +16,6 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -32,8 +31,6 @@ const FILES: [&str; 2] = [
 ];
 /// The most bytes each file may have (the engine refuses larger ones too).
 const MAX_BYTES: [u64; 2] = [1 << 20, tb_engine::adapter::MAX_WEIGHTS_BYTES];
-/// The longest adapter path served.
-const MAX_PATH: usize = 1024;
 
 /// One file of an adapter, as the holder announces it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,61 +40,10 @@ pub struct AdapterFile {
     pub sha256: String,
 }
 
-fn refusal(message: impl Into<String>) -> String {
-    message.into()
-}
-
-/// Whether every account may reach and read `path`: the file `o+r`, each directory above it
-/// `o+x`. Checked on the opened file's own metadata, so a swapped file is not read.
+/// Opens one file of the adapter directory `dir` for serving ([`super::shared`]).
 fn open_shared(dir: &Path, name: &str, max: u64) -> Result<(std::fs::File, u64), String> {
-    let text = dir.to_str().unwrap_or_default();
-    if text.len() > MAX_PATH
-        || !text.starts_with('/')
-        || text.contains("//")
-        || text.split('/').any(|p| p == "." || p == "..")
-        || text.chars().any(char::is_control)
-    {
-        return Err(refusal(format!(
-            "{text:?} is not an absolute, normalised adapter directory"
-        )));
-    }
-    let mut above = Some(dir);
-    while let Some(d) = above {
-        let meta = std::fs::metadata(d).map_err(|e| format!("{}: {e}", d.display()))?;
-        if meta.mode() & 0o001 == 0 {
-            return Err(format!(
-                "{} is not open to every account (o+x); a shared adapter must be",
-                d.display()
-            ));
-        }
-        above = d.parent();
-    }
-    let path = dir.join(name);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if !meta.is_file() {
-        return Err(format!("{} is not a regular file", path.display()));
-    }
-    if meta.mode() & 0o004 == 0 {
-        return Err(format!(
-            "{} is not readable by every account (o+r); a shared adapter must be",
-            path.display()
-        ));
-    }
-    if meta.len() > max {
-        return Err(format!(
-            "{} has {} bytes; an adapter file has at most {max}",
-            path.display(),
-            meta.len()
-        ));
-    }
-    Ok((file, meta.len()))
+    super::shared::check_path(dir, "adapter directory")?;
+    super::shared::open_shared(&dir.join(name), "adapter", max)
 }
 
 /// The holder's side: answers `path` on `control` (after the request was read).

@@ -10,7 +10,10 @@
 //! - [`serve`]: the holder's side, an op of the probe server (the same port on every address);
 //! - [`fetch`]: the fetching side;
 //! - [`copies`]: whole staged copies a nodelet keeps and serves like the original file;
-//! - [`adapter`]: a LoRA adapter's two files, fetched whole from the node that holds them.
+//! - [`adapter`]: a LoRA adapter's two files, fetched whole from the node that holds them;
+//! - [`dataset`]: the examples of a fine-tune's dataset one rank uses, from the node that holds
+//!   the file;
+//! - [`shared`]: which files a holder serves at all (those every account could read).
 //!
 //! ## Protocol (op `F` on the probe server's port)
 //!
@@ -24,8 +27,10 @@
 
 pub mod adapter;
 pub mod copies;
+pub mod dataset;
 pub mod fetch;
 pub mod serve;
+pub mod shared;
 
 use serde::{Deserialize, Serialize};
 
@@ -77,6 +82,17 @@ pub enum Request {
     /// A LoRA adapter directory's two files ([`adapter`]).
     Adapter {
         path: String,
+    },
+    /// A dataset's record count and digest ([`dataset`]).
+    DatasetIndex {
+        path: String,
+    },
+    /// Some records of a dataset ([`dataset`]): `records` is a bitmap, hex, bit i of byte
+    /// i / 8 (least significant first) set for record i.
+    DatasetRecords {
+        path: String,
+        sha256: String,
+        records: String,
     },
 }
 

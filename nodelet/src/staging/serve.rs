@@ -94,6 +94,12 @@ pub fn serve(mut control: TcpStream) -> std::io::Result<()> {
     })?;
     match req {
         Request::Adapter { path } => super::adapter::serve(&mut control, &path),
+        Request::DatasetIndex { path } => super::dataset::serve_index(&mut control, &path),
+        Request::DatasetRecords {
+            path,
+            sha256,
+            records,
+        } => super::dataset::serve_records(&mut control, &path, &sha256, &records),
         Request::Manifest { path } => {
             let answer = match resolve(&path) {
                 Ok((_, m)) => serde_json::json!({"ok": &*m}),

@@ -315,6 +315,54 @@ async fn two_ranks_equal_one_with_the_same_global_batch() {
     let l1 = s1["training"]["loss"].as_f64().expect("loss");
     let l2 = s2["training"]["loss"].as_f64().expect("loss");
     assert!((l1 - l2).abs() < 1e-3 * l1.abs().max(1.0), "{l1} vs {l2}");
+
+    // The dataset on node-1 only (as far as the job knows): the rank on node-2 fetches its
+    // examples from node-1's nodelet, and the adapter is the same. The file must be readable
+    // by every account there, so it sits in a directory of its own under the system's temp.
+    let shared = tempfile::Builder::new()
+        .prefix("tb-finetune-shared-")
+        .tempdir_in(std::env::temp_dir())
+        .expect("shared dir");
+    let data = shared.path().join("facts.jsonl");
+    std::fs::write(&data, facts_jsonl()).expect("dataset");
+    for (p, mode) in [(shared.path(), 0o755), (data.as_path(), 0o644)] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    let path = data.display().to_string();
+    let staged = Job {
+        name: "staged",
+        ranks: 2,
+        dataset: &path,
+        extra: "  datasetNode: node-1\n  exclusive: true\n",
+        ..one
+    };
+    lab.apply_yaml(&staged.yaml()).await;
+    let s3 = succeeded(&lab, staged.name).await;
+    let nodes: Vec<&str> = s3["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(nodes.len(), 2, "{s3:#}");
+    assert!(
+        nodes.contains(&"node-2"),
+        "exclusive: a Mac per rank: {s3:#}"
+    );
+    for (rank, node) in nodes.iter().enumerate() {
+        let logs = lab
+            .tbctl_ok(&["logs", staged.name, "--rank", &rank.to_string()])
+            .await;
+        let fetched = logs.stdout.contains("dataset staged");
+        step!("rank {rank} on {node}: fetched its examples: {fetched}");
+        assert_eq!(fetched, *node != "node-1", "rank {rank} on {node}: {logs}");
+    }
+    let (diff, _) = max_difference(&adapter_of(&s1), &adapter_of(&s3));
+    assert!(
+        diff <= 1e-4,
+        "a staged dataset changed the adapter by {diff}"
+    );
 }
 
 /// A rank killed mid-run: the gang restarts from the newest checkpoint and ends with the

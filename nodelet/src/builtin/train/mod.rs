@@ -4,6 +4,7 @@
 //! gradients and token counts over tb-transport before every rank applies the same update —
 //! so the result is that of the whole batch on one Mac.
 //!
+//! - [`dataset`]: the rank's examples, from the file or staged from the Node that holds it;
 //! - [`group`]: the ranks' collectives (bootstrap as `tb-shard`, bucketed all-reduce);
 //! - [`train_step`]: one step of a rank (its share forward and backward, the all-reduce, the
 //!   update), also what `tb-trainbench-dp` measures;
@@ -15,6 +16,7 @@
 //! naming file and line), then the weights, then the other ranks.
 
 pub mod checkpoints;
+pub mod dataset;
 pub mod group;
 pub mod progress;
 
@@ -29,7 +31,7 @@ use tb_engine::chat::ChatTemplate;
 use tb_engine::gguf::GgufIndex;
 use tb_engine::shard::default_device;
 use tb_engine::tokenizer::Tokenizer;
-use tb_engine::train::data::{Batches, load_jsonl, split_eval};
+use tb_engine::train::data::{Batches, split_eval};
 use tb_engine::train::{Applied, Example, StepLoss, TrainConfig, Trainer};
 use tb_transport::{Preference, TransportError};
 
@@ -48,8 +50,10 @@ pub struct TrainOptions {
     pub hosts: Vec<IpAddr>,
     /// Rank 0's bootstrap coordinator.
     pub coordinator: SocketAddr,
-    /// The JSONL file.
+    /// The JSONL file (the holder's path when `dataset_source` is set).
     pub dataset: PathBuf,
+    /// The holder's staging address, when this rank fetches its examples from there.
+    pub dataset_source: Option<SocketAddr>,
     pub finetune: FineTuneSpec,
     /// Where rank 0 writes the PEFT adapter.
     pub output: PathBuf,
@@ -151,14 +155,7 @@ pub fn run(opts: TrainOptions) -> Result<Finished, StartError> {
     })()
     .with_context(|| format!("reading {}", opts.model_path.display()))
     .map_err(fail("ModelLoadFailed"))?;
-    let examples = load_jsonl(
-        &opts.dataset,
-        &tokenizer,
-        &template,
-        f.sequence_length as usize,
-    )
-    .map_err(|e| anyhow!("{e}"))
-    .map_err(fail("DatasetInvalid"))?;
+    let examples = dataset::read(&opts, &tokenizer, &template)?;
     let (train_idx, eval_idx) = split_eval(examples.len(), f.eval_fraction, f.seed);
     if train_idx.is_empty() {
         return Err(StartError {
@@ -171,17 +168,27 @@ pub fn run(opts: TrainOptions) -> Result<Finished, StartError> {
             ),
         });
     }
-    let train: Vec<&Example> = train_idx.iter().map(|&i| &examples[i]).collect();
-    let eval: Vec<&Example> = eval_idx.iter().map(|&i| &examples[i]).collect();
-    let total_steps = f.fixed_steps().unwrap_or_else(|| {
-        (u64::from(f.epochs.unwrap_or(1)) * train.len() as u64).div_ceil(u64::from(f.batch_size))
-    });
+    // Example i, which this rank has when it uses it (a staged dataset holds only those).
+    let example = |i: usize| -> Result<Example, StartError> {
+        examples[i].clone().ok_or_else(|| StartError {
+            reason: "TrainingFailed",
+            error: anyhow!("example {i} was not staged to rank {rank}, which uses it"),
+        })
+    };
+    let total_steps = dataset::total_steps(f, train_idx.len());
+    // This rank's share of the held-out split (every rank joins each evaluation's sum).
+    let eval_mine: Vec<Example> = eval_idx
+        .iter()
+        .skip(rank)
+        .step_by(world)
+        .map(|&i| example(i))
+        .collect::<Result<_, _>>()?;
     tracing::info!(
         rank,
         world,
         dataset = %opts.dataset.display(),
-        train = train.len(),
-        eval = eval.len(),
+        train = train_idx.len(),
+        eval = eval_idx.len(),
         total_steps,
         "dataset read"
     );
@@ -253,7 +260,7 @@ pub fn run(opts: TrainOptions) -> Result<Finished, StartError> {
     if trainer.step() > 0 {
         progress.resumed(trainer.step());
     }
-    let batches = Batches::new(train.len(), f.batch_size as usize, f.seed);
+    let batches = Batches::new(train_idx.len(), f.batch_size as usize, f.seed);
     // This rank keeps its own checkpoint unless rank 0's Mac (the same directory) does.
     let saves = is_root || opts.hosts[rank] != opts.hosts[0];
     let mut last_loss = None;
@@ -264,8 +271,8 @@ pub fn run(opts: TrainOptions) -> Result<Finished, StartError> {
         let share: Vec<Example> = batches
             .rank_batch(step, rank, world)
             .into_iter()
-            .map(|i| train[i].clone())
-            .collect();
+            .map(|i| example(train_idx[i]))
+            .collect::<Result<_, _>>()?;
         let micro = share.len().div_ceil(f.accumulation as usize).max(1);
         let StepDone {
             loss_sum,
@@ -291,8 +298,8 @@ pub fn run(opts: TrainOptions) -> Result<Finished, StartError> {
         }
         progress.step(done, loss, tokens, took);
 
-        if !eval.is_empty() && (done % f.eval_every == 0 || done == total_steps) {
-            let l = evaluate(&trainer, &mut group, &eval, micro)?;
+        if !eval_idx.is_empty() && (done % f.eval_every == 0 || done == total_steps) {
+            let l = evaluate(&trainer, &mut group, &eval_mine, micro)?;
             if is_root {
                 tracing::info!(step = done, eval_loss = format!("{l:.4}"), "eval");
             }
@@ -410,21 +417,14 @@ pub fn train_step(
     })
 }
 
-/// Mean loss per token on the held-out split: each rank takes every world-th example, and the
-/// sums are added up over the ranks.
+/// Mean loss per token on the held-out split: each rank evaluates its share (`mine`, every
+/// world-th example), and the sums are added up over the ranks.
 fn evaluate(
     trainer: &Trainer,
     group: &mut Group,
-    eval: &[&Example],
+    mine: &[Example],
     micro: usize,
 ) -> Result<f64, StartError> {
-    let (rank, world) = (group.rank(), group.world());
-    let mine: Vec<Example> = eval
-        .iter()
-        .skip(rank)
-        .step_by(world)
-        .map(|e| (*e).clone())
-        .collect();
     let mut sum = StepLoss::default();
     for chunk in mine.chunks(micro.max(1)) {
         let l = trainer
