@@ -70,6 +70,11 @@ struct Args {
     /// tcp, rdma or auto (`TB_TRANSPORT` overrides).
     #[arg(long, default_value = "auto", env = "TB_TRANSPORT")]
     transport: String,
+    /// The ranks are one stage split by tensor parallelism (each holds a slice of every block
+    /// in --first/--count; at most as many ranks as the model has KV heads) instead of a
+    /// pipeline.
+    #[arg(long)]
+    tensor_parallel: bool,
 }
 
 #[tokio::main]
@@ -105,6 +110,7 @@ async fn main() -> ExitCode {
         connect_timeout: Duration::from_secs(args.connect_timeout),
         step_timeout: Duration::from_secs(args.step_timeout),
         transport,
+        tensor_parallel: args.tensor_parallel,
     };
     match builtin::run(opts).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -107,7 +107,11 @@ struct Active {
 
 /// Rank 0's loop.
 pub struct Driver {
+    /// The pipeline to the later stages (None: rank 0 is the only stage).
     pub comm: Option<Communicator>,
+    /// The other ranks of rank 0's stage when it is split by tensor parallelism
+    /// ([`super::tensor`]): told every step before rank 0 runs it.
+    pub followers: Option<super::tensor::Followers>,
     pub shard: Shard,
     pub tokenizer: Tokenizer,
     /// Sequences served at once.
@@ -321,6 +325,9 @@ impl Driver {
                 if let Some(comm) = self.comm.as_mut() {
                     let _ = send_step(comm, 1, &Step::new(Op::Shutdown, 0));
                 }
+                if let Some(f) = &self.followers {
+                    f.shutdown();
+                }
             }
             Err(e) => {
                 health.failed.store(true, Ordering::SeqCst);
@@ -485,6 +492,17 @@ impl Driver {
         if items.is_empty() {
             return Ok(());
         }
+        if let Some(f) = &self.followers {
+            let tokens: Vec<u32> = items
+                .iter()
+                .flat_map(|i| match &i.input {
+                    StageInput::Tokens(t) => t.clone(),
+                    StageInput::Hidden(_) => Vec::new(),
+                })
+                .collect();
+            f.batch(&entries, &tokens)
+                .map_err(PipelineError::transport)?;
+        }
         let outs = self.shard.forward_batch(items);
         let mut passed = Vec::with_capacity(entries.len());
         let mut rows = Vec::new();
@@ -514,7 +532,7 @@ impl Driver {
                     if let Some(done) = self.on_token(a, token) {
                         let _ = a.events.send(Event::Done(done));
                         active.remove(&seq);
-                        self.shard.drop_sequence(seq);
+                        self.release(seq)?;
                     }
                 }
                 (Ok(_), _) => {
@@ -596,6 +614,9 @@ impl Driver {
     /// Forgets `seq` here and in every later stage.
     fn release(&mut self, seq: u64) -> Result<(), PipelineError> {
         self.shard.drop_sequence(seq);
+        if let Some(f) = &self.followers {
+            f.release(seq).map_err(PipelineError::transport)?;
+        }
         match self.comm.as_mut() {
             Some(comm) => {
                 send_step(comm, 1, &Step::new(Op::Release, seq)).map_err(PipelineError::transport)

@@ -6,6 +6,8 @@
 //!
 //! - [`messages`]: the steps stages pass over the transport (control + activation tensors);
 //! - [`stage`]: ranks ≥ 1 — run the blocks, pass the activation on, sample on the last stage;
+//! - [`tensor`]: one stage split across ranks by tensor parallelism (rank 0 drives, the others
+//!   follow, partial sums all-reduced over tb-transport);
 //! - [`driver`]: rank 0 — requests in, first stage, tokens back into text;
 //! - [`openai`]: rank 0's OpenAI-compatible HTTP API;
 //! - [`admission`]: how many requests a service holds before it answers 429;
@@ -20,6 +22,7 @@ pub mod messages;
 pub mod observed;
 pub mod openai;
 pub mod stage;
+pub mod tensor;
 pub mod train;
 
 use std::net::{IpAddr, SocketAddr};
@@ -67,6 +70,8 @@ pub struct ShardOptions {
     /// How long one step may take in the later stages.
     pub step_timeout: Duration,
     pub transport: Preference,
+    /// The ranks form one stage split by tensor parallelism ([`tensor`]) instead of a pipeline.
+    pub tensor_parallel: bool,
 }
 
 /// Why a rank could not start: a short CamelCase reason for the allocation status and the
@@ -79,6 +84,50 @@ pub struct StartError {
 
 fn start_error(reason: &'static str) -> impl FnOnce(anyhow::Error) -> StartError {
     move |error| StartError { reason, error }
+}
+
+/// Opens the data-plane transport to the other ranks.
+async fn connect(opts: &ShardOptions) -> Result<Communicator, StartError> {
+    let ep = Endpoints {
+        rank: opts.rank,
+        world: opts.hosts.len(),
+        peers: opts.hosts.iter().map(|h| SocketAddr::new(*h, 0)).collect(),
+        coordinator: opts.coordinator,
+        connect_timeout: opts.connect_timeout,
+    };
+    let want = opts.transport;
+    let t = tokio::task::spawn_blocking(move || {
+        select::open_endpoints(&ep, want, TcpConfig::from_env())
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("transport set-up stopped: {e}"))
+    .and_then(|r| r.map_err(anyhow::Error::from))
+    .context("connecting the service's ranks")
+    .map_err(start_error("TransportFailed"))?;
+    Ok(Communicator::new(t, CollectiveOptions::default()))
+}
+
+/// How a rank ≥ 1 (a later stage or a tensor-parallel follower) ended.
+fn stage_ended(
+    served: Result<Result<(), tb_transport::TransportError>, tokio::task::JoinError>,
+) -> Result<(), StartError> {
+    match served {
+        Ok(Ok(())) => Ok(()),
+        // The rank before or after went away: said so, so that the scheduler blames the rank
+        // (or Mac) that did.
+        Ok(Err(e)) if e.is_peer_loss() => Err(StartError {
+            reason: "PeerLost",
+            error: anyhow::Error::from(e).context("serving the stage"),
+        }),
+        Ok(Err(e)) => Err(StartError {
+            reason: "StageFailed",
+            error: anyhow::Error::from(e).context("serving the stage"),
+        }),
+        Err(e) => Err(StartError {
+            reason: "StageFailed",
+            error: anyhow::anyhow!("stage stopped: {e}"),
+        }),
+    }
 }
 
 /// Loads this rank's shard and opens the transport; then serves until shut down or broken.
@@ -94,6 +143,22 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
     let (first, count, context) = (opts.first, opts.count, opts.context);
     let adapter = opts.adapter.clone();
     let rank = opts.rank;
+    // Tensor parallel: the shard's all-reduces need the transport as it loads.
+    let tp_comm: Option<tensor::SharedComm> = if opts.tensor_parallel && world > 1 {
+        // Whether the model splits this way, before waiting for the other ranks.
+        GgufIndex::open(&path)
+            .map_err(anyhow::Error::from)
+            .and_then(|index| {
+                tb_engine::tp::TensorParallel::new(rank, world)?.slice(index.config())?;
+                Ok(())
+            })
+            .with_context(|| format!("splitting {} over {world} ranks", path.display()))
+            .map_err(start_error("InvalidSpec"))?;
+        Some(Arc::new(std::sync::Mutex::new(connect(&opts).await?)))
+    } else {
+        None
+    };
+    let tp_load = tp_comm.clone();
     let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         let index = GgufIndex::open(&path)?;
         let load = LoadOptions {
@@ -102,7 +167,18 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
             ..LoadOptions::default()
         };
         let count = count.unwrap_or_else(|| index.config().n_layers.saturating_sub(first));
-        let shard = Shard::from_index(&index, first, count, &load, &default_device())?;
+        let shard = match tp_load {
+            Some(comm) => Shard::tensor_parallel_from_index(
+                &index,
+                first,
+                count,
+                &load,
+                &default_device(),
+                tb_engine::tp::TensorParallel::new(rank, world)?,
+                Box::new(tensor::TransportAllReduce::new(comm)),
+            )?,
+            None => Shard::from_index(&index, first, count, &load, &default_device())?,
+        };
         let extras = if rank == 0 {
             Some((
                 Tokenizer::from_gguf(index.content())?,
@@ -141,28 +217,19 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
         "shard loaded"
     );
 
-    let comm = if world > 1 {
-        let ep = Endpoints {
-            rank,
-            world,
-            peers: opts.hosts.iter().map(|h| SocketAddr::new(*h, 0)).collect(),
-            coordinator: opts.coordinator,
-            connect_timeout: opts.connect_timeout,
-        };
-        let want = opts.transport;
-        let t = tokio::task::spawn_blocking(move || {
-            select::open_endpoints(&ep, want, TcpConfig::from_env())
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("transport set-up stopped: {e}"))
-        .and_then(|r| r.map_err(anyhow::Error::from))
-        .context("connecting the pipeline's stages")
-        .map_err(start_error("TransportFailed"))?;
-        Some(Communicator::new(t, CollectiveOptions::default()))
+    let comm = if world > 1 && tp_comm.is_none() {
+        Some(connect(&opts).await?)
     } else {
         None
     };
 
+    if rank > 0
+        && let Some(comm) = tp_comm.clone()
+    {
+        let mut shard = shard;
+        let followed = tokio::task::spawn_blocking(move || tensor::follow(&comm, &mut shard)).await;
+        return stage_ended(followed);
+    }
     if rank > 0 {
         let Some(mut comm) = comm else {
             return Err(StartError {
@@ -175,23 +242,7 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
         let served =
             tokio::task::spawn_blocking(move || stage::serve(&mut comm, &mut shard, step_timeout))
                 .await;
-        return match served {
-            Ok(Ok(())) => Ok(()),
-            // The stage before or after went away: said so, so that the scheduler blames the
-            // rank (or Mac) that did.
-            Ok(Err(e)) if e.is_peer_loss() => Err(StartError {
-                reason: "PeerLost",
-                error: anyhow::Error::from(e).context("serving the stage"),
-            }),
-            Ok(Err(e)) => Err(StartError {
-                reason: "StageFailed",
-                error: anyhow::Error::from(e).context("serving the stage"),
-            }),
-            Err(e) => Err(StartError {
-                reason: "StageFailed",
-                error: anyhow::anyhow!("stage stopped: {e}"),
-            }),
-        };
+        return stage_ended(served);
     }
 
     let Some((tokenizer, template)) = extras else {
@@ -231,6 +282,7 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
     tracing::info!(endpoint = %format!("http://{http}/v1"), "serving the OpenAI-compatible API");
     let drv = driver::Driver {
         comm,
+        followers: tp_comm.map(tensor::Followers::new),
         shard,
         tokenizer,
         batch: opts.batch,
