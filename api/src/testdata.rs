@@ -314,6 +314,7 @@ spec:
     batch: 4
     sources: ["10.0.0.1:7602"]
     replicate: true
+    tensorParallel: true
     dataset: data/facts.jsonl
     datasetSource: "10.0.0.1:7602"
     finetune: {}

@@ -99,6 +99,10 @@ pub struct BuiltinAssignment {
     /// losing one holder does not stop the model from being placed again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub replicate: bool,
+    /// The ranks are one stage split by tensor parallelism (each loads a slice of every
+    /// block) instead of a pipeline.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tensor_parallel: bool,
     /// A built-in TrainingJob's dataset, as its spec names it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dataset: Option<String>,

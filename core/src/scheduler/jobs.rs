@@ -1445,6 +1445,11 @@ fn create_gang(
             batch: shape.service.as_ref().and_then(|svc| svc.batch),
             sources: Vec::new(),
             replicate: false,
+            tensor_parallel: shape.service.is_some()
+                && placed
+                    .summary
+                    .as_ref()
+                    .is_some_and(|s| s.strategy == "tensor"),
             dataset: shape.trainer.as_ref().map(|t| t.dataset.clone()),
             dataset_source: None,
             finetune: shape

@@ -1863,3 +1863,45 @@ fn a_fine_tunes_ranks_off_the_dataset_node_fetch_their_examples_from_it() {
         assert_eq!(b.dataset_source, expected, "rank {} on {}", s.rank, s.node);
     }
 }
+
+#[test]
+fn a_tensor_parallel_builtin_service_loads_every_block_on_every_rank_split() {
+    let mut sim = ring_with_slow_diagonals();
+    apply_model(&mut sim, "m", 32, "1Gi");
+    sim.apply_job(
+        "InferenceService",
+        "chat",
+        json!({"model": "m", "parallelism": "tensor", "nodes": {"min": 4, "max": 4}}),
+    );
+    sim.settle();
+    let status = sim.job("InferenceService", "chat");
+    assert_eq!(status.phase, JobPhase::Scheduled, "{}", status.message);
+    let placement = status.model_placement.clone().expect("placement");
+    assert_eq!(placement.strategy, "tensor");
+    let allocs = sim.allocs();
+    assert_eq!(allocs.len(), 4);
+    for (_, spec, _) in &allocs {
+        let b = spec.builtin.as_ref().expect("built-in");
+        assert!(b.tensor_parallel, "rank {}", spec.rank);
+        assert!(spec.layers.is_none(), "every rank a slice of every block");
+        assert_eq!(b.endpoint_port.is_some(), spec.rank == 0);
+    }
+    // A pipeline is not tensor parallel.
+    sim.apply_job(
+        "InferenceService",
+        "piped",
+        json!({"model": "m", "parallelism": "pipeline", "nodes": {"min": 2, "max": 2}}),
+    );
+    sim.settle();
+    let piped: Vec<_> = sim
+        .allocs()
+        .into_iter()
+        .filter(|a| a.1.job.name == "piped")
+        .collect();
+    assert_eq!(piped.len(), 2);
+    assert!(
+        piped
+            .iter()
+            .all(|a| !a.1.builtin.as_ref().expect("built-in").tensor_parallel)
+    );
+}

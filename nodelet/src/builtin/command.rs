@@ -82,6 +82,9 @@ pub fn shard_command(
     if let Some(n) = b.batch {
         cmd.extend(["--batch".into(), n.to_string()]);
     }
+    if b.tensor_parallel {
+        cmd.push("--tensor-parallel".into());
+    }
     if spec.memory_bytes > 0 {
         cmd.extend(["--memory-limit".into(), spec.memory_bytes.to_string()]);
     }

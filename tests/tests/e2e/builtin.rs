@@ -731,3 +731,101 @@ fn a_rank_that_cannot_load_its_shard_says_why() {
         assert!(rest.contains(detail), "{what}: {said}");
     }
 }
+
+/// `parallelism: tensor` for a built-in service: three Macs cabled in a triangle each load a
+/// slice of every block (SmolLM2's 3 KV heads, one each) and answer through rank 0's endpoint
+/// with the single-process engine's greedy tokens.
+#[tokio::test]
+async fn a_tensor_parallel_service_splits_every_block_over_three_macs() {
+    let model = model_path();
+    // Prompts whose greedy tokens do not hinge on the last bits of a logit (see
+    // nodelet/tests/tensor_parallel.rs): the split adds o/down partial sums in another order.
+    let prompts = [
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+        "fn fibonacci(n: u64) -> u64 {",
+    ];
+    const TOKENS: usize = 16;
+    let reference: Vec<Vec<u32>> = {
+        let model = model.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut e = Engine::load(&model, &LoadOptions::default()).expect("engine");
+            prompts
+                .iter()
+                .map(|p| {
+                    let prompt = e.tokenizer().encode(p).expect("encode");
+                    let params = SamplingParams {
+                        max_tokens: TOKENS,
+                        ..SamplingParams::default()
+                    };
+                    e.generate(&prompt, &params).expect("generate").tokens
+                })
+                .collect()
+        })
+        .await
+        .expect("reference")
+    };
+    let dir = TestDir::new("builtin-tensor-lab");
+    let topology = dir.write(
+        "lab.yaml",
+        "macs:
+  - {name: node-1, ports: [{name: a, address: 127.0.5.1}, {name: b, address: 127.0.5.5}]}
+  - {name: node-2, ports: [{name: a, address: 127.0.5.2}, {name: b, address: 127.0.5.9}]}
+  - {name: node-3, ports: [{name: a, address: 127.0.5.6}, {name: b, address: 127.0.5.10}]}
+links:
+  - {between: [node-1/a, node-2/a], bandwidthGbps: 80, latencyUs: 10}
+  - {between: [node-1/b, node-3/a], bandwidthGbps: 80, latencyUs: 10}
+  - {between: [node-2/b, node-3/b], bandwidthGbps: 80, latencyUs: 10}
+",
+    );
+    let mut opts = LabOptions::new(3);
+    opts.topology = Some(topology);
+    let lab = Lab::start_with("builtin-tensor", opts).await;
+    let yaml = smollm2_service_yaml(&model.display().to_string(), None)
+        .replace("parallelism: pipeline", "parallelism: tensor")
+        .replace("min: 2\n    max: 2", "min: 3\n    max: 3");
+    assert!(yaml.contains("min: 3"), "{yaml}");
+    lab.apply_yaml(&yaml).await;
+    let status = wait_ready(&lab, 1).await;
+    assert_eq!(status["modelPlacement"]["strategy"], "tensor", "{status:#}");
+    let mut nodes: Vec<&str> = status["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    nodes.sort_unstable();
+    assert_eq!(nodes, ["node-1", "node-2", "node-3"], "{status:#}");
+    let allocs = lab
+        .list("Allocation", "default")
+        .await
+        .expect("allocations");
+    for a in &allocs {
+        assert_eq!(a["spec"]["builtin"]["tensorParallel"], true, "{a:#}");
+        assert!(a["spec"].get("layers").is_none(), "{a:#}");
+    }
+    let endpoint = status["endpoint"].as_str().expect("endpoint");
+    let addr = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .to_string();
+    for (prompt, want) in prompts.iter().zip(&reference) {
+        let body = json!({"model": "smollm2", "prompt": prompt, "max_tokens": TOKENS,
+                          "temperature": 0, "return_token_ids": true});
+        let (code, answer) = http(&addr, "POST", "/v1/completions", Some(&body)).expect("POST");
+        assert_eq!(code, 200, "{answer}");
+        let v: Value = serde_json::from_str(&answer).expect("JSON");
+        let got: Vec<u32> = v["choices"][0]["token_ids"]
+            .as_array()
+            .expect("token_ids")
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|t| t as u32)
+            .collect();
+        assert_eq!(
+            &got, want,
+            "3 tensor-parallel ranks, prompt {prompt:?}: {answer}"
+        );
+    }
+    let describe = lab.tbctl_ok(&["describe", "isvc", "chat"]).await;
+    step!("{describe}");
+}
