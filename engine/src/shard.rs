@@ -572,6 +572,36 @@ impl Shard {
     pub fn drop_sequence(&mut self, seq: u64) {
         self.seqs.remove(&seq);
     }
+
+    /// Starts sequence `to` with the first `len` positions of `from`'s KV cache (a shared
+    /// prefix: `to` continues at position `len` exactly as if it had run those tokens itself,
+    /// since a position's keys and values depend only on the tokens up to it). The tensors are
+    /// views of `from`'s (no copy until `to` grows). Replaces `to`'s cache; fails when `from`
+    /// has fewer than `len` positions.
+    pub fn fork_sequence(&mut self, from: u64, to: u64, len: usize) -> Result<()> {
+        let src = self.seqs.get(&from).ok_or_else(|| EngineError::BadInput {
+            detail: format!("no sequence {from} to share a prefix from"),
+        })?;
+        if len == 0 || len > src.len || src.kv.len() != self.blocks.len() {
+            return Err(EngineError::BadInput {
+                detail: format!(
+                    "sequence {from} holds {} positions; a prefix of {len} cannot be shared",
+                    src.len
+                ),
+            });
+        }
+        let kv = src
+            .kv
+            .iter()
+            .map(|c| {
+                c.as_ref()
+                    .map(|(k, v)| Ok((k.narrow(2, 0, len)?, v.narrow(2, 0, len)?)))
+                    .transpose()
+            })
+            .collect::<Result<Vec<KvCache>>>()?;
+        self.seqs.insert(to, SeqState { len, kv });
+        Ok(())
+    }
 }
 
 fn load_block(r: &mut TensorReader<'_>, c: &ModelConfig, i: usize) -> Result<Block> {

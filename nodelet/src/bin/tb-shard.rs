@@ -75,6 +75,10 @@ struct Args {
     /// pipeline.
     #[arg(long)]
     tensor_parallel: bool,
+    /// Recent prompts kept (their KV cache, in every stage) so that requests starting like one
+    /// of them — a shared system prompt — prefill only the rest; 0 turns it off.
+    #[arg(long, default_value_t = 4)]
+    prefix_cache: usize,
 }
 
 #[tokio::main]
@@ -111,6 +115,7 @@ async fn main() -> ExitCode {
         step_timeout: Duration::from_secs(args.step_timeout),
         transport,
         tensor_parallel: args.tensor_parallel,
+        prefix_cache: args.prefix_cache,
     };
     match builtin::run(opts).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -65,6 +65,9 @@ pub struct Finish {
     pub reason: FinishReason,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache (OpenAI's
+    /// `usage.prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: usize,
     /// The generated token ids (an end-of-sequence token that ended generation excluded).
     pub token_ids: Vec<u32>,
 }
@@ -102,6 +105,10 @@ struct Active {
     /// Bytes of KV cache reserved for the sequence (its prompt and `max_tokens`, within the
     /// context).
     kv_reserved: u64,
+    /// Prompt tokens taken from the prefix cache.
+    cached_tokens: usize,
+    /// The prompt, while it is to be kept in the prefix cache once prefilled.
+    keep: Option<Vec<u32>>,
     _permit: Option<super::admission::Permit>,
 }
 
@@ -121,6 +128,8 @@ pub struct Driver {
     pub kv_budget: Option<u64>,
     /// How long one step may take in the later stages.
     pub step_timeout: Duration,
+    /// Recent prompts kept for requests that start like them ([`super::prefix`]).
+    pub prefixes: super::prefix::PrefixCache,
 }
 
 /// Why the pipeline stopped.
@@ -241,24 +250,59 @@ impl Driver {
                 pending.push_back(req);
             }
             pending.retain(|r| !r.events.is_closed());
+            let mut broken = None;
             while active.len() < self.batch.max(1) {
                 let Some(req) = pending.front() else { break };
                 let need = self.kv_reservation(req);
-                let reserved: u64 = active.values().map(|a| a.kv_reserved).sum();
+                let reserved: u64 = active.values().map(|a| a.kv_reserved).sum::<u64>()
+                    + self.prefixes.positions() as u64 * self.shard.kv_bytes_per_position();
                 if let Some(budget) = self.kv_budget
                     && !active.is_empty()
                     && reserved + need > budget
                 {
-                    break;
+                    // Kept prefixes give way to requests.
+                    match self.prefixes.evict() {
+                        Some(seq) => {
+                            if let Err(e) = self.release(seq) {
+                                broken = Some(e);
+                                break;
+                            }
+                            continue;
+                        }
+                        None => break,
+                    }
                 }
                 let Some(req) = pending.pop_front() else {
                     break;
                 };
+                let keep = self
+                    .prefixes
+                    .worth_keeping(&req.prompt)
+                    .then(|| req.prompt.clone());
+                let hit = self.prefixes.lookup(&req.prompt);
                 let mut a = self.active(req.prompt, req.params, req.events);
+                if let Some((from, len)) = hit {
+                    match self.fork(from, next_seq, len) {
+                        Ok(true) => {
+                            a.input = a.input.take().map(|mut p| p.split_off(len));
+                            a.pos = len;
+                            a.cached_tokens = len;
+                        }
+                        Ok(false) => self.prefixes.remove(from),
+                        Err(e) => {
+                            broken = Some(e);
+                            break;
+                        }
+                    }
+                }
+                a.keep = keep;
                 a.kv_reserved = need;
                 a._permit = req.permit;
                 active.insert(next_seq, a);
                 next_seq += 1;
+            }
+            if let Some(e) = broken {
+                break Err(e);
             }
             if let Some(e) = unanswered {
                 break Err(e);
@@ -395,6 +439,8 @@ impl Driver {
             token_ids: Vec::new(),
             events,
             kv_reserved: 0,
+            cached_tokens: 0,
+            keep: None,
             _permit: None,
         }
     }
@@ -504,6 +550,11 @@ impl Driver {
                 .map_err(PipelineError::transport)?;
         }
         let outs = self.shard.forward_batch(items);
+        // Single stage: every shard has run the prompts now (a pipeline keeps them once the
+        // step is on its way, below, so that the stages fork after running it).
+        if self.comm.is_none() {
+            self.keep_prompts(&entries, active)?;
+        }
         let mut passed = Vec::with_capacity(entries.len());
         let mut rows = Vec::new();
         let hidden = self.shard.config().hidden;
@@ -568,7 +619,47 @@ impl Driver {
         };
         send_step(comm, 1, &step)
             .and_then(|_| send_activation(comm, 1, &act))
-            .map_err(PipelineError::transport)
+            .map_err(PipelineError::transport)?;
+        self.keep_prompts(&step.entries, active)
+    }
+
+    /// Keeps in the prefix cache the prompts of `entries` that have just been prefilled (their
+    /// last chunk ran) and were worth keeping.
+    fn keep_prompts(
+        &mut self,
+        entries: &[BatchEntry],
+        active: &mut BTreeMap<u64, Active>,
+    ) -> Result<(), PipelineError> {
+        for e in entries.iter().filter(|e| e.sample) {
+            let Some(prompt) = active.get_mut(&e.seq).and_then(|a| a.keep.take()) else {
+                continue;
+            };
+            let len = prompt.len();
+            let (kept, evicted) = self.prefixes.insert(prompt);
+            if let Some(old) = evicted {
+                self.release(old)?;
+            }
+            if !self.fork(e.seq, kept, len)? {
+                self.prefixes.remove(kept);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts `to` from the first `len` positions of `from` here and in every other rank;
+    /// false when this rank cannot (then nobody is told).
+    fn fork(&mut self, from: u64, to: u64, len: usize) -> Result<bool, PipelineError> {
+        if let Err(e) = self.shard.fork_sequence(from, to, len) {
+            tracing::debug!("sharing a prefix of {len} positions: {e}");
+            return Ok(false);
+        }
+        if let Some(f) = &self.followers {
+            f.fork(from, to, len).map_err(PipelineError::transport)?;
+        }
+        if let Some(comm) = self.comm.as_mut() {
+            send_step(comm, 1, &Step::fork(from, to, len)).map_err(PipelineError::transport)?;
+        }
+        Ok(true)
     }
 
     /// A new token for `a`: emits its text; `Some` when the sequence is finished.
@@ -577,6 +668,7 @@ impl Driver {
             reason,
             prompt_tokens: a.prompt_tokens,
             completion_tokens: a.generated,
+            cached_tokens: a.cached_tokens,
             token_ids: a.token_ids.clone(),
         };
         if self.tokenizer.eos_ids().contains(&token) {

@@ -36,6 +36,10 @@ pub enum Op {
     /// one when the pipeline has been idle for a while, so that a broken link or a stage gone
     /// silent is found without waiting for a request.
     Ping = 8,
+    /// Start sequence `seq` with the first `pos` positions of sequence `seed`'s KV cache (a
+    /// shared prefix, [`super::prefix`]): [`Step::fork`]. Passed on by every stage; nobody
+    /// answers.
+    Fork = 9,
 }
 
 /// One sequence's part of an [`Op::Batch`] or [`Op::Tokens`] step.
@@ -181,6 +185,15 @@ impl Step {
         }
     }
 
+    /// [`Op::Fork`]: `to` starts with the first `len` positions of `from` (carried in `seed`).
+    pub fn fork(from: u64, to: u64, len: usize) -> Step {
+        Step {
+            pos: len as u32,
+            seed: from,
+            ..Step::new(Op::Fork, to)
+        }
+    }
+
     pub fn error(seq: u64, message: impl Into<String>) -> Step {
         Step {
             message: message.into(),
@@ -247,6 +260,7 @@ impl Step {
             6 => Op::Batch,
             7 => Op::Tokens,
             8 => Op::Ping,
+            9 => Op::Fork,
             other => return Err(format!("unknown op {other}")),
         };
         let mut entries = Vec::new();

@@ -10,6 +10,8 @@
 //!   follow, partial sums all-reduced over tb-transport);
 //! - [`driver`]: rank 0 — requests in, first stage, tokens back into text;
 //! - [`openai`]: rank 0's OpenAI-compatible HTTP API;
+//! - [`prefix`]: which recent prompts rank 0 keeps, so that requests starting like them skip
+//!   that part of the prefill;
 //! - [`admission`]: how many requests a service holds before it answers 429;
 //! - [`command`]: how the nodelet turns a built-in allocation into a `tb-shard` (or `tb-train`)
 //!   command line;
@@ -21,6 +23,7 @@ pub mod driver;
 pub mod messages;
 pub mod observed;
 pub mod openai;
+pub mod prefix;
 pub mod stage;
 pub mod tensor;
 pub mod train;
@@ -72,6 +75,8 @@ pub struct ShardOptions {
     pub transport: Preference,
     /// The ranks form one stage split by tensor parallelism ([`tensor`]) instead of a pipeline.
     pub tensor_parallel: bool,
+    /// Prompts rank 0 keeps for requests that start like them ([`prefix`]; 0: none).
+    pub prefix_cache: usize,
 }
 
 /// Why a rank could not start: a short CamelCase reason for the allocation status and the
@@ -288,6 +293,7 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
         batch: opts.batch,
         kv_budget,
         step_timeout: opts.step_timeout,
+        prefixes: prefix::PrefixCache::new(opts.prefix_cache),
     };
     let driver_health = health.clone();
     let driver = tokio::task::spawn_blocking(move || drv.run(rx, driver_health));

@@ -457,6 +457,7 @@ fn usage(f: &Finish) -> Value {
         "prompt_tokens": f.prompt_tokens,
         "completion_tokens": f.completion_tokens,
         "total_tokens": f.prompt_tokens + f.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": f.cached_tokens},
     })
 }
 

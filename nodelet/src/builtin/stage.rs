@@ -81,6 +81,16 @@ pub fn serve(
                     send_step(comm, next, &step)?;
                 }
             }
+            Op::Fork => {
+                // A prefix that failed to run here failed on rank 0's side too: that request
+                // is answered there; the fork is only skipped.
+                if let Err(e) = shard.fork_sequence(step.seed, step.seq, step.pos as usize) {
+                    tracing::debug!("stage {rank}: sharing a prefix: {e}");
+                }
+                if !last {
+                    send_step(comm, next, &step)?;
+                }
+            }
             Op::Error => send_step(comm, next, &step)?,
             // On to the next stage; the last stage's `next` is rank 0.
             Op::Ping => send_step(comm, next, &step)?,

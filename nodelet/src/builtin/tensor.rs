@@ -105,6 +105,11 @@ impl Followers {
         self.each(|c, peer| send_step(c, peer, &Step::new(Op::Release, seq)))
     }
 
+    /// Tells every follower to start `to` from the first `len` positions of `from`.
+    pub fn fork(&self, from: u64, to: u64, len: usize) -> Result<(), TransportError> {
+        self.each(|c, peer| send_step(c, peer, &Step::fork(from, to, len)))
+    }
+
     /// Tells every follower to stop.
     pub fn shutdown(&self) {
         let _ = self.each(|c, peer| send_step(c, peer, &Step::new(Op::Shutdown, 0)));
@@ -165,6 +170,11 @@ pub fn follow(comm: &SharedComm, shard: &mut Shard) -> Result<(), TransportError
                 }
             }
             Op::Release => shard.drop_sequence(step.seq),
+            Op::Fork => {
+                if let Err(e) = shard.fork_sequence(step.seed, step.seq, step.pos as usize) {
+                    tracing::debug!("a follower sharing a prefix: {e}");
+                }
+            }
             Op::Shutdown => return Ok(()),
             Op::Ping => {}
             other => {

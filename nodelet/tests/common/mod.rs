@@ -1,0 +1,126 @@
+//! What the tests that start real `tb-shard` processes share: the model, free ports, a
+//! service of N ranks on loopback, and one HTTP request.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub fn model() -> PathBuf {
+    let p = tb_engine::test_model_path();
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/fetch-model.sh",
+        p.display()
+    );
+    p
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// The processes of one service, killed when dropped.
+pub struct Service {
+    procs: Vec<Child>,
+    pub http: String,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        for p in &mut self.procs {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
+    }
+}
+
+/// `ranks` tb-shard processes on loopback: one stage split by tensor parallelism when
+/// `tensor`, else a pipeline of equal block ranges; `extra` arguments for every rank.
+pub fn start(ranks: usize, tensor: bool, extra: &[&str]) -> Service {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let coordinator = format!("127.0.0.1:{}", free_port());
+    let hosts = vec!["127.0.0.1"; ranks].join(",");
+    let procs = (0..ranks)
+        .map(|rank| {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_tb-shard"));
+            cmd.args(["--model", &model().display().to_string()])
+                .args(["--model-name", "smollm2", "--rank", &rank.to_string()])
+                .args(["--hosts", &hosts, "--coordinator", &coordinator])
+                .args(["--transport", "tcp", "--batch", "4", "--context", "512"])
+                .args(["--connect-timeout", "120"])
+                .env("RAYON_NUM_THREADS", "1")
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit());
+            if tensor {
+                cmd.arg("--tensor-parallel");
+            } else {
+                let (first, count) = (
+                    30 * rank / ranks,
+                    30 * (rank + 1) / ranks - 30 * rank / ranks,
+                );
+                cmd.args(["--first", &first.to_string(), "--count", &count.to_string()]);
+            }
+            cmd.args(extra);
+            if rank == 0 {
+                cmd.args(["--http", &addr]);
+            }
+            cmd.spawn().expect("starting tb-shard")
+        })
+        .collect();
+    let mut s = Service { procs, http: addr };
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Ok((200, _)) = http(&s.http, "GET", "/health", None) {
+            return s;
+        }
+        for (rank, p) in s.procs.iter_mut().enumerate() {
+            if let Ok(Some(status)) = p.try_wait() {
+                panic!("rank {rank} of {ranks} exited ({status}) before the service was ready");
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{ranks} ranks: not ready in 300 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// One HTTP/1.1 request (Connection: close): status and body.
+pub fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(300)))?;
+    let body = body.map(Value::to_string).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
