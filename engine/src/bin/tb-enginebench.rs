@@ -10,6 +10,10 @@
 //! prompt) prefilled, then decoded together, one forward pass per step for all of them;
 //! aggregate tokens/s for B = 1, 4, 8 (`--batches 1,4,8`).
 //!
+//! A third table measures the prefix cache's saving: time to first token of a question after a
+//! long system prompt, the whole prompt prefilled against the system prompt's positions forked
+//! from a sequence that ran it ([`Shard::fork_sequence`]).
+//!
 //! `--adapter DIR` applies a LoRA adapter (a PEFT directory) to every run, to measure its cost.
 //!
 //! `--tp N` adds a table for tensor parallelism ([`tb_engine::tp`]): decode tok/s of N ranks
@@ -345,6 +349,71 @@ fn tp_table(path: &Path, ranks: usize, runs: usize, smoke: bool) -> Result<Vec<T
     Ok(rows)
 }
 
+struct PrefixRow {
+    shared: usize,
+    rest: usize,
+    whole_ms: f64,
+    forked_ms: f64,
+}
+
+/// TTFT of a question after a system prompt of about 128 and 512 tokens (32 and 64 with
+/// `smoke`): the whole prompt prefilled, against forking the system prompt's positions from a
+/// sequence that ran it and prefilling the rest. Best of `runs`.
+fn prefix_table(path: &Path, runs: usize, smoke: bool) -> Result<Vec<PrefixRow>, EngineError> {
+    let mut shard = Shard::load(
+        path,
+        0,
+        GgufIndex::open(path)?.config().n_layers,
+        &LoadOptions {
+            max_context: Some(2048),
+            ..LoadOptions::default()
+        },
+    )?;
+    let tok = Tokenizer::from_file(path)?;
+    let sentence = "The lab's Macs share models, data and work over Thunderbolt cables. ";
+    let question = tok.encode(
+        "<|im_start|>user\nWhich Mac holds the model file?<|im_end|>\n<|im_start|>assistant\n",
+    )?;
+    let sizes: &[usize] = if smoke { &[32, 64] } else { &[128, 512] };
+    let mut rows = Vec::new();
+    for &want in sizes {
+        let mut system = tok.encode("<|im_start|>system\n")?;
+        let unit = tok.encode(sentence)?;
+        while system.len() < want {
+            system.extend_from_slice(&unit);
+        }
+        system.truncate(want);
+        let mut prompt = system.clone();
+        prompt.extend_from_slice(&question);
+        let (mut whole_ms, mut forked_ms) = (f64::MAX, f64::MAX);
+        for run in 0..runs + usize::from(!smoke) {
+            let t = Instant::now();
+            shard.forward(1, StageInput::Tokens(prompt.clone()), 0)?;
+            let whole = t.elapsed().as_secs_f64() * 1e3;
+            shard.drop_sequence(1);
+            shard.forward(2, StageInput::Tokens(system.clone()), 0)?;
+            let t = Instant::now();
+            shard.fork_sequence(2, 3, system.len())?;
+            shard.forward(3, StageInput::Tokens(question.clone()), system.len())?;
+            let forked = t.elapsed().as_secs_f64() * 1e3;
+            shard.drop_sequence(2);
+            shard.drop_sequence(3);
+            // The first of a non-smoke run warms up.
+            if smoke || run > 0 {
+                whole_ms = whole_ms.min(whole);
+                forked_ms = forked_ms.min(forked);
+            }
+        }
+        rows.push(PrefixRow {
+            shared: system.len(),
+            rest: question.len(),
+            whole_ms,
+            forked_ms,
+        });
+    }
+    Ok(rows)
+}
+
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let mut path = tb_engine::test_model_path();
@@ -477,6 +546,32 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("tb-enginebench: batched: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    // A shared system prompt: the whole prompt prefilled vs only what follows a kept prefix.
+    match prefix_table(&path, runs, smoke) {
+        Ok(rows) => {
+            println!(
+                "\nshared prefix (requantised Q8_0): time to first token of a question after a long system prompt, prefilled whole vs from a kept prefix (`Shard::fork_sequence`):\n"
+            );
+            println!(
+                "| system prompt tokens | question tokens | TTFT whole (ms) | TTFT from the kept prefix (ms) | whole / kept |"
+            );
+            println!("|---|---|---|---|---|");
+            for r in rows {
+                println!(
+                    "| {} | {} | {:.1} | {:.1} | {:.1}x |",
+                    r.shared,
+                    r.rest,
+                    r.whole_ms,
+                    r.forked_ms,
+                    r.whole_ms / r.forked_ms.max(1e-9)
+                );
+            }
+        }
+        Err(e) => {
+            eprintln!("tb-enginebench: shared prefix: {e}");
             return ExitCode::FAILURE;
         }
     }
