@@ -16,12 +16,19 @@
 //! (rank, targets, all blocks, scale alpha/rank) on the same batch size and sequence length for
 //! the same number of steps; its reported tokens/s forms a second row.
 //!
+//! With `--peft PYTHON` (a Python with torch, transformers and peft), `peft_reference.py` trains
+//! the same LoRA with PyTorch + PEFT on that directory: tb's token ids, learning rate at every
+//! step, AdamW settings, clipping and thread count (`torch.set_num_threads`), one untimed
+//! warm-up step, then the timed ones. It forms a third row, and the loss at every step is printed
+//! beside tb's (the first step's loss is the base model's in both: B starts at zero).
+//!
 //! Usage: `tb-trainbench [MODEL.gguf] [--seq N] [--batch N] [--rank N] [--steps N]
-//! [--targets q,k,v,o] [--mlx PYTHON] [--smoke]`. `--smoke` runs one step of 2 sequences of 16 tokens
-//! without a warm-up (CI checks that the bench runs; it measures nothing) and fails if the
-//! loss is not finite.
+//! [--targets q,k,v,o] [--mlx PYTHON] [--peft PYTHON] [--smoke]`. `--smoke` runs one step of 2
+//! sequences of 16 tokens without a warm-up (CI checks that the bench runs; it measures nothing)
+//! and fails if the loss is not finite.
 
 mod mlx;
+mod peft;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,7 +36,7 @@ use std::time::Instant;
 
 use candle_core::Device;
 use tb_engine::adapter::{LoraConfig, Target};
-use tb_engine::train::{Example, TrainConfig, Trainer};
+use tb_engine::train::{Example, StepLoss, TrainConfig, Trainer};
 
 const TEXT: &str = "The quick brown fox jumps over the lazy dog. Training a small language \
 model on a laptop is a good way to learn how attention, normalisation and low-rank adapters \
@@ -45,6 +52,8 @@ struct Options {
     smoke: bool,
     /// Python with mlx_lm for the comparison column (None: skipped).
     mlx_python: Option<PathBuf>,
+    /// Python with torch, transformers and peft for the PyTorch + PEFT row (None: skipped).
+    peft_python: Option<PathBuf>,
 }
 
 fn parse() -> Result<Options, String> {
@@ -57,6 +66,7 @@ fn parse() -> Result<Options, String> {
         targets: vec![Target::Q, Target::K, Target::V, Target::O],
         smoke: false,
         mlx_python: None,
+        peft_python: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -77,6 +87,11 @@ fn parse() -> Result<Options, String> {
                     args.next()
                         .ok_or("--mlx needs the path of a python with mlx_lm")?,
                 ))
+            }
+            "--peft" => {
+                o.peft_python = Some(PathBuf::from(args.next().ok_or(
+                    "--peft needs the path of a python with torch, transformers and peft",
+                )?))
             }
             "--targets" => {
                 let list = args.next().unwrap_or_default();
@@ -129,7 +144,7 @@ fn run(o: &Options) -> Result<(), Box<dyn std::error::Error>> {
         ..TrainConfig::new(lora)
     };
     let t = Instant::now();
-    let mut trainer = Trainer::load(&o.path, cfg, &Device::Cpu)?;
+    let mut trainer = Trainer::load(&o.path, cfg.clone(), &Device::Cpu)?;
     let load_s = t.elapsed().as_secs_f64();
     let text_tokens = trainer
         .tokenizer()
@@ -170,17 +185,24 @@ fn run(o: &Options) -> Result<(), Box<dyn std::error::Error>> {
             ""
         }
     );
+    // Loss and learning rate of every optimizer step, the warm-up's first.
+    let mut losses = Vec::new();
+    let mut lrs = Vec::new();
+    let mut step = |trainer: &mut Trainer| -> Result<StepLoss, Box<dyn std::error::Error>> {
+        let l = trainer.accumulate(&batch)?;
+        lrs.push(trainer.apply(l.tokens)?.lr);
+        losses.push(l.mean());
+        Ok(l)
+    };
     if !o.smoke {
         // Warm-up: first-touch allocations, thread pool start.
-        let l = trainer.accumulate(&batch)?;
-        trainer.apply(l.tokens)?;
+        step(&mut trainer)?;
     }
     let mut best_step = f64::INFINITY;
     let mut loss = 0.0;
     for _ in 0..o.steps {
         let t = Instant::now();
-        let l = trainer.accumulate(&batch)?;
-        trainer.apply(l.tokens)?;
+        let l = step(&mut trainer)?;
         best_step = best_step.min(t.elapsed().as_secs_f64());
         loss = l.mean();
     }
@@ -213,13 +235,80 @@ fn run(o: &Options) -> Result<(), Box<dyn std::error::Error>> {
         tokens as f64 / eval_s,
         eval.mean()
     );
+    if o.mlx_python.is_none() && o.peft_python.is_none() {
+        return Ok(());
+    }
+    let tb_tps = tokens as f64 / best_step;
+    let scratch = mlx::ScratchDir::new()?;
+    let model = scratch.path().join("model");
+    let exported = mlx::export_hf(&o.path, &trainer, &model).map_err(|e| e.to_string());
+    let mut ratios = Vec::new();
     if let Some(python) = &o.mlx_python {
-        match mlx::run(python, &trainer, &batch, o) {
-            Ok(row) => println!("{row}"),
+        let r = exported.clone().and_then(|()| {
+            mlx::run(python, &model, scratch.path(), &trainer, &batch, o).map_err(|e| e.to_string())
+        });
+        match r {
+            Ok((row, tps)) => {
+                println!("{row}");
+                ratios.push(format!("tb/mlx_lm.lora {:.1}×", tb_tps / tps));
+            }
             Err(e) => println!("| mlx_lm.lora | train step | failed: {e} | | |"),
         }
     }
+    let mut reference = None;
+    if let Some(python) = &o.peft_python {
+        let r = exported.clone().and_then(|()| {
+            peft::run(python, &model, scratch.path(), &cfg, &batch, &lrs, o)
+                .map_err(|e| e.to_string())
+        });
+        match r {
+            Ok(r) => {
+                println!("{}", r.row(o.steps));
+                ratios.push(format!("tb/PEFT {:.2}×", tb_tps / r.tokens_per_s));
+                reference = Some(r);
+            }
+            Err(e) => println!("| PyTorch + PEFT | train step | failed: {e} | | |"),
+        }
+    }
+    if !ratios.is_empty() {
+        println!("\ntokens/s ratios: {}", ratios.join("; "));
+    }
+    if let Some(r) = reference {
+        println!(
+            "\n{}",
+            loss_comparison(&losses, &r.losses, !o.smoke, &r.versions)
+        );
+    }
     Ok(())
+}
+
+/// tb's and the reference's loss at every step, and the largest relative difference.
+fn loss_comparison(tb: &[f64], reference: &[f64], warmup: bool, v: &peft::Versions) -> String {
+    let fmt = |l: &[f64]| {
+        l.iter()
+            .map(|x| format!("{x:.4}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let worst = tb
+        .iter()
+        .zip(reference)
+        .map(|(a, b)| ((a - b) / b).abs())
+        .fold(0.0, f64::max);
+    format!(
+        "loss by step{}: tb {}; PyTorch + PEFT {}; largest difference {:.2} % (torch {}, transformers {}, peft {})",
+        if warmup {
+            " (the first is the warm-up)"
+        } else {
+            ""
+        },
+        fmt(tb),
+        fmt(reference),
+        100.0 * worst,
+        v.torch,
+        v.transformers,
+        v.peft
+    )
 }
 
 /// Peak resident set size of this process (Linux: VmHWM in /proc/self/status).

@@ -1,30 +1,9 @@
-//! The mlx_lm.lora column of tb-trainbench: writes the GGUF model as a Hugging Face directory
-//! and runs `python -m mlx_lm lora` on it with tb's LoRA settings, reading tokens/s from its
-//! report lines.
+//! The mlx_lm.lora column of tb-trainbench: runs `python -m mlx_lm lora` with tb's LoRA
+//! settings on the Hugging Face copy of the model ([`export_hf`], shared with the PyTorch + PEFT
+//! row), reading tokens/s from its report lines.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-
-/// A directory under the system temp dir, removed on drop.
-struct ScratchDir(PathBuf);
-
-impl ScratchDir {
-    fn new() -> std::io::Result<Self> {
-        let p = std::env::temp_dir().join(format!("tb-trainbench-{}", std::process::id()));
-        std::fs::create_dir_all(&p)?;
-        Ok(Self(p))
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 use std::process::Command;
 
 use candle_core::{Device, Tensor};
@@ -35,17 +14,38 @@ use crate::Options;
 
 type Error = Box<dyn std::error::Error>;
 
-/// Runs mlx_lm.lora and returns its table row.
+/// A directory under the system temp dir, removed on drop.
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    pub fn new() -> std::io::Result<Self> {
+        let p = std::env::temp_dir().join(format!("tb-trainbench-{}", std::process::id()));
+        std::fs::create_dir_all(&p)?;
+        Ok(Self(p))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs mlx_lm.lora on `model` (the directory [`export_hf`] wrote), its data and adapter in
+/// `scratch`, and returns its table row and tokens/s.
 pub fn run(
     python: &Path,
+    model: &Path,
+    scratch: &Path,
     trainer: &Trainer,
     batch: &[Example],
     o: &Options,
-) -> Result<String, Error> {
-    let dir = ScratchDir::new()?;
-    let model = dir.path().join("model");
-    export_hf(&o.path, trainer, &model)?;
-    let data = dir.path().join("data");
+) -> Result<(String, f64), Error> {
+    let data = scratch.join("data");
     std::fs::create_dir_all(&data)?;
     let mut lines = String::new();
     for ex in batch {
@@ -88,12 +88,12 @@ pub fn run(
         "steps_per_eval": 100000,
         "val_batches": 1,
         "save_every": 100000,
-        "adapter_path": dir.path().join("adapter"),
+        "adapter_path": scratch.join("adapter"),
         "lora_parameters": {"keys": keys, "rank": lora.rank, "scale": lora.scale(), "dropout": 0.0},
         "seed": 0,
     });
     // JSON is YAML.
-    let config_path = dir.path().join("lora.yaml");
+    let config_path = scratch.join("lora.yaml");
     std::fs::write(&config_path, config.to_string())?;
     let out = Command::new(python)
         .args(["-m", "mlx_lm", "lora", "--config"])
@@ -121,10 +121,11 @@ pub fn run(
             tail.join(" / ")
         )
     })?;
-    Ok(format!(
+    let row = format!(
         "| mlx_lm.lora (mlx cpu, f32 HF copy) | train step, best of {} | {s:.2} | {tps:.1} | {loss:.3} |",
         o.steps
-    ))
+    );
+    Ok((row, tps))
 }
 
 /// `text` without ANSI escape sequences (mlx_lm's console styles its output even into a pipe).
@@ -184,8 +185,10 @@ fn report_line(line: &str) -> Option<(f64, f64, f64)> {
     Some((trained * 1000.0 / it / tps, tps, loss))
 }
 
-/// Writes the GGUF model at `gguf` as a Hugging Face llama directory in `dir`.
-fn export_hf(gguf: &Path, trainer: &Trainer, dir: &Path) -> Result<(), Error> {
+/// Writes the GGUF model at `gguf` as a Hugging Face llama directory in `dir`: f32 safetensors
+/// dequantised from the GGUF (q/k rows back in HF order), config.json, tokenizer.json and the
+/// chat template.
+pub fn export_hf(gguf: &Path, trainer: &Trainer, dir: &Path) -> Result<(), Error> {
     std::fs::create_dir_all(dir)?;
     let index = GgufIndex::open(gguf)?;
     let c: &ModelConfig = index.config();
