@@ -28,6 +28,7 @@ benches=(
   "scheduler-bench --raft|$bin/scheduler-bench --smoke --raft --tb-controller $bin/tb-controller"
   "placement-bench|$bin/placement-bench --smoke --markdown"
   "pipeline-bench|$bin/pipeline-bench --smoke --shard-bin $bin/tb-shard"
+  "serve-bench|$bin/serve-bench --smoke --shard-bin $bin/tb-shard"
   "tb-enginebench|$bin/tb-enginebench --smoke"
   "tb-trainbench|$bin/tb-trainbench --smoke"
   "tb-trainbench-dp|$bin/tb-trainbench-dp --smoke"

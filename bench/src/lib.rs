@@ -15,6 +15,10 @@
 //!
 //! `scheduler-bench` (`scheduler`) drives the real scheduler and state machine in virtual time
 //! over 64 simulated Macs and 5,000 queued jobs: admissions/s, freed → admitted, fairness.
+//!
+//! `pipeline-bench` and `serve-bench` drive tb's built-in engine (and llama.cpp's
+//! `llama-server`) through their OpenAI-compatible streaming endpoints: `openai_load` starts
+//! the servers on loopback and reads one streamed completion with the time of every token.
 
 pub mod backend;
 pub mod bench;
@@ -27,6 +31,7 @@ pub mod jobs;
 pub mod load;
 pub mod machine;
 pub mod member;
+pub mod openai_load;
 pub mod payload;
 pub mod placement;
 pub mod ports;

@@ -13,15 +13,13 @@
 //! `--smoke` runs the same three configurations with 8 tokens and one timed run each, and
 //! exits non-zero if any configuration does not start or generates nothing.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use serde_json::{Value, json};
+use serde_json::json;
+use tb_bench::openai_load::{self, Streamed, TbOptions};
 
 #[derive(Debug, Parser)]
 #[command(about = "tb's engine: one process vs 2- and 3-stage pipelines over loopback")]
@@ -49,127 +47,13 @@ struct Args {
 
 const PROMPT: &str = "Once upon a time, in a kingdom by the sea, there lived a dragon who";
 
-struct Run {
-    ttft: Duration,
-    decode_tps: f64,
-    tokens: usize,
-}
-
-fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
-
-struct Pipeline {
-    children: Vec<Child>,
-    http: String,
-}
-
-impl Drop for Pipeline {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn start(bin: &Path, model: &Path, splits: &[(usize, usize)], threads: usize) -> Result<Pipeline> {
-    let world = splits.len();
-    let coordinator = format!("127.0.0.1:{}", free_port()?);
-    let http = format!("127.0.0.1:{}", free_port()?);
-    let hosts = vec!["127.0.0.1"; world].join(",");
-    let mut p = Pipeline {
-        children: Vec::new(),
-        http: http.clone(),
-    };
-    for (rank, (first, count)) in splits.iter().enumerate() {
-        let mut cmd = Command::new(bin);
-        cmd.args(["--model", &model.display().to_string()])
-            .args(["--model-name", "bench", "--rank", &rank.to_string()])
-            .args(["--hosts", &hosts, "--coordinator", &coordinator])
-            .args(["--first", &first.to_string(), "--count", &count.to_string()])
-            .args(["--transport", "tcp", "--batch", "1"])
-            .env("RAYON_NUM_THREADS", threads.to_string())
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        if rank == 0 {
-            cmd.args(["--http", &http]);
-        }
-        p.children.push(
-            cmd.spawn()
-                .with_context(|| format!("starting {}", bin.display()))?,
-        );
-    }
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        if let Ok(mut s) = TcpStream::connect(&http) {
-            let _ = write!(s, "GET /health HTTP/1.0\r\n\r\n");
-            let mut line = String::new();
-            if BufReader::new(s).read_line(&mut line).is_ok() && line.contains(" 200 ") {
-                return Ok(p);
-            }
-        }
-        for c in &mut p.children {
-            if let Some(st) = c.try_wait()? {
-                bail!("a tb-shard exited ({st}) before the pipeline was ready");
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("the pipeline was not ready in 180 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// One streamed completion: TTFT and decode rate.
-fn run(http: &str, tokens: usize) -> Result<Run> {
+/// One streamed completion of `tokens` tokens for `PROMPT`.
+fn run(http: &str, tokens: usize) -> Result<Streamed> {
     let body = json!({"model": "bench", "prompt": PROMPT, "max_tokens": tokens, "temperature": 0,
-                      "stream": true, "stream_options": {"include_usage": true}})
-    .to_string();
-    let started = Instant::now();
-    let mut s = TcpStream::connect(http)?;
-    write!(
-        s,
-        "POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut first: Option<Instant> = None;
-    let mut last = started;
-    let mut generated = 0usize;
-    for line in BufReader::new(s).lines() {
-        let line = line?;
-        let Some(data) = line.strip_prefix("data: ") else {
-            continue;
-        };
-        if data == "[DONE]" {
-            break;
-        }
-        let v: Value = serde_json::from_str(data).context("a streamed chunk")?;
-        if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
-            generated = n as usize;
-        }
-        if v["choices"][0]["text"]
-            .as_str()
-            .is_some_and(|t| !t.is_empty())
-        {
-            let now = Instant::now();
-            first.get_or_insert(now);
-            last = now;
-        }
-    }
-    let first = first.context("no text came back")?;
-    let decode = last.duration_since(first).as_secs_f64();
-    Ok(Run {
-        ttft: first.duration_since(started),
-        decode_tps: if decode > 0.0 {
-            (generated.saturating_sub(1)) as f64 / decode
-        } else {
-            0.0
-        },
-        tokens: generated,
-    })
+                      "stream": true, "stream_options": {"include_usage": true}});
+    let r = openai_load::stream(http, "/v1/completions", &body, Duration::from_secs(300))?;
+    r.ttft().context("no text came back")?;
+    Ok(r)
 }
 
 fn main() -> Result<()> {
@@ -225,26 +109,39 @@ fn main() -> Result<()> {
     println!("|---|---|---|---|---|");
     let mut single = None;
     for (name, splits) in configs {
-        let p = start(&bin, &model, &splits, args.threads)?;
+        let p = openai_load::start_tb(
+            name,
+            &TbOptions {
+                bin: &bin,
+                model: &model,
+                splits: &splits,
+                threads: args.threads,
+                batch: 1,
+                context: None,
+            },
+        )?;
         run(&p.http, 8)?; // warm-up
-        let mut best: Option<Run> = None;
+        let mut best: Option<Streamed> = None;
         for _ in 0..args.runs {
             let r = run(&p.http, args.tokens)?;
-            if best.as_ref().is_none_or(|b| r.decode_tps > b.decode_tps) {
+            if best
+                .as_ref()
+                .is_none_or(|b| r.decode_tps() > b.decode_tps())
+            {
                 best = Some(r);
             }
         }
         let b = best.context("no runs")?;
-        if args.smoke && b.tokens == 0 {
+        if args.smoke && b.tokens() == 0 {
             bail!("pipeline-bench --smoke: FAILED: {name} generated no tokens");
         }
-        let base = *single.get_or_insert(b.decode_tps);
+        let base = *single.get_or_insert(b.decode_tps());
         println!(
             "| {name} | {:.1} | {:.1} | {:.2} | {} |",
-            b.ttft.as_secs_f64() * 1e3,
-            b.decode_tps,
-            b.decode_tps / base,
-            b.tokens
+            b.ttft().unwrap_or_default().as_secs_f64() * 1e3,
+            b.decode_tps(),
+            b.decode_tps() / base,
+            b.tokens()
         );
         drop(p);
     }
