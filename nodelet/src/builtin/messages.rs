@@ -384,7 +384,9 @@ mod tests {
         let back = Step::decode(&e.encode()).expect("decodes");
         assert_eq!(back.op, Op::Error);
         assert!(back.message.len() <= MAX_CONTROL - HEADER && back.message.starts_with('é'));
-        assert!(Step::decode(&[9; 40]).unwrap_err().contains("unknown op"));
+        let f = Step::fork(1 << 63, 12, 300);
+        assert_eq!(Step::decode(&f.encode()), Ok(f));
+        assert!(Step::decode(&[200; 40]).unwrap_err().contains("unknown op"));
         assert!(Step::decode(&[1; 10]).unwrap_err().contains("at least"));
     }
 
