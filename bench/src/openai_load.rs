@@ -126,6 +126,9 @@ pub struct TbOptions<'a> {
     pub batch: usize,
     /// Tokens of context per sequence (`--context`; the model's own when `None`).
     pub context: Option<usize>,
+    /// The ranks are one stage split by tensor parallelism (`--tensor-parallel`; each rank's
+    /// split is then every block).
+    pub tensor: bool,
 }
 
 /// Starts tb's pipeline and waits (up to 180 s) until its endpoint is healthy.
@@ -145,6 +148,9 @@ pub fn start_tb(name: &str, o: &TbOptions) -> Result<Server> {
             .env("RUST_LOG", "warn");
         if let Some(c) = o.context {
             cmd.args(["--context", &c.to_string()]);
+        }
+        if o.tensor {
+            cmd.arg("--tensor-parallel");
         }
         if rank == 0 {
             cmd.args(["--http", &s.http]);

@@ -118,6 +118,7 @@ fn main() -> Result<()> {
                 threads: args.threads,
                 batch: 1,
                 context: None,
+                tensor: false,
             },
         )?;
         run(&p.http, 8)?; // warm-up

@@ -1,5 +1,6 @@
 //! `serve-bench`: tb's OpenAI-compatible endpoint under concurrent streams — tb's engine in one
-//! process and as a 2-stage pipeline of `tb-shard` processes over loopback TCP, and, when
+//! process, as a 2-stage pipeline of `tb-shard` processes over loopback TCP and as 2
+//! tensor-parallel `tb-shard` ranks (`--tensor-parallel`), and, when
 //! `--llama-server PATH` is given, llama.cpp's `llama-server` with the same GGUF, the same
 //! threads and continuous batching — each driven by 1, 4, 8 and 16 streaming chat-completion
 //! clients started together (temperature 0, a fixed prompt per stream, `--tokens` each), for
@@ -63,11 +64,12 @@ struct Args {
     #[arg(long)]
     llama_server: Option<PathBuf>,
     /// Configurations to run, comma-separated: single (tb in one process), 2-stage (tb as a
-    /// 2-stage pipeline), llama-server (needs --llama-server).
+    /// 2-stage pipeline), 2-tensor (tb as 2 tensor-parallel ranks), llama-server (needs
+    /// --llama-server).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "single,2-stage,llama-server"
+        default_value = "single,2-stage,2-tensor,llama-server"
     )]
     configs: Vec<String>,
     /// No more rounds are started after this many seconds (each stream count keeps at least one).
@@ -107,9 +109,9 @@ fn prompt(i: usize) -> String {
     format!("Write a long story about {}.", SUBJECTS[i % SUBJECTS.len()])
 }
 
-/// A tb configuration: its `--configs` key, its name in the table, and its stages (first
-/// block, blocks).
-type TbConfig = (&'static str, &'static str, Vec<(usize, usize)>);
+/// A tb configuration: its `--configs` key, its name in the table, its ranks (first block,
+/// blocks) and whether they split every block (tensor parallel) rather than pipeline.
+type TbConfig = (&'static str, &'static str, Vec<(usize, usize)>, bool);
 
 /// What one (configuration, stream count) cell measured.
 struct Cell {
@@ -296,9 +298,9 @@ fn main() -> Result<()> {
     if let Some(c) = args
         .configs
         .iter()
-        .find(|c| !["single", "2-stage", "llama-server"].contains(&c.as_str()))
+        .find(|c| !["single", "2-stage", "2-tensor", "llama-server"].contains(&c.as_str()))
     {
-        bail!("--configs: {c:?} is none of single, 2-stage, llama-server");
+        bail!("--configs: {c:?} is none of single, 2-stage, 2-tensor, llama-server");
     }
     if args.rounds == 0 || args.tokens == 0 || args.threads == 0 {
         bail!("--rounds, --tokens and --threads must be at least 1");
@@ -340,16 +342,28 @@ fn main() -> Result<()> {
     }
 
     let mut cells = Vec::new();
-    let tb_configs: [TbConfig; 2] = [
-        ("single", "tb, single process (30 blocks)", vec![(0, 30)]),
+    let tb_configs: [TbConfig; 3] = [
+        (
+            "single",
+            "tb, single process (30 blocks)",
+            vec![(0, 30)],
+            false,
+        ),
         (
             "2-stage",
             "tb, 2-stage pipeline (15 + 15)",
             vec![(0, 15), (15, 15)],
+            false,
+        ),
+        (
+            "2-tensor",
+            "tb, 2 tensor-parallel ranks (KV heads 2 + 1)",
+            vec![(0, 30), (0, 30)],
+            true,
         ),
     ];
     let wanted = |key: &str| args.configs.iter().any(|c| c == key);
-    for (key, name, splits) in &tb_configs {
+    for (key, name, splits, tensor) in &tb_configs {
         if !wanted(key) {
             continue;
         }
@@ -362,6 +376,7 @@ fn main() -> Result<()> {
                 threads: args.threads,
                 batch: max_streams,
                 context: Some(args.context),
+                tensor: *tensor,
             },
         )?;
         cells.extend(measure(
@@ -453,7 +468,7 @@ fn main() -> Result<()> {
     let get = |config: &str, n: usize| cells.iter().find(|c| c.config == config && c.streams == n);
     let llama = |n: usize| cells.iter().find(|c| c.llama && c.streams == n);
     let met = |ok: bool| if ok { "met" } else { "not met" };
-    for (_, name, _) in &tb_configs {
+    for (_, name, _, _) in &tb_configs {
         let (Some(one), Some(eight)) = (get(name, 1), get(name, 8)) else {
             continue;
         };
