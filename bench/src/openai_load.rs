@@ -10,6 +10,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+#[cfg(target_os = "linux")]
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -65,7 +66,9 @@ impl Server {
             }
         }
         // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the
-        // parent; it is all that runs between fork and exec.
+        // parent; it is all that runs between fork and exec. Linux only (macOS has no
+        // parent-death signal: there the servers are killed on drop alone).
+        #[cfg(target_os = "linux")]
         unsafe {
             cmd.pre_exec(|| {
                 nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
