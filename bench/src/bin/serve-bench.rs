@@ -105,8 +105,15 @@ const SUBJECTS: [&str; 16] = [
     "a winter without snow",
 ];
 
-fn prompt(i: usize) -> String {
-    format!("Write a long story about {}.", SUBJECTS[i % SUBJECTS.len()])
+/// Stream `i`'s question in round `r`: the round opens it, so that no prompt repeats an
+/// earlier one past the chat template's shared start, and neither server's prompt cache
+/// (tb's prefix cache, llama-server's slot cache, both left on) answers it whole.
+fn prompt(r: usize, i: usize) -> String {
+    format!(
+        "Story {}: write a long story about {}.",
+        r + 1,
+        SUBJECTS[i % SUBJECTS.len()]
+    )
 }
 
 /// A tb configuration: its `--configs` key, its name in the table, its ranks (first block,
@@ -135,21 +142,18 @@ fn ms(d: Option<Duration>) -> String {
     d.map_or("—".into(), |d| format!("{:.1}", d.as_secs_f64() * 1e3))
 }
 
-/// One round: `n` streams started together (a barrier), each reading its whole answer.
-fn round(server: &Server, n: usize, tokens: usize, llama: bool) -> Result<Vec<Streamed>> {
+/// One round (numbered `r` over the whole run): `n` streams started together (a barrier), each
+/// reading its whole answer.
+fn round(server: &Server, r: usize, n: usize, tokens: usize) -> Result<Vec<Streamed>> {
     let barrier = Arc::new(Barrier::new(n));
     let handles: Vec<_> = (0..n)
         .map(|i| {
             let http = server.http.clone();
             let barrier = barrier.clone();
-            let mut body = json!({"model": "bench",
-                "messages": [{"role": "user", "content": prompt(i)}],
+            let body = json!({"model": "bench",
+                "messages": [{"role": "user", "content": prompt(r, i)}],
                 "max_tokens": tokens, "temperature": 0, "stream": true,
                 "stream_options": {"include_usage": true}});
-            if llama {
-                // The same work as tb's engine, which keeps no prompt cache between requests.
-                body["cache_prompt"] = json!(false);
-            }
             std::thread::spawn(move || {
                 barrier.wait();
                 openai_load::stream(
@@ -195,18 +199,30 @@ fn measure(
     warmup_tokens: usize,
     wait_idle: Duration,
 ) -> Result<Vec<Cell>> {
-    round(server, 1, warmup_tokens, llama).context("the warm-up")?;
+    // Round numbers: the warm-up is 0, then every round of every cell its own.
+    round(server, 0, 1, warmup_tokens).context("the warm-up")?;
+    let mut numbered = 1;
     let mut cells = Vec::new();
     for &n in streams {
         let (mut wall, mut generated, mut done) = (Duration::ZERO, 0usize, 0usize);
         let (mut gaps, mut ttfts, mut empty) = (Vec::new(), Vec::new(), 0usize);
-        let meter = CpuMeter::start(server.pids());
+        // CPU over the rounds only (not the waits for a quiet machine), weighted by their time.
+        let mut cpu = CpuShare::default();
         while done < rounds && (done == 0 || Instant::now() < deadline) {
             wait_for_quiet(server, wait_idle);
-            let rs = round(server, n, tokens, llama)?;
+            let meter = CpuMeter::start(server.pids());
+            let rs = round(server, numbered, n, tokens)?;
+            let used = meter.finish();
+            numbered += 1;
             let start = rs.iter().map(|r| r.started).min().context("no streams")?;
             let end = rs.iter().map(|r| r.ended).max().context("no streams")?;
-            wall += end.duration_since(start);
+            let took = end.duration_since(start);
+            let before = wall.as_secs_f64();
+            wall += took;
+            let after = wall.as_secs_f64().max(1e-9);
+            let (a, b) = (before / after, took.as_secs_f64() / after);
+            cpu.ours = cpu.ours * a + used.ours * b;
+            cpu.others = cpu.others * a + used.others * b;
             for r in &rs {
                 generated += r.tokens();
                 gaps.extend(r.gaps());
@@ -217,7 +233,6 @@ fn measure(
             }
             done += 1;
         }
-        let cpu = meter.finish();
         server.check_alive()?;
         let cell = Cell {
             config: server.name.clone(),
@@ -232,7 +247,8 @@ fn measure(
             cpu,
         };
         eprintln!(
-            "serve-bench: {} × {n}: {:.1} tok/s, ITL p50 {} p99 {} ms, TTFT p50 {} ms ({} rounds; CPU: ours {:.2}, others {:.2} cores)",
+            "serve-bench: {} × {n}: {:.1} tok/s, ITL p50 {} p99 {} ms, TTFT p50 {} ms \
+             ({} rounds; CPU: ours {:.2}, others {:.2} cores)",
             cell.config,
             cell.aggregate_tps,
             ms(cell.itl.quantile(0.5)),
@@ -328,9 +344,9 @@ fn main() -> Result<()> {
     let load_before = load();
     let llama_version = args.llama_server.as_deref().map(llama_version);
     println!(
-        "model {}, {} thread(s) per process, {} tokens per stream (temperature 0, one prompt per \
-         stream), {} round(s) per stream count after a warm-up, {} tokens of context per \
-         sequence, {started_at}, load {load_before} before",
+        "model {}, {} thread(s) per process, {} tokens per stream (temperature 0, a \
+         prompt per stream and round), {} round(s) per stream count after a warm-up, {} \
+         tokens of context per sequence, {started_at}, load {load_before} before",
         model.display(),
         args.threads,
         args.tokens,
