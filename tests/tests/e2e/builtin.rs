@@ -101,29 +101,33 @@ const PROMPTS: [&str; 3] = [
 ];
 const NEW_TOKENS: usize = 24;
 
+/// The single-process engine's greedy tokens for each of `prompts` (`tokens` at most).
+async fn reference_tokens(model: &Path, prompts: &[&str], tokens: usize) -> Vec<Vec<u32>> {
+    let model = model.to_path_buf();
+    let prompts: Vec<String> = prompts.iter().map(|p| p.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let mut e = Engine::load(&model, &LoadOptions::default()).expect("engine");
+        prompts
+            .iter()
+            .map(|p| {
+                let prompt = e.tokenizer().encode(p).expect("encode");
+                let params = SamplingParams {
+                    max_tokens: tokens,
+                    ..SamplingParams::default()
+                };
+                e.generate(&prompt, &params).expect("generate").tokens
+            })
+            .collect()
+    })
+    .await
+    .expect("reference")
+}
+
 /// Greedy tokens of the pipeline equal the single-process engine's, split in 2 and in 3.
 #[tokio::test]
 async fn pipeline_tokens_equal_the_single_process_engine() {
     let model = model_path();
-    let reference: Vec<Vec<u32>> = {
-        let model = model.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut e = Engine::load(&model, &LoadOptions::default()).expect("engine");
-            PROMPTS
-                .iter()
-                .map(|p| {
-                    let prompt = e.tokenizer().encode(p).expect("encode");
-                    let params = SamplingParams {
-                        max_tokens: NEW_TOKENS,
-                        ..SamplingParams::default()
-                    };
-                    e.generate(&prompt, &params).expect("generate").tokens
-                })
-                .collect()
-        })
-        .await
-        .expect("reference")
-    };
+    let reference = reference_tokens(&model, &PROMPTS, NEW_TOKENS).await;
     let dir = TestDir::new("builtin-pipeline");
     for splits in [vec![(0, 15), (15, 15)], vec![(0, 9), (9, 11), (20, 10)]] {
         let world = splits.len();
@@ -745,25 +749,7 @@ async fn a_tensor_parallel_service_splits_every_block_over_three_macs() {
         "fn fibonacci(n: u64) -> u64 {",
     ];
     const TOKENS: usize = 16;
-    let reference: Vec<Vec<u32>> = {
-        let model = model.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut e = Engine::load(&model, &LoadOptions::default()).expect("engine");
-            prompts
-                .iter()
-                .map(|p| {
-                    let prompt = e.tokenizer().encode(p).expect("encode");
-                    let params = SamplingParams {
-                        max_tokens: TOKENS,
-                        ..SamplingParams::default()
-                    };
-                    e.generate(&prompt, &params).expect("generate").tokens
-                })
-                .collect()
-        })
-        .await
-        .expect("reference")
-    };
+    let reference = reference_tokens(&model, &prompts, TOKENS).await;
     let dir = TestDir::new("builtin-tensor-lab");
     let topology = dir.write(
         "lab.yaml",
