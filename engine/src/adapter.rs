@@ -157,11 +157,71 @@ pub struct LoraPair {
 
 impl LoraPair {
     /// `scale · x·Aᵀ·Bᵀ` for x of shape [..., in]: the adapter's addition to the layer's output.
+    ///
+    /// On the CPU each row is computed on its own in a fixed order, so a row's result does not
+    /// depend on how many rows are multiplied with it (a batched step gives every sequence the
+    /// bits it gets alone); candle's f32 matmul takes another kernel for one row than for many.
     pub fn delta(&self, x: &Tensor, scale: f32) -> Result<Tensor> {
-        let h = x.broadcast_matmul(&self.a.t()?)?;
-        let y = h.broadcast_matmul(&self.b.t()?)?;
-        Ok((y * f64::from(scale))?)
+        let f32s = [x, &self.a, &self.b]
+            .iter()
+            .all(|t| t.device().is_cpu() && t.dtype() == DType::F32);
+        if !f32s {
+            let h = x.broadcast_matmul(&self.a.t()?)?;
+            let y = h.broadcast_matmul(&self.b.t()?)?;
+            return Ok((y * f64::from(scale))?);
+        }
+        let (rank, input) = self.a.dims2()?;
+        let (output, _) = self.b.dims2()?;
+        let mut shape = x.dims().to_vec();
+        if shape.last() != Some(&input) {
+            return Err(EngineError::BadInput {
+                detail: format!("LoRA input has shape {shape:?}, A expects {input} columns"),
+            });
+        }
+        let xs = x.flatten_all()?.to_vec1::<f32>()?;
+        let a = self.a.flatten_all()?.to_vec1::<f32>()?;
+        let b = self.b.flatten_all()?.to_vec1::<f32>()?;
+        let rows = xs.len() / input.max(1);
+        let mut out = vec![0f32; rows * output];
+        let mut h = vec![0f32; rank];
+        for (row, y) in xs.chunks_exact(input).zip(out.chunks_exact_mut(output)) {
+            for (hj, aj) in h.iter_mut().zip(a.chunks_exact(input)) {
+                *hj = dot(row, aj);
+            }
+            for (yi, bi) in y.iter_mut().zip(b.chunks_exact(rank)) {
+                *yi = dot(&h, bi) * scale;
+            }
+        }
+        if let Some(last) = shape.last_mut() {
+            *last = output;
+        }
+        Ok(Tensor::from_vec(out, shape, x.device())?)
     }
+}
+
+/// A dot product summed in a fixed order: eight running sums (which the compiler keeps in one
+/// vector register) added pairwise at the end, then the tail.
+fn dot(x: &[f32], y: &[f32]) -> f32 {
+    let mut sums = [0f32; 8];
+    let (xc, yc) = (x.chunks_exact(8), y.chunks_exact(8));
+    let tail: f32 = xc
+        .remainder()
+        .iter()
+        .zip(yc.remainder())
+        .map(|(a, b)| a * b)
+        .sum();
+    for (a, b) in xc.zip(yc) {
+        for i in 0..8 {
+            sums[i] += a[i] * b[i];
+        }
+    }
+    let quads = [
+        sums[0] + sums[4],
+        sums[1] + sums[5],
+        sums[2] + sums[6],
+        sums[3] + sums[7],
+    ];
+    (quads[0] + quads[2]) + (quads[1] + quads[3]) + tail
 }
 
 /// A LoRA adapter: its config and a pair per (block, target) it adapts.

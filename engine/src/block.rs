@@ -161,7 +161,7 @@ impl BlockLora {
 pub(crate) type KvCache = Option<(Tensor, Tensor)>;
 
 fn project(w: &QMatMul, b: Option<&Tensor>, x: &Tensor) -> Result<Tensor> {
-    let y = w.forward(x)?;
+    let y = crate::qgemm::forward(w, x)?;
     Ok(match b {
         Some(b) => y.broadcast_add(b)?,
         None => y,

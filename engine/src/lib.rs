@@ -20,6 +20,7 @@ pub mod train;
 pub mod weights;
 
 mod block;
+mod qgemm;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use error::EngineError;

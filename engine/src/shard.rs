@@ -528,7 +528,9 @@ impl Shard {
                 let last = Tensor::from_vec(last, b, &self.device)?;
                 let last = x.index_select(&last, 1)?.contiguous()?;
                 let last = norm.forward(&last)?;
-                let logits = out.forward(&last)?.reshape((b, ()))?.to_vec2::<f32>()?;
+                let logits = crate::qgemm::forward(out, &last)?
+                    .reshape((b, ()))?
+                    .to_vec2::<f32>()?;
                 logits.into_iter().map(StageOutput::Logits).collect()
             }
             None => {
@@ -736,7 +738,7 @@ mod tests {
                 "{target:?}: the adapter moved the output by only {without}"
             );
             // And the low-rank part alone is the dense scale·B·A to f32 rounding.
-            let base = QMatMul::forward(block.weight(target).0, &x).expect("W x");
+            let base = crate::qgemm::forward(block.weight(target).0, &x).expect("W x");
             let base = match block.weight(target).1 {
                 Some(b) => base.broadcast_add(b).expect("bias"),
                 None => base,

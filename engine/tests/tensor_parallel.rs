@@ -11,8 +11,10 @@
 //! steps below, 2 and 3 ranks), mostly a shift common to every logit. The single-process engine
 //! is as sensitive: nudging a third of block 0's output by a relative 1e-7 (an ulp) moved its
 //! logits by 0.77-0.91. A wrong split (a head or feature in the wrong place) changes the tokens
-//! and moves logits by far more. Greedy tokens must be equal; logits within
-//! [`LOGIT_TOLERANCE`].
+//! and moves logits by far more. So each run is fed the single process's tokens, its logits must
+//! be within [`LOGIT_TOLERANCE`] at every step, and its greedy choice equal wherever the single
+//! process's top two logits are more than [`GREEDY_MARGIN`] apart (a free-running comparison
+//! fails on the first near tie: a 3-rank run once took another token at step 4 of 16).
 
 mod common;
 
@@ -182,15 +184,19 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 /// Greedy tokens and the logits of every step: the prefill, then `TOKENS - 1` decode steps.
+/// With `forced`, each step is fed `forced`'s token instead of its own choice, so a run whose
+/// rounding differs still walks the reference's path and every step can be compared.
 fn trace(
     mut forward: impl FnMut(u64, Vec<u32>, usize) -> Vec<f32>,
     seq: u64,
     prompt: &[u32],
+    forced: Option<&[u32]>,
 ) -> (Vec<u32>, Vec<Vec<f32>>) {
     let mut logits = vec![forward(seq, prompt.to_vec(), 0)];
     let mut tokens = vec![argmax(&logits[0])];
-    for pos in prompt.len()..prompt.len() + TOKENS - 1 {
-        let l = forward(seq, vec![*tokens.last().expect("token")], pos);
+    for (step, pos) in (prompt.len()..prompt.len() + TOKENS - 1).enumerate() {
+        let fed = forced.map_or(tokens[step], |f| f[step]);
+        let l = forward(seq, vec![fed], pos);
         tokens.push(argmax(&l));
         logits.push(l);
     }
@@ -220,7 +226,14 @@ fn two_and_three_ranks_generate_what_one_process_generates() {
     let want: Vec<_> = prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| trace(|s, t, pos| single_logits(&mut full, s, t, pos), i as u64, p))
+        .map(|(i, p)| {
+            trace(
+                |s, t, pos| single_logits(&mut full, s, t, pos),
+                i as u64,
+                p,
+                None,
+            )
+        })
         .collect();
     for ranks in [2, 3] {
         let group = Group::load(0, 30, ranks, &opts);
@@ -231,14 +244,14 @@ fn two_and_three_ranks_generate_what_one_process_generates() {
             _ => vec![kv_full / 3; 3],
         };
         assert_eq!(group.kv_bytes, kv_want);
-        let mut worst: f32 = 0.0;
+        let (mut worst, mut checked, mut steps): (f32, usize, usize) = (0.0, 0, 0);
         for (i, prompt) in prompts.iter().enumerate() {
-            let (tokens, logits) = trace(|s, t, pos| group.logits(s, t, pos), i as u64, prompt);
             let (want_tokens, want_logits) = &want[i];
-            assert_eq!(
-                &tokens, want_tokens,
-                "{ranks} ranks: greedy tokens of {:?}",
-                PROMPTS[i]
+            let (tokens, logits) = trace(
+                |s, t, pos| group.logits(s, t, pos),
+                i as u64,
+                prompt,
+                Some(want_tokens),
             );
             for (step, (a, b)) in logits.iter().zip(want_logits).enumerate() {
                 let d = max_abs_diff(a, b);
@@ -248,12 +261,28 @@ fn two_and_three_ranks_generate_what_one_process_generates() {
                     "{ranks} ranks, step {step} of {:?}: logits off by {d}",
                     PROMPTS[i]
                 );
+                // A near tie can go either way under rounding (see the module doc).
+                steps += 1;
+                if margin(b) > GREEDY_MARGIN {
+                    assert_eq!(
+                        tokens[step],
+                        want_tokens[step],
+                        "{ranks} ranks: greedy token {step} of {:?} (reference margin {})",
+                        PROMPTS[i],
+                        margin(b)
+                    );
+                    checked += 1;
+                }
             }
         }
+        // The comparison is not vacuous: most steps have a clear choice.
+        assert!(
+            checked * 2 > steps,
+            "{ranks} ranks: only {checked} of {steps} steps had a clear greedy choice"
+        );
         eprintln!(
-            "{ranks} ranks: {TOKENS} greedy tokens x {} prompts equal; max abs logit diff {worst}; \
-             weight bytes per rank {:?}",
-            prompts.len(),
+            "{ranks} ranks: {checked} of {steps} greedy choices compared (the rest near ties), all \
+             equal; max abs logit diff {worst}; weight bytes per rank {:?}",
             group.weight_bytes
         );
     }

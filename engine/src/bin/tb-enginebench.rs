@@ -23,7 +23,9 @@
 //! `CANDLE_NUM_THREADS=1` (each rank computes on its own thread, no pool); the weights are
 //! requantised to Q8_0 as in the second row.
 //!
-//! Usage: `tb-enginebench [MODEL.gguf] [--runs N] [--batches 1,4,8] [--adapter DIR] [--tp N] [--smoke]` (model defaults to
+//! `--tables single,batched,prefix` picks which of the first three tables run (all by default).
+//!
+//! Usage: `tb-enginebench [MODEL.gguf] [--runs N] [--batches 1,4,8] [--tables LIST] [--adapter DIR] [--tp N] [--smoke]` (model defaults to
 //! `$TB_TEST_MODEL` or `.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf`). `--smoke` runs the
 //! same code with 8 tokens and one run without a warm-up, and fails if either weight form generates
 //! nothing.
@@ -423,7 +425,26 @@ fn main() -> ExitCode {
     let mut adapter: Option<PathBuf> = None;
     let mut tp: Option<usize> = None;
     let mut tp_child_ranks: Option<usize> = None;
+    let mut tables: Vec<String> = ["single", "batched", "prefix"].map(String::from).to_vec();
     while let Some(a) = args.next() {
+        if a == "--tables" {
+            tables = args
+                .next()
+                .unwrap_or_default()
+                .split(',')
+                .map(|t| t.trim().to_string())
+                .collect();
+            if let Some(bad) = tables
+                .iter()
+                .find(|t| !["single", "batched", "prefix"].contains(&t.as_str()))
+            {
+                eprintln!(
+                    "tb-enginebench: --tables: unknown table {bad:?} (expected single, batched, prefix)"
+                );
+                return ExitCode::FAILURE;
+            }
+            continue;
+        }
         if a == "--tp" || a == "--tp-child" {
             let n = args.next().and_then(|n| n.parse().ok()).filter(|&n| n > 0);
             if a == "--tp" {
@@ -478,12 +499,15 @@ fn main() -> ExitCode {
             ""
         }
     );
-    println!(
-        "| weights | load (s) | weights in memory (MB) | prompt tokens | TTFT (ms) | decode tok/s | generated |"
-    );
-    println!("|---|---|---|---|---|---|---|");
+    let want = |t: &str| tables.iter().any(|x| x == t);
+    if want("single") {
+        println!(
+            "| weights | load (s) | weights in memory (MB) | prompt tokens | TTFT (ms) | decode tok/s | generated |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+    }
     let mut single_tok_s = 0.0;
-    for requant in [false, true] {
+    for requant in [false, true].into_iter().filter(|_| want("single")) {
         match run(&path, adapter.as_deref(), requant, runs, tokens, !smoke) {
             Ok(r) if smoke && r.generated == 0 => {
                 eprintln!(
@@ -513,26 +537,31 @@ fn main() -> ExitCode {
             }
         }
     }
-    // Batched decoding, with the weights as stored.
-    let batched = Engine::load(
-        &path,
-        &LoadOptions {
-            requantize_to_q8_0: false,
-            max_context: Some(2048),
-            adapter: adapter.clone(),
-        },
-    )
-    .and_then(|mut engine| {
-        let prompt = engine.chat_prompt(&[ChatMessage::new("user", PROMPT)])?;
-        let mut rows = Vec::new();
-        for &b in &batches {
-            rows.push((b, run_batched(&mut engine, &prompt, b, tokens, runs)?));
-        }
-        Ok(rows)
-    });
+    // Batched decoding, with the weights requantised to Q8_0 as the built-in executor serves them.
+    let batched = if !want("batched") {
+        Ok(Vec::new())
+    } else {
+        Engine::load(
+            &path,
+            &LoadOptions {
+                requantize_to_q8_0: true,
+                max_context: Some(2048),
+                adapter: adapter.clone(),
+            },
+        )
+        .and_then(|mut engine| {
+            let prompt = engine.chat_prompt(&[ChatMessage::new("user", PROMPT)])?;
+            let mut rows = Vec::new();
+            for &b in &batches {
+                rows.push((b, run_batched(&mut engine, &prompt, b, tokens, runs)?));
+            }
+            Ok(rows)
+        })
+    };
     match batched {
+        Ok(rows) if rows.is_empty() => {}
         Ok(rows) => {
-            println!("\nbatched decoding (weights as stored), {tokens} steps per sequence:\n");
+            println!("\nbatched decoding (requantised Q8_0), {tokens} steps per sequence:\n");
             println!("| batch | aggregate decode tok/s | per sequence tok/s | vs batch 1 |");
             println!("|---|---|---|---|");
             let one = rows.first().map_or(0.0, |r| r.1 / r.0 as f64);
@@ -550,7 +579,12 @@ fn main() -> ExitCode {
         }
     }
     // A shared system prompt: the whole prompt prefilled vs only what follows a kept prefix.
-    match prefix_table(&path, runs, smoke) {
+    match if want("prefix") {
+        prefix_table(&path, runs, smoke)
+    } else {
+        Ok(Vec::new())
+    } {
+        Ok(rows) if rows.is_empty() => {}
         Ok(rows) => {
             println!(
                 "\nshared prefix (requantised Q8_0): time to first token of a question after a long system prompt, prefilled whole vs from a kept prefix (`Shard::fork_sequence`):\n"

@@ -746,7 +746,7 @@ async fn a_tensor_parallel_service_splits_every_block_over_three_macs() {
     // nodelet/tests/tensor_parallel.rs): the split adds o/down partial sums in another order.
     let prompts = [
         "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
-        "fn fibonacci(n: u64) -> u64 {",
+        "1, 2, 3, 4, 5,",
     ];
     const TOKENS: usize = 16;
     let reference = reference_tokens(&model, &prompts, TOKENS).await;
