@@ -22,18 +22,17 @@ const QK: usize = 32;
 /// `W·x` for `x` [.., k] and `W` [n, k]: tb's kernel where it applies, candle's otherwise.
 pub(crate) fn forward(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
     #[cfg(target_arch = "x86_64")]
-    if let QMatMul::QTensor(q) = w {
-        if q.dtype() == candle_core::quantized::GgmlDType::Q8_0
-            && q.device().is_cpu()
-            && x.device().is_cpu()
-            && x.dtype() == candle_core::DType::F32
-            && x86::available()
-        {
-            let (n, k) = q.shape().dims2()?;
-            if k % QK == 0 && x.dims().last() == Some(&k) {
-                let data = q.data()?;
-                return x86::matmul(&data, n, k, x);
-            }
+    if let QMatMul::QTensor(q) = w
+        && q.dtype() == candle_core::quantized::GgmlDType::Q8_0
+        && q.device().is_cpu()
+        && x.device().is_cpu()
+        && x.dtype() == candle_core::DType::F32
+        && x86::available()
+    {
+        let (n, k) = q.shape().dims2()?;
+        if k % QK == 0 && x.dims().last() == Some(&k) {
+            let data = q.data()?;
+            return x86::matmul(&data, n, k, x);
         }
     }
     w.forward(x)
