@@ -12,8 +12,8 @@
 //! targets.
 //!
 //! ```text
-//! cargo build -p tb-nodelet --bin tb-shard -p tb-bench --bin serve-bench
-//! target/debug/serve-bench [--threads 2] [--streams 1,4,8,16] [--tokens 64] [--rounds 3]
+//! cargo build --release -p tb-nodelet --bin tb-shard -p tb-bench --bin serve-bench
+//! target/release/serve-bench [--threads 2] [--streams 1,4,8,16] [--tokens 64] [--rounds 3]
 //!                          [--llama-server PATH] [--model FILE] [--shard-bin PATH]
 //! ```
 //!
