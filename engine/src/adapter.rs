@@ -171,32 +171,66 @@ impl LoraPair {
             return Ok((y * f64::from(scale))?);
         }
         let (rank, input) = self.a.dims2()?;
-        let (output, _) = self.b.dims2()?;
+        let (output, b_rank) = self.b.dims2()?;
         let mut shape = x.dims().to_vec();
-        if shape.last() != Some(&input) {
+        if shape.last() != Some(&input) || b_rank != rank {
             return Err(EngineError::BadInput {
-                detail: format!("LoRA input has shape {shape:?}, A expects {input} columns"),
+                detail: format!(
+                    "LoRA input has shape {shape:?}; A is {rank}x{input}, B is {output}x{b_rank}"
+                ),
             });
-        }
-        let xs = x.flatten_all()?.to_vec1::<f32>()?;
-        let a = self.a.flatten_all()?.to_vec1::<f32>()?;
-        let b = self.b.flatten_all()?.to_vec1::<f32>()?;
-        let rows = xs.len() / input.max(1);
-        let mut out = vec![0f32; rows * output];
-        let mut h = vec![0f32; rank];
-        for (row, y) in xs.chunks_exact(input).zip(out.chunks_exact_mut(output)) {
-            for (hj, aj) in h.iter_mut().zip(a.chunks_exact(input)) {
-                *hj = dot(row, aj);
-            }
-            for (yi, bi) in y.iter_mut().zip(b.chunks_exact(rank)) {
-                *yi = dot(&h, bi) * scale;
-            }
         }
         if let Some(last) = shape.last_mut() {
             *last = output;
         }
+        if rank == 0 || input == 0 {
+            return Ok(Tensor::zeros(shape, DType::F32, x.device())?);
+        }
+        let out = with_f32s(x, |xs| {
+            with_f32s(&self.a, |a| {
+                with_f32s(&self.b, |b| {
+                    low_rank_rows(xs, a, b, [input, rank, output], scale)
+                })
+            })
+        })???;
         Ok(Tensor::from_vec(out, shape, x.device())?)
     }
+}
+
+/// `scale · B·(A·row)` for each row of `xs` (A: rank × input, B: output × rank, row-major;
+/// `input` and `rank` not 0).
+fn low_rank_rows(
+    xs: &[f32],
+    a: &[f32],
+    b: &[f32],
+    [input, rank, output]: [usize; 3],
+    scale: f32,
+) -> Vec<f32> {
+    let rows = xs.len() / input;
+    let mut out = vec![0f32; rows * output];
+    let mut h = vec![0f32; rank];
+    for (row, y) in xs.chunks_exact(input).zip(out.chunks_exact_mut(output)) {
+        for (hj, aj) in h.iter_mut().zip(a.chunks_exact(input)) {
+            *hj = dot(row, aj);
+        }
+        for (yi, bi) in y.iter_mut().zip(b.chunks_exact(rank)) {
+            *yi = dot(&h, bi) * scale;
+        }
+    }
+    out
+}
+
+/// `f` over the values of a CPU f32 tensor: its storage borrowed where it is contiguous (the
+/// adapter's A and B are multiplied on every step: no copy of them per call), copied otherwise.
+fn with_f32s<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((start, end))) =
+        (&*storage, layout.contiguous_offsets())
+    {
+        return Ok(f(&v[start..end]));
+    }
+    drop(storage);
+    Ok(f(&t.flatten_all()?.to_vec1::<f32>()?))
 }
 
 /// A dot product summed in a fixed order: eight running sums (which the compiler keeps in one

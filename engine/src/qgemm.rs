@@ -5,7 +5,7 @@
 //! decode step of 8 sequences costs nearly 8 single steps (measured: 8 rows gave 1.22× the
 //! tokens/s of 1). Here the input rows are quantised once, as candle quantises them, and
 //! every weight block is loaded, made absolute and its scale converted once, then multiplied
-//! with up to [`ROW_TILE`] input rows that stay in L1.
+//! with up to 8 input rows (`ROW_TILE`) that stay in L1.
 //!
 //! Every output element is computed by the same sequence of operations whatever the number of
 //! rows or where its row falls in a tile, so a sequence's logits do not depend on what it is

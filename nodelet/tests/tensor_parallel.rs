@@ -17,10 +17,11 @@ use serde_json::{Value, json};
 /// the partial sums of o and down are added in another order, and 8-bit activation rounding
 /// in later layers can turn that last-bit difference into logit differences of ~1.4 (for
 /// "List three prime numbers." 2 ranks pick another first token; "fn fibonacci(n: u64) -> u64 {"
-/// has a step 0.04 apart). These two keep their top two logits at least 1.35 apart over all 16
-/// steps of the single process's greedy path (the smallest of 19 prompts tried, most of which
-/// have a near tie within 16 tokens); what this test guards is the runtime (transport, batching, followers), which a
-/// wrong step order or a missing all-reduce turns into different text at once.
+/// has a step 0.04 apart). These two keep their top two logits at least 1.35 and 1.57 apart
+/// over all 16 steps of the single process's greedy path — the two widest of 19 prompts tried,
+/// most of which have a near tie within 16 tokens. What this test guards is the runtime
+/// (transport, batching, followers), which a wrong step order or a missing all-reduce turns
+/// into different text at once.
 const PROMPTS: [&str; 3] = [
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
     "1, 2, 3, 4, 5,",
