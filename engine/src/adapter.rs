@@ -755,6 +755,65 @@ mod tests {
     }
 
     #[test]
+    fn a_delta_is_the_dense_product_and_odd_shapes_are_errors_not_panics() {
+        let t =
+            |v: Vec<f32>, r: usize, c: usize| Tensor::from_vec(v, (r, c), &Device::Cpu).unwrap();
+        let pair = LoraPair {
+            a: t((0..2 * 9).map(|i| i as f32 * 0.1).collect(), 2, 9),
+            b: t((0..3 * 2).map(|i| 1.0 - i as f32 * 0.3).collect(), 3, 2),
+        };
+        let x = Tensor::from_vec(
+            (0..2 * 9).map(|i| (i % 5) as f32).collect::<Vec<f32>>(),
+            (1, 2, 9),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let got = pair.delta(&x, 0.5).unwrap();
+        let want = (x
+            .broadcast_matmul(&pair.a.t().unwrap())
+            .and_then(|h| h.broadcast_matmul(&pair.b.t().unwrap()))
+            .unwrap()
+            * 0.5)
+            .unwrap();
+        assert_eq!(got.dims(), &[1, 2, 3]);
+        let (got, want) = (
+            got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            want.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        );
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0), "{g} vs {w}");
+        }
+        // Rank 0 adds nothing.
+        let empty = LoraPair {
+            a: t(vec![], 0, 9),
+            b: t(vec![], 3, 0),
+        };
+        let zero = empty.delta(&x, 0.5).unwrap();
+        assert_eq!(zero.dims(), &[1, 2, 3]);
+        assert!(
+            zero.flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .all(|v| *v == 0.0)
+        );
+        // B whose columns are not A's rank, and an input of the wrong width, are named.
+        let bad = LoraPair {
+            a: pair.a.clone(),
+            b: t(vec![0.0; 9], 3, 3),
+        };
+        let err = bad.delta(&x, 0.5).unwrap_err().to_string();
+        assert!(err.contains("B is 3x3"), "{err}");
+        let narrow = Tensor::zeros((1, 2, 8), DType::F32, &Device::Cpu).unwrap();
+        let err = pair.delta(&narrow, 0.5).unwrap_err().to_string();
+        assert!(
+            err.contains("[1, 2, 8]") && err.contains("A is 2x9"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn an_adapter_survives_a_save_and_load_in_both_layouts() {
         for arch in ["llama", "qwen2"] {
             let cfg = config(arch);
