@@ -30,6 +30,8 @@ pub use sample::{Sampler, SamplingParams, StopMatcher};
 pub use shard::{Activation, BatchItem, LoadOptions, Shard, StageInput, StageOutput};
 pub use tokenizer::{Decoder, Tokenizer};
 pub use tp::{AllReduce, InProcessAllReduce, TensorParallel, TpSlice};
+pub use qgemm::use_candle_kernels;
+pub use weights::Requantize;
 
 /// Where the tests and the bench find the model: `$TB_TEST_MODEL`, else
 /// `<workspace>/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf` (fetched by

@@ -24,14 +24,14 @@ use crate::block::{Block, BlockLora, KvCache, Rope, Segment};
 use crate::error::{EngineError, Result};
 use crate::gguf::{GgufIndex, ModelConfig};
 use crate::tp::{AllReduce, TensorParallel, TpState};
-use crate::weights::{DEFAULT_REQUANTIZE, TensorReader};
+use crate::weights::{Requantize, TensorReader};
 
 /// How to load a shard.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoadOptions {
-    /// Requantise Q4_0/Q4_1 weight matrices to Q8_0 at load (more memory; see
-    /// [`crate::weights`] for the measurement that picked the default).
-    pub requantize_to_q8_0: bool,
+    /// Whether Q4_0/Q4_1 weight matrices are requantised to Q8_0 at load (see
+    /// [`crate::weights`] for the measurements that picked the default).
+    pub requantize: Requantize,
     /// Cap on the KV cache length (positions); `None` = the model's context length.
     pub max_context: Option<usize>,
     /// A LoRA adapter in the PEFT layout (a directory with `adapter_config.json` and
@@ -42,7 +42,7 @@ pub struct LoadOptions {
 impl Default for LoadOptions {
     fn default() -> Self {
         Self {
-            requantize_to_q8_0: DEFAULT_REQUANTIZE,
+            requantize: Requantize::default(),
             max_context: None,
             adapter: None,
         }
@@ -199,7 +199,7 @@ impl Shard {
         // Every rank ends a block with the same (all-reduced) hidden states, so one head is
         // enough: rank 0's.
         let holds_head = is_last && slice.is_none_or(|s| s.rank == 0);
-        let mut r = TensorReader::new(index, index.path(), device, opts.requantize_to_q8_0)?;
+        let mut r = TensorReader::new(index, index.path(), device, opts.requantize)?;
         let embed = if is_first || (holds_head && !r.has("output.weight")) {
             Some(r.shared("token_embd.weight")?)
         } else {
@@ -258,7 +258,7 @@ impl Shard {
         }
         tracing::info!(
             path = %index.path().display(), first, count, layers = config.n_layers, weight_bytes,
-            requantize = opts.requantize_to_q8_0, elapsed_ms = started.elapsed().as_millis() as u64,
+            requantize = ?opts.requantize, elapsed_ms = started.elapsed().as_millis() as u64,
             tp_rank = slice.map(|s| s.rank), tp_ranks = slice.map(|s| s.ranks),
             "loaded shard"
         );

@@ -5,21 +5,14 @@
 //! ## Requantisation (Q4_x -> Q8_0): measurement and default
 //!
 //! candle 0.11 has no SIMD dot product for Q4_1 (`BlockQ4_1::vec_dot` falls back to the scalar
-//! `vec_dot_unopt` on both AVX and NEON), while Q8_0 has AVX and NEON kernels (NEON even 4-row
-//! ones). `tb-enginebench` (SmolLM2-135M-Instruct Q4_1, 50-token chat prompt, 64 greedy tokens,
-//! best of 3 after a warm-up, CPU, `RAYON_NUM_THREADS=2`, candle-core/candle-nn/gemm at
-//! opt-level 3, on the x86_64 dev box whose 2 cores were shared with other builds (load ~5)):
-//!
-//! | weights            | in memory | TTFT    | decode tok/s |
-//! |--------------------|-----------|---------|--------------|
-//! | Q4_1 as stored     | 96.6 MB   | 1720 ms | 26.4         |
-//! | requantised Q8_0   | 143.0 MB  | 334 ms  | 70.8         |
-//!
-//! A second run under heavier contention kept the order (4.8 vs 8.0 tok/s). Requantising is
-//! ~2.7x faster at decode for ~1.5x the weight memory, so it is the default
-//! ([`DEFAULT_REQUANTIZE`]); set `LoadOptions::requantize_to_q8_0 = false` when memory is tight.
-//! Requantisation happens on the CPU at load (dequantize -> quantize to Q8_0), then the tensor
-//! is placed on the shard's device.
+//! `vec_dot_unopt` on both AVX and NEON), while Q8_0 has AVX and NEON kernels. Measured with
+//! `tb-enginebench` (SmolLM2-135M-Instruct Q4_1, 2 threads): with candle's products, Q4_1 as
+//! stored decoded 26.4 tokens/s against 70.8 requantised to Q8_0, so requantising paid for its
+//! 1.5x memory. tb's own x86-64 kernel ([`crate::qgemm`]) runs Q4_0 and Q4_1 as stored faster
+//! than Q8_0 (97.1 against 74.1 tokens/s, 2026-12-05): fewer bytes per weight to read.
+//! [`Requantize::Auto`] therefore requantises only where tb has no kernel for the stored type
+//! on the shard's device (other CPUs, Metal). Requantisation happens on the CPU at load
+//! (dequantize -> quantize to Q8_0), then the tensor is placed on the shard's device.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -33,8 +26,18 @@ use candle_transformers::quantized_nn::RmsNorm;
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufIndex;
 
-/// Whether Q4_0/Q4_1 weights are requantised to Q8_0 by default (from the measurement above).
-pub const DEFAULT_REQUANTIZE: bool = true;
+/// Whether Q4_0/Q4_1 weight matrices are requantised to Q8_0 at load (see the module doc for
+/// the measurements behind [`Requantize::Auto`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Requantize {
+    /// Only where tb has no kernel for the stored type on the shard's device.
+    #[default]
+    Auto,
+    /// Always (more memory; what candle's own products run fastest on).
+    Always,
+    /// Never: the weights run as stored.
+    Never,
+}
 
 fn supported(dtype: GgmlDType) -> bool {
     !matches!(dtype, GgmlDType::Q8_1 | GgmlDType::Q8K)
@@ -45,7 +48,7 @@ pub(crate) struct TensorReader<'a> {
     index: &'a GgufIndex,
     reader: BufReader<File>,
     device: Device,
-    requantize: bool,
+    requantize: Requantize,
     bytes: u64,
 }
 
@@ -54,7 +57,7 @@ impl<'a> TensorReader<'a> {
         index: &'a GgufIndex,
         path: &Path,
         device: &Device,
-        requantize: bool,
+        requantize: Requantize,
     ) -> Result<Self> {
         let file = File::open(path).map_err(|source| EngineError::Io {
             path: path.to_path_buf(),
@@ -172,7 +175,12 @@ impl<'a> TensorReader<'a> {
     }
 
     fn maybe_requantize(&self, t: Arc<QTensor>) -> Result<Arc<QTensor>> {
-        if self.requantize && matches!(t.dtype(), GgmlDType::Q4_0 | GgmlDType::Q4_1) {
+        let wanted = match self.requantize {
+            Requantize::Always => true,
+            Requantize::Never => false,
+            Requantize::Auto => !(self.device.is_cpu() && crate::qgemm::has_cpu_kernel(t.dtype())),
+        };
+        if wanted && matches!(t.dtype(), GgmlDType::Q4_0 | GgmlDType::Q4_1) {
             let f = t.dequantize(&Device::Cpu)?;
             return Ok(Arc::new(QTensor::quantize_onto(
                 &f,

@@ -9,13 +9,17 @@ use common::max_abs_diff;
 use candle_core::Device;
 use tb_engine::adapter::{LoraConfig, Target};
 use tb_engine::train::{TrainConfig, Trainer};
-use tb_engine::{ChatMessage, Engine, LoadOptions, StageInput, StageOutput};
+use tb_engine::{ChatMessage, Engine, LoadOptions, Requantize, StageInput, StageOutput};
 
 fn engine_logits(requantize: bool, prompt: &[u32]) -> Vec<f32> {
     let mut engine = Engine::load(
         &common::model_path(),
         &LoadOptions {
-            requantize_to_q8_0: requantize,
+            requantize: if requantize {
+                Requantize::Always
+            } else {
+                Requantize::Never
+            },
             max_context: Some(512),
             ..Default::default()
         },

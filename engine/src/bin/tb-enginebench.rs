@@ -38,7 +38,8 @@ use std::time::Instant;
 use tb_engine::sample::argmax;
 use tb_engine::{
     BatchItem, ChatMessage, ChatTemplate, Engine, EngineError, GgufIndex, InProcessAllReduce,
-    LoadOptions, SamplingParams, Shard, StageInput, StageOutput, TensorParallel, Tokenizer,
+    LoadOptions, Requantize, SamplingParams, Shard, StageInput, StageOutput, TensorParallel,
+    Tokenizer,
 };
 
 const PROMPT: &str =
@@ -70,7 +71,11 @@ fn run(
     let mut engine = Engine::load(
         path,
         &LoadOptions {
-            requantize_to_q8_0: requant,
+            requantize: if requant {
+                Requantize::Always
+            } else {
+                Requantize::Never
+            },
             max_context: Some(2048),
             adapter: adapter.map(std::path::Path::to_path_buf),
         },
@@ -544,7 +549,7 @@ fn main() -> ExitCode {
         Engine::load(
             &path,
             &LoadOptions {
-                requantize_to_q8_0: true,
+                requantize: Requantize::Auto,
                 max_context: Some(2048),
                 adapter: adapter.clone(),
             },
