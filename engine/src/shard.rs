@@ -27,7 +27,7 @@ use crate::tp::{AllReduce, TensorParallel, TpState};
 use crate::weights::{Requantize, TensorReader};
 
 /// How to load a shard.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct LoadOptions {
     /// Whether Q4_0/Q4_1 weight matrices are requantised to Q8_0 at load (see
     /// [`crate::weights`] for the measurements that picked the default).
@@ -37,16 +37,6 @@ pub struct LoadOptions {
     /// A LoRA adapter in the PEFT layout (a directory with `adapter_config.json` and
     /// `adapter_model.safetensors`, see [`crate::adapter`]) applied to this shard's blocks.
     pub adapter: Option<PathBuf>,
-}
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        Self {
-            requantize: Requantize::default(),
-            max_context: None,
-            adapter: None,
-        }
-    }
 }
 
 /// Input of a pipeline stage.
