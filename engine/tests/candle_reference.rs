@@ -74,7 +74,10 @@ fn logits_match_candle_quantized_llama() {
     let got = tb_logits(&path, &prompt);
     tb_engine::use_candle_kernels(false);
     let d = max_diff(&want, &got);
-    assert!(d < 1e-3, "candle's kernels: max abs diff vs candle quantized_llama: {d}");
+    assert!(
+        d < 1e-3,
+        "candle's kernels: max abs diff vs candle quantized_llama: {d}"
+    );
     assert_eq!(
         tb_engine::sample::argmax(&want),
         tb_engine::sample::argmax(&got)
@@ -83,7 +86,10 @@ fn logits_match_candle_quantized_llama() {
     let got = tb_logits(&path, &prompt);
     let d = max_diff(&want, &got);
     eprintln!("tb's kernels: max abs diff vs candle quantized_llama {d}");
-    assert!(d < 2.0, "tb's kernels: max abs diff vs candle quantized_llama: {d}");
+    assert!(
+        d < 2.0,
+        "tb's kernels: max abs diff vs candle quantized_llama: {d}"
+    );
     assert_eq!(
         tb_engine::sample::argmax(&want),
         tb_engine::sample::argmax(&got)

@@ -16,7 +16,12 @@ pub fn base_weights(index: &GgufIndex, device: &Device) -> Result<BaseWeights> {
     for entry in index.tensors() {
         index.check_in_file(entry)?;
     }
-    let mut r = TensorReader::new(index, index.path(), &Device::Cpu, crate::weights::Requantize::Never)?;
+    let mut r = TensorReader::new(
+        index,
+        index.path(),
+        &Device::Cpu,
+        crate::weights::Requantize::Never,
+    )?;
     let mut get = |name: &str| -> Result<candle_core::Tensor> {
         Ok(r.qtensor(name)?
             .dequantize(&Device::Cpu)?
