@@ -31,8 +31,8 @@ sed "s#^\( *\)path: .*gguf#\1path: $model\n\1nodes: [node-1]#" manifests/model-s
 tbctl apply --wait --timeout 300s -f "$data/model-smollm2.yaml" -f manifests/isvc-smollm2.yaml
 tbctl get isvc smollm2
 tbctl describe isvc smollm2
-echo "== tbctl chat smollm2 \"What is the capital of France?\""
-tbctl chat smollm2 "What is the capital of France?" --system "You are a helpful assistant." --max-tokens 48
+echo "== tbctl chat smollm2 \"What is the capital of France? Answer in one sentence.\""
+tbctl chat smollm2 "What is the capital of France? Answer in one sentence." --system "You are a helpful assistant." --max-tokens 48
 echo "== the same service at its stable URL (the controller forwards to wherever rank 0 runs)"
 url=$(tbctl get isvc smollm2 -o json | python3 -c 'import json, sys; print(json.load(sys.stdin)["status"]["url"])')
 echo "$url"
@@ -41,7 +41,7 @@ key=$(tbctl admin user create demo --role member -n default)
 curl -s --cacert "$data/controller/ca.pem" -H @<(printf 'Authorization: Bearer %s\n' "$key") \
   "$url/chat/completions" -H 'Content-Type: application/json' \
   -d '{"model": "smollm2", "max_tokens": 24, "temperature": 0,
-       "messages": [{"role": "user", "content": "What is the capital of France?"}]}'
+       "messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]}'
 echo
 
 echo "== tbctl apply -f manifests/trainingjob-echo.yaml"

@@ -18,6 +18,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_transformers::quantized_nn::RmsNorm;
 
 use crate::adapter::{LoraPair, Target};
+use crate::attention::{self, HostKv, Job};
 use crate::error::Result;
 use crate::tp::AllReduce;
 
@@ -26,6 +27,9 @@ use crate::tp::AllReduce;
 pub(crate) struct Rope {
     cos: Tensor,
     sin: Tensor,
+    /// The same tables in host memory, for CPU attention ([`crate::attention`]).
+    cos_host: Vec<f32>,
+    sin_host: Vec<f32>,
     neox: bool,
 }
 
@@ -47,9 +51,12 @@ impl Rope {
             .to_dtype(DType::F32)?
             .reshape((positions, 1))?;
         let freqs = pos.matmul(&inv)?;
+        let (cos, sin) = (freqs.cos()?, freqs.sin()?);
         Ok(Self {
-            cos: freqs.cos()?,
-            sin: freqs.sin()?,
+            cos_host: cos.flatten_all()?.to_vec1()?,
+            sin_host: sin.flatten_all()?.to_vec1()?,
+            cos,
+            sin,
             neox,
         })
     }
@@ -157,8 +164,27 @@ impl BlockLora {
     }
 }
 
-/// Per-block KV cache: keys and values [1, kv_heads, positions, head_dim].
-pub(crate) type KvCache = Option<(Tensor, Tensor)>;
+/// One sequence's KV cache for one block.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KvCache {
+    /// CPU shards: keys and values in host memory.
+    pub(crate) host: HostKv,
+    /// Other devices: keys and values [1, kv_heads, positions, head_dim].
+    pub(crate) device: Option<(Tensor, Tensor)>,
+}
+
+impl KvCache {
+    /// The first `len` positions (a shared prefix).
+    pub(crate) fn prefix(&self, len: usize) -> Result<KvCache> {
+        Ok(KvCache {
+            host: self.host.prefix(len),
+            device: match &self.device {
+                Some((k, v)) => Some((k.narrow(2, 0, len)?, v.narrow(2, 0, len)?)),
+                None => None,
+            },
+        })
+    }
+}
 
 fn project(w: &QMatMul, b: Option<&Tensor>, x: &Tensor) -> Result<Tensor> {
     let y = crate::qgemm::forward(w, x)?;
@@ -243,6 +269,10 @@ impl Block {
         let q = self.linear(Target::Q, x)?;
         let k = self.linear(Target::K, x)?;
         let v = self.linear(Target::V, x)?;
+        if x.device().is_cpu() {
+            let y = self.attention_host(q, k, v, rope, segments, caches)?;
+            return self.linear(Target::O, &y);
+        }
         let mut ys = Vec::with_capacity(segments.len());
         for (seg, cache) in segments.iter().zip(caches.iter_mut()) {
             let rows = |t: &Tensor, heads: usize| -> Result<Tensor> {
@@ -251,10 +281,17 @@ impl Block {
                     .reshape((1, seg.len, heads, self.head_dim))?
                     .transpose(1, 2)?)
             };
-            let q = rows(&q, self.heads)?;
-            let k = rows(&k, self.kv_heads)?;
+            let q = rope.apply(&rows(&q, self.heads)?, seg.pos)?;
+            let k = rope.apply(&rows(&k, self.kv_heads)?, seg.pos)?;
             let v = rows(&v, self.kv_heads)?.contiguous()?;
-            ys.push(self.attend(q, k, v, rope, seg, cache)?);
+            let (k, v) = match cache.device.as_ref() {
+                Some((kc, vc)) if seg.pos > 0 => {
+                    (Tensor::cat(&[kc, &k], 2)?, Tensor::cat(&[vc, &v], 2)?)
+                }
+                _ => (k, v),
+            };
+            cache.device = Some((k.clone(), v.clone()));
+            ys.push(self.attend(q, k, v, seg)?);
         }
         let y = if ys.len() == 1 {
             ys.pop().expect("one segment")
@@ -264,25 +301,80 @@ impl Block {
         self.linear(Target::O, &y)
     }
 
-    /// Attention of one sequence: q [1, heads, len, head_dim], k/v [1, kv_heads, len,
-    /// head_dim] → [1, len, heads * head_dim], appending k/v to its cache.
-    fn attend(
+    /// Attention on a CPU shard: the new rows rotated and appended to each sequence's host
+    /// cache, then [`attention::attend`] (or candle's ops, when the process routes everything
+    /// through candle to compare with its reference model). → [1, rows, heads * head_dim].
+    fn attention_host(
         &self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         rope: &Rope,
-        seg: &Segment,
-        cache: &mut KvCache,
+        segments: &[Segment],
+        caches: &mut [&mut KvCache],
     ) -> Result<Tensor> {
-        let (pos, seq) = (seg.pos, seg.len);
-        let q = rope.apply(&q, pos)?;
-        let k = rope.apply(&k, pos)?;
-        let (k, v) = match cache.as_ref() {
-            Some((kc, vc)) if pos > 0 => (Tensor::cat(&[kc, &k], 2)?, Tensor::cat(&[vc, &v], 2)?),
-            _ => (k, v),
-        };
-        *cache = Some((k.clone(), v.clone()));
+        let (heads, kv_heads, dim) = (self.heads, self.kv_heads, self.head_dim);
+        let rows = q.dim(1)?;
+        let mut qs = q.flatten_all()?.to_vec1::<f32>()?;
+        let mut ks = k.flatten_all()?.to_vec1::<f32>()?;
+        let vs = v.flatten_all()?.to_vec1::<f32>()?;
+        let (q_width, kv_width) = (heads * dim, kv_heads * dim);
+        for (seg, cache) in segments.iter().zip(caches.iter_mut()) {
+            let q_rows = seg.start * q_width..(seg.start + seg.len) * q_width;
+            let kv_rows = seg.start * kv_width..(seg.start + seg.len) * kv_width;
+            let (cos, sin) = (&rope.cos_host, &rope.sin_host);
+            attention::rope(&mut qs[q_rows], heads, dim, seg.pos, rope.neox, cos, sin);
+            attention::rope(
+                &mut ks[kv_rows.clone()],
+                kv_heads,
+                dim,
+                seg.pos,
+                rope.neox,
+                cos,
+                sin,
+            );
+            if seg.pos == 0 {
+                cache.host = HostKv::default();
+            }
+            cache
+                .host
+                .append(&ks[kv_rows.clone()], &vs[kv_rows], kv_width);
+        }
+        let device = q.device();
+        if crate::qgemm::candle_kernels_only() {
+            let mut ys = Vec::with_capacity(segments.len());
+            for (seg, cache) in segments.iter().zip(caches.iter()) {
+                let q = Tensor::from_slice(
+                    &qs[seg.start * q_width..(seg.start + seg.len) * q_width],
+                    (1, seg.len, heads, dim),
+                    device,
+                )?
+                .transpose(1, 2)?
+                .contiguous()?;
+                let (k, v) = cache.host.tensors(dim, device)?;
+                ys.push(self.attend(q, k, v, seg)?);
+            }
+            return Ok(Tensor::cat(&ys, 1)?);
+        }
+        let jobs: Vec<Job<'_>> = segments
+            .iter()
+            .zip(caches.iter())
+            .map(|(seg, cache)| Job {
+                queries: &qs[seg.start * q_width..(seg.start + seg.len) * q_width],
+                pos: seg.pos,
+                cache: &cache.host,
+                out_row: seg.start,
+            })
+            .collect();
+        let out = attention::attend(&jobs, rows, heads, kv_heads, dim);
+        Ok(Tensor::from_vec(out, (1, rows, q_width), device)?)
+    }
+
+    /// Attention of one sequence with candle's ops: q [1, heads, len, head_dim] (rotated),
+    /// k/v [1, kv_heads, positions, head_dim] (the whole cache, these rows included) →
+    /// [1, len, heads * head_dim].
+    fn attend(&self, q: Tensor, k: Tensor, v: Tensor, seg: &Segment) -> Result<Tensor> {
+        let seq = seg.len;
         let n_rep = self.heads / self.kv_heads;
         let k = candle_transformers::utils::repeat_kv(k, n_rep)?;
         let v = candle_transformers::utils::repeat_kv(v, n_rep)?;

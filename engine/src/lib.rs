@@ -7,6 +7,7 @@
 //! Features `metal` and `accelerate` forward to candle's.
 
 pub mod adapter;
+mod attention;
 pub mod calibrate;
 pub mod chat;
 pub mod error;
@@ -26,11 +27,11 @@ pub use chat::{ChatMessage, ChatTemplate};
 pub use error::EngineError;
 pub use generate::{Engine, FinishReason, Generation};
 pub use gguf::{GgufIndex, ModelConfig, TensorEntry};
+pub use qgemm::use_candle_kernels;
 pub use sample::{Sampler, SamplingParams, StopMatcher};
 pub use shard::{Activation, BatchItem, LoadOptions, Shard, StageInput, StageOutput};
 pub use tokenizer::{Decoder, Tokenizer};
 pub use tp::{AllReduce, InProcessAllReduce, TensorParallel, TpSlice};
-pub use qgemm::use_candle_kernels;
 pub use weights::Requantize;
 
 /// Where the tests and the bench find the model: `$TB_TEST_MODEL`, else

@@ -45,17 +45,22 @@ pub fn has_cpu_kernel(dtype: GgmlDType) -> bool {
 
 static CANDLE_ONLY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Routes every quantised product of this process through candle's kernels (`true`) or back
-/// to tb's where they apply (`false`, the default). For checking the engine's math against
-/// candle-transformers' reference model, whose products sum in candle's order.
+/// Routes every quantised product and every attention of this process through candle's ops
+/// (`true`) or back to tb's where they apply (`false`, the default). For checking the engine's
+/// math against candle-transformers' reference model, which sums in candle's order.
 pub fn use_candle_kernels(only: bool) {
     CANDLE_ONLY.store(only, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether [`use_candle_kernels`] routed everything through candle.
+pub(crate) fn candle_kernels_only() -> bool {
+    CANDLE_ONLY.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// `W·x` for `x` [.., k] and `W` [n, k]: tb's kernel where it applies, candle's otherwise.
 pub(crate) fn forward(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
     #[cfg(target_arch = "x86_64")]
-    if !CANDLE_ONLY.load(std::sync::atomic::Ordering::Relaxed)
+    if !candle_kernels_only()
         && let QMatMul::QTensor(q) = w
         && let Some(format) = x86::Format::of(q.dtype())
         && q.device().is_cpu()

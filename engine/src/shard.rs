@@ -487,7 +487,7 @@ impl Shard {
                 kv: Vec::new(),
             });
             if *pos == 0 || state.kv.len() != self.blocks.len() {
-                state.kv = vec![None; self.blocks.len()];
+                state.kv = vec![KvCache::default(); self.blocks.len()];
                 state.len = 0;
             }
             states.push(state);
@@ -567,8 +567,9 @@ impl Shard {
 
     /// Starts sequence `to` with the first `len` positions of `from`'s KV cache (a shared
     /// prefix: `to` continues at position `len` exactly as if it had run those tokens itself,
-    /// since a position's keys and values depend only on the tokens up to it). The tensors are
-    /// views of `from`'s (no copy until `to` grows). Replaces `to`'s cache; fails when `from`
+    /// since a position's keys and values depend only on the tokens up to it). A CPU shard
+    /// copies the prefix's keys and values (a memory copy, far cheaper than running the
+    /// tokens); other devices take views of `from`'s tensors. Replaces `to`'s cache; fails when `from`
     /// has fewer than `len` positions.
     pub fn fork_sequence(&mut self, from: u64, to: u64, len: usize) -> Result<()> {
         let src = self.seqs.get(&from).ok_or_else(|| EngineError::BadInput {
@@ -585,11 +586,7 @@ impl Shard {
         let kv = src
             .kv
             .iter()
-            .map(|c| {
-                c.as_ref()
-                    .map(|(k, v)| Ok((k.narrow(2, 0, len)?, v.narrow(2, 0, len)?)))
-                    .transpose()
-            })
+            .map(|c| c.prefix(len))
             .collect::<Result<Vec<KvCache>>>()?;
         self.seqs.insert(to, SeqState { len, kv });
         Ok(())

@@ -10,11 +10,16 @@ fn engine() -> Engine {
 }
 
 fn france(e: &Engine) -> Vec<u32> {
-    // With SmolLM2's built-in default system prompt the 135M Q4_1 model rambles about French
-    // landmarks; with a plain one it answers "The capital of France is Paris."
+    // The 135M Q4_1 model is fragile: asked just "What is the capital of France?", its first
+    // word is a near tie (0.1-0.3 logits) that the last bits of a kernel decide, between "The
+    // capital of France is Paris." and "La femme de France, ...". Asked for one sentence, every
+    // greedy step leads by at least 1.0 (candle's kernels and tb's alike).
     e.chat_prompt(&[
         ChatMessage::new("system", "You are a helpful assistant."),
-        ChatMessage::new("user", "What is the capital of France?"),
+        ChatMessage::new(
+            "user",
+            "What is the capital of France? Answer in one sentence.",
+        ),
     ])
     .expect("prompt")
 }

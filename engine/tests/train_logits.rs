@@ -40,9 +40,9 @@ fn engine_logits(requantize: bool, prompt: &[u32]) -> Vec<f32> {
 ///   sides compute in f32 from the same values): the same math, measured 4e-5 apart (f32
 ///   rounding in a different order over 30 blocks), asserted below 1e-3;
 /// - against the engine on the Q4_1 weights as stored, and requantised to Q8_0 (the default):
-///   candle multiplies those blocks with activations quantised to Q8_1 / Q8_0, so the logits
-///   are up to ~1.2 apart (measured 1.14 for Q4_1 and 1.12 for Q8_0); the bound is 2.0 and the
-///   arg-max must agree.
+///   the engine multiplies those blocks with activations quantised to 8 bits, so the logits
+///   are up to ~1.7 apart (measured 0.86 for Q4_1 and 1.65 for Q8_0, 2026-12-05); the bound is
+///   2.0 and the arg-max must agree.
 #[test]
 fn with_b_zero_the_training_model_computes_the_engines_logits() {
     let path = common::model_path();
@@ -57,7 +57,11 @@ fn with_b_zero_the_training_model_computes_the_engines_logits() {
     let trainer = Trainer::load(&path, TrainConfig::new(lora), &Device::Cpu).expect("trainer");
     let messages = [
         ChatMessage::new("system", "You are a helpful assistant."),
-        ChatMessage::new("user", "What is the capital of France?"),
+        // Asked for one sentence: the bare question's first token is a near tie (see engine.rs).
+        ChatMessage::new(
+            "user",
+            "What is the capital of France? Answer in one sentence.",
+        ),
     ];
     let text = trainer.template().render(&messages, true).expect("render");
     let prompt = trainer.tokenizer().encode(&text).expect("encode");

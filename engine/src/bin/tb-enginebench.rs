@@ -8,7 +8,8 @@
 //!
 //! A second table measures batched decoding ([`Shard::forward_batch`]): B sequences (the same
 //! prompt) prefilled, then decoded together, one forward pass per step for all of them;
-//! aggregate tokens/s for B = 1, 4, 8 (`--batches 1,4,8`).
+//! aggregate tokens/s for B = 1, 4, 8 (`--batches 1,4,8`), with the weights loaded as the
+//! built-in executor loads them (`Requantize::Auto`: Q4_x as stored where tb's kernel runs).
 //!
 //! A third table measures the prefix cache's saving: time to first token of a question after a
 //! long system prompt, the whole prompt prefilled against the system prompt's positions forked
@@ -21,7 +22,7 @@
 //! rank on one thread and against the single-process row above. candle's CPU matmul pool is one
 //! per process and serves one caller at a time, so the ranks run in a child process with
 //! `CANDLE_NUM_THREADS=1` (each rank computes on its own thread, no pool); the weights are
-//! requantised to Q8_0 as in the second row.
+//! loaded as the built-in executor loads them (`Requantize::Auto`).
 //!
 //! `--tables single,batched,prefix` picks which of the first three tables run (all by default).
 //!
@@ -41,6 +42,8 @@ use tb_engine::{
     LoadOptions, Requantize, SamplingParams, Shard, StageInput, StageOutput, TensorParallel,
     Tokenizer,
 };
+
+const USAGE: &str = "usage: tb-enginebench [MODEL.gguf] [--runs N] [--batches 1,4,8] [--tables single,batched,prefix] [--adapter DIR] [--tp N] [--smoke]";
 
 const PROMPT: &str =
     "Write a short paragraph about why the sky is blue, for a curious ten-year-old.";
@@ -477,6 +480,12 @@ fn main() -> ExitCode {
             runs = Some(args.next().and_then(|n| n.parse().ok()).unwrap_or(3));
         } else if a == "--smoke" {
             smoke = true;
+        } else if a == "--help" || a == "-h" {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        } else if a.starts_with('-') {
+            eprintln!("tb-enginebench: unknown flag {a:?}\n{USAGE}");
+            return ExitCode::from(2);
         } else {
             path = PathBuf::from(a);
         }
@@ -542,7 +551,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    // Batched decoding, with the weights requantised to Q8_0 as the built-in executor serves them.
+    // Batched decoding, with the weights loaded as the built-in executor loads them.
     let batched = if !want("batched") {
         Ok(Vec::new())
     } else {
@@ -566,7 +575,9 @@ fn main() -> ExitCode {
     match batched {
         Ok(rows) if rows.is_empty() => {}
         Ok(rows) => {
-            println!("\nbatched decoding (requantised Q8_0), {tokens} steps per sequence:\n");
+            println!(
+                "\nbatched decoding (weights as the built-in executor serves them), {tokens} steps per sequence:\n"
+            );
             println!("| batch | aggregate decode tok/s | per sequence tok/s | vs batch 1 |");
             println!("|---|---|---|---|");
             let one = rows.first().map_or(0.0, |r| r.1 / r.0 as f64);
@@ -592,7 +603,7 @@ fn main() -> ExitCode {
         Ok(rows) if rows.is_empty() => {}
         Ok(rows) => {
             println!(
-                "\nshared prefix (requantised Q8_0): time to first token of a question after a long system prompt, prefilled whole vs from a kept prefix (`Shard::fork_sequence`):\n"
+                "\nshared prefix: time to first token of a question after a long system prompt, prefilled whole vs from a kept prefix (`Shard::fork_sequence`):\n"
             );
             println!(
                 "| system prompt tokens | question tokens | TTFT whole (ms) | TTFT from the kept prefix (ms) | whole / kept |"
@@ -625,7 +636,7 @@ fn main() -> ExitCode {
             }
             Ok(rows) => {
                 println!(
-                    "\ntensor parallel (requantised Q8_0), ranks as threads of one process, in-process all-reduce:\n"
+                    "\ntensor parallel, ranks as threads of one process, in-process all-reduce:\n"
                 );
                 println!(
                     "| setup | CPU threads | TTFT (ms) | decode tok/s | vs 1 process | generated |"

@@ -474,8 +474,9 @@ links:
         "unbalanced stages {layers:?}: {status:#}"
     );
 
-    // Without a system message SmolLM2's template adds its default one: the prompt has the 37
-    // tokens transformers' apply_chat_template gives (engine/tests/fixtures).
+    // Without a system message SmolLM2's template adds its default one: the prompt has 42
+    // tokens, the 37 transformers' apply_chat_template gives for the bare question
+    // (engine/tests/fixtures) and 5 for " Answer in one sentence.".
     let ask = |messages: Value| {
         let (code, body) = http(
             &addr,
@@ -487,9 +488,9 @@ links:
         assert_eq!(code, 200, "{body}");
         serde_json::from_str::<Value>(&body).expect("JSON answer")
     };
-    let question = json!({"role": "user", "content": "What is the capital of France?"});
+    let question = json!({"role": "user", "content": "What is the capital of France? Answer in one sentence."});
     let answer = ask(json!([question]));
-    assert_eq!(answer["usage"]["prompt_tokens"], 37, "{answer:#}");
+    assert_eq!(answer["usage"]["prompt_tokens"], 42, "{answer:#}");
     let text = answer["choices"][0]["message"]["content"]
         .as_str()
         .unwrap_or("");
@@ -509,7 +510,11 @@ links:
     // The OpenAI SDK script of the example, plain and streamed.
     let out = tokio::process::Command::new(&python)
         .arg(lab::manifest("openai_chat.py"))
-        .args([&endpoint, "smollm2", "What is the capital of France?"])
+        .args([
+            &endpoint,
+            "smollm2",
+            "What is the capital of France? Answer in one sentence.",
+        ])
         .stdin(Stdio::null())
         .output()
         .await
