@@ -234,8 +234,8 @@ fn with_f32s<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
 }
 
 /// A dot product summed in a fixed order: eight running sums (which the compiler keeps in one
-/// vector register) added pairwise at the end, then the tail.
-fn dot(x: &[f32], y: &[f32]) -> f32 {
+/// vector register) added pairwise at the end, then the tail. Also attention's q·k.
+pub(crate) fn dot(x: &[f32], y: &[f32]) -> f32 {
     let mut sums = [0f32; 8];
     let (xc, yc) = (x.chunks_exact(8), y.chunks_exact(8));
     let tail: f32 = xc

@@ -18,6 +18,7 @@
 
 use candle_core::{Device, Tensor};
 
+use crate::adapter::dot;
 use crate::error::Result;
 
 /// One sequence's keys and values for one block, position-major: `[position][kv_head][dim]`.
@@ -160,24 +161,6 @@ pub(crate) fn attend(
         }
     });
     out
-}
-
-/// `a · b` with 8 partial sums, which the compiler keeps in one vector register.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = a8
-        .remainder()
-        .iter()
-        .zip(b8.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in a8.zip(b8) {
-        for i in 0..8 {
-            lanes[i] += x[i] * y[i];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]
