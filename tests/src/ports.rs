@@ -100,6 +100,19 @@ pub fn free_range(len: u16) -> (u16, u16) {
     panic!("no {len} consecutive free ports in {FIRST}..{LAST}");
 }
 
+/// Held by every test whose `tbctl up` leaves the nodelets' rank ports at their defaults
+/// (32323+, above the allocator's range, so they cannot be claimed): one at a time.
+pub async fn default_rank_ports() -> tokio::sync::MutexGuard<'static, ()> {
+    static DEFAULT_RANK_PORTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    DEFAULT_RANK_PORTS.lock().await
+}
+
+/// A port for `tbctl up --port P`, which also takes P+1 (the services listener): both are
+/// claimed.
+pub fn free_up_port() -> u16 {
+    free_range(2).0
+}
+
 /// `host:port` on 127.0.0.1 for a fresh port.
 pub fn free_addr() -> String {
     format!("127.0.0.1:{}", free_port())

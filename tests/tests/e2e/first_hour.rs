@@ -151,6 +151,7 @@ impl Drop for Down {
 
 #[tokio::test]
 async fn every_command_of_the_first_hour_runs() {
+    let _rank_ports = tb_tests::ports::default_rank_ports().await;
     if let Err(e) = std::net::TcpListener::bind(("127.0.0.1", UP_PORT)) {
         panic!(
             "the doc's `tbctl up` serves on 127.0.0.1:{UP_PORT}, which is taken ({e}): stop \

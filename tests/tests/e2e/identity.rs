@@ -258,10 +258,8 @@ async fn no_token_on_any_command_line() {
     let home = lab.dir().join("up-home");
     std::fs::create_dir_all(&home).expect("home");
     let data = lab.dir().join("up");
-    let port = tb_tests::ports::free_addr()
-        .rsplit_once(':')
-        .map(|(_, p)| p.to_string())
-        .expect("port");
+    let port = tb_tests::ports::free_up_port().to_string();
+    let _rank_ports = tb_tests::ports::default_rank_ports().await;
     let up = |args: &[&str]| {
         let mut cmd = std::process::Command::new(tb_tests::bins::tbctl());
         cmd.env(

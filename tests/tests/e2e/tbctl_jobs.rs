@@ -52,7 +52,7 @@ impl Local {
         Local {
             data: dir.path().join("cluster"),
             config: dir.path().join("tbconfig.yaml"),
-            port: tb_tests::ports::free_port(),
+            port: tb_tests::ports::free_up_port(),
             home,
             dir,
         }
@@ -228,6 +228,7 @@ fn ensure_binaries() {
 #[tokio::test]
 async fn up_run_cordon_drain_down() {
     ensure_binaries();
+    let _rank_ports = tb_tests::ports::default_rank_ports().await;
     let local = Local::new("tbctl-up");
     let port = local.port.to_string();
     let data = local.data_arg();
