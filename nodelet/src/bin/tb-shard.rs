@@ -6,6 +6,9 @@
 //! tb-shard --model m.gguf --model-name m --rank 0 --hosts 127.0.0.1 \
 //!          --coordinator 127.0.0.1:7101 --http 127.0.0.1:8080
 //! ```
+//!
+//! `tb-shard --calibrate` measures this machine's engine as a nodelet does at start (the
+//! figures placement predicts tokens/s from) and prints them as one JSON object.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -13,6 +16,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use tb_nodelet::agent::engine_figures;
 use tb_nodelet::builtin::{self, ShardOptions, command::TERMINATION_MESSAGE_ENV};
 use tb_transport::Preference;
 
@@ -23,12 +27,16 @@ use tb_transport::Preference;
     about = "One rank of a tb built-in inference service"
 )]
 struct Args {
+    /// Measure this machine's engine (decode GB/s of weights and per-token overhead, as a
+    /// nodelet does at start), print it as JSON and exit.
+    #[arg(long, exclusive = true)]
+    calibrate: bool,
     /// The GGUF file.
-    #[arg(long)]
-    model: PathBuf,
+    #[arg(long, required = true)]
+    model: Option<PathBuf>,
     /// The model id the endpoint serves.
-    #[arg(long)]
-    model_name: String,
+    #[arg(long, required = true)]
+    model_name: Option<String>,
     /// A LoRA adapter to apply: a PEFT directory (adapter_config.json +
     /// adapter_model.safetensors); this rank loads the pairs of its own blocks.
     #[arg(long)]
@@ -40,8 +48,8 @@ struct Args {
     #[arg(long, value_delimiter = ',', required = true)]
     hosts: Vec<IpAddr>,
     /// Rank 0's bootstrap address, ip:port.
-    #[arg(long)]
-    coordinator: SocketAddr,
+    #[arg(long, required = true)]
+    coordinator: Option<SocketAddr>,
     /// First block this rank holds.
     #[arg(long, default_value_t = 0)]
     first: usize,
@@ -81,8 +89,29 @@ struct Args {
     prefix_cache: usize,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// How long an idle worker of candle's CPU kernel pool spins before it sleeps, in spin-loop
+/// hints, unless `CANDLE_BARRIER_POOL_SPIN_LIMIT` says otherwise. candle's default (25,000)
+/// keeps a worker spinning for about a millisecond after each product; between the products of
+/// one step that saves a wake-up, but after the step's last one it burns a core the next stage
+/// or the other ranks on the same cores need. This limit still covers the gaps inside a step.
+const POOL_SPIN_LIMIT: &str = "2000";
+
+fn main() -> ExitCode {
+    if std::env::var_os("CANDLE_BARRIER_POOL_SPIN_LIMIT").is_none() {
+        // SAFETY: nothing else runs yet (no runtime, no pool): no thread reads the environment
+        // while it is written.
+        unsafe { std::env::set_var("CANDLE_BARRIER_POOL_SPIN_LIMIT", POOL_SPIN_LIMIT) };
+    }
+    match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt.block_on(serve()),
+        Err(e) => {
+            eprintln!("tb-shard: starting the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -91,6 +120,16 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    if args.calibrate {
+        return calibrate();
+    }
+    let (Some(model_path), Some(model_name), Some(coordinator)) =
+        (args.model, args.model_name, args.coordinator)
+    else {
+        // clap requires them unless --calibrate is given.
+        eprintln!("tb-shard: --model, --model-name and --coordinator are required");
+        return ExitCode::from(2);
+    };
     let transport = match Preference::parse(&args.transport) {
         Ok(p) => p,
         Err(e) => {
@@ -99,14 +138,14 @@ async fn main() -> ExitCode {
         }
     };
     let opts = ShardOptions {
-        model_path: args.model,
+        model_path,
         adapter: args.adapter,
-        model_name: args.model_name,
+        model_name,
         first: args.first,
         count: args.count,
         rank: args.rank,
         hosts: args.hosts,
-        coordinator: args.coordinator,
+        coordinator,
         http: args.http,
         context: args.context,
         batch: args.batch,
@@ -125,6 +164,24 @@ async fn main() -> ExitCode {
             if let Some(path) = std::env::var_os(TERMINATION_MESSAGE_ENV) {
                 let _ = std::fs::write(path, format!("{}\n{message}", e.reason));
             }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--calibrate`: the engine's figures on this machine's default device, as JSON on stdout.
+fn calibrate() -> ExitCode {
+    // The synthetic models are written here and removed again.
+    let scratch = std::env::temp_dir().join(format!("tb-shard-calibrate-{}", std::process::id()));
+    match engine_figures::measure_here(&scratch)
+        .and_then(|m| serde_json::to_string(&m).map_err(|e| e.to_string()))
+    {
+        Ok(json) => {
+            println!("{json}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tb-shard --calibrate: measuring the engine: {e}");
             ExitCode::FAILURE
         }
     }

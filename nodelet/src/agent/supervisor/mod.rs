@@ -36,6 +36,7 @@ mod disk;
 pub mod fence;
 mod orphans;
 mod prepare;
+pub(crate) use prepare::shard_binary;
 mod process;
 mod readiness;
 mod report;

@@ -40,7 +40,7 @@ impl From<mlx::MlxError> for Prepare {
 }
 
 /// The `tb-shard` binary: beside this nodelet's own binary.
-pub(super) fn shard_binary() -> PathBuf {
+pub(crate) fn shard_binary() -> PathBuf {
     sibling_binary("tb-shard")
 }
 
