@@ -4,8 +4,8 @@
 //!
 //! Decoding one token reads every weight of the blocks once, so a token costs about
 //! `overhead + weight bytes / bandwidth`. Two synthetic llama models that differ only in their
-//! number of blocks (written as Q4_1 GGUF files, loaded the way a served model is — Q4 weights
-//! requantised to Q8_0 — and decoded greedily) give two points on that line: the slope is the
+//! number of blocks (written as Q4_1 GGUF files, loaded the way a served model is and decoded
+//! greedily) give two points on that line: the slope is the
 //! bandwidth in bytes *of the file* per second, the intercept the per-token overhead (embedding,
 //! head, sampling, the step's bookkeeping). Bytes are counted as the file holds them because the
 //! Model spec's sizes are file sizes; a model stored in another type decodes at another rate
