@@ -71,15 +71,10 @@ fn measure_with(shard_bin: &Path, scratch: &Path) -> Result<Measured, String> {
         .wait_with_output()
         .map_err(|e| format!("reading {}: {e}", shard_bin.display()))?;
     if !out.status.success() {
+        // Its last 2000 characters: what went wrong is at the end.
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let tail: String = stderr
-            .chars()
-            .rev()
-            .take(2000)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
+        let start = stderr.char_indices().rev().nth(1999).map_or(0, |(i, _)| i);
+        let tail = &stderr[start..];
         return Err(format!(
             "{} --calibrate: {}: {tail}",
             shard_bin.display(),
