@@ -429,6 +429,21 @@ pub struct EngineFigures {
     pub measured_at: Option<Timestamp>,
 }
 
+/// What `tb-shard --calibrate` prints (one JSON object): the engine's figures as measured on
+/// this machine, before a nodelet stamps them into its [`EngineFigures`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineCalibration {
+    /// `cpu` or `metal`.
+    pub backend: String,
+    /// Weight bytes (as a Q4_1 GGUF file stores them) decoded per second, GB/s.
+    pub weight_gbs: f64,
+    /// Time per token beyond reading the weights, µs.
+    pub token_overhead_us: f64,
+    /// How long the measurement took, ms.
+    pub took_ms: u64,
+}
+
 /// Ports a nodelet hands to ranks (MLX ring listeners, coordinators).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PortRange {

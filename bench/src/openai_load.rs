@@ -132,6 +132,8 @@ pub struct TbOptions<'a> {
     /// The ranks are one stage split by tensor parallelism (`--tensor-parallel`; each rank's
     /// split is then every block).
     pub tensor: bool,
+    /// More arguments for every `tb-shard` (e.g. `--prefill-per-step 64`).
+    pub shard_args: &'a [String],
 }
 
 /// Starts tb's pipeline and waits (up to 180 s) until its endpoint is healthy.
@@ -155,6 +157,7 @@ pub fn start_tb(name: &str, o: &TbOptions) -> Result<Server> {
         if o.tensor {
             cmd.arg("--tensor-parallel");
         }
+        cmd.args(o.shard_args);
         if rank == 0 {
             cmd.args(["--http", &s.http]);
         }

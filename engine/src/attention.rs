@@ -41,6 +41,8 @@ impl HostKv {
         debug_assert_eq!(keys.len(), values.len());
         debug_assert!(self.stride == 0 || self.stride == stride);
         self.stride = stride;
+        grow(&mut self.keys, keys.len(), stride);
+        grow(&mut self.values, values.len(), stride);
         self.keys.extend_from_slice(keys);
         self.values.extend_from_slice(values);
     }
@@ -62,6 +64,20 @@ impl HostKv {
         let k = Tensor::from_slice(&self.keys, shape, device)?.transpose(1, 2)?;
         let v = Tensor::from_slice(&self.values, shape, device)?.transpose(1, 2)?;
         Ok((k.contiguous()?, v.contiguous()?))
+    }
+}
+
+/// Positions a cache grows by at least when it is full.
+const GROW_POSITIONS: usize = 64;
+
+/// Makes room for `more` floats: by an eighth of what is held, at least [`GROW_POSITIONS`]
+/// positions, rather than `Vec`'s doubling — a cache may then hold up to about 1/8 more than
+/// its positions need, not twice (the stage's KV accounting counts positions).
+fn grow(v: &mut Vec<f32>, more: usize, stride: usize) {
+    let need = v.len() + more;
+    if need > v.capacity() {
+        let step = (v.len() / 8).max(GROW_POSITIONS * stride);
+        v.reserve_exact(need.max(v.len() + step) - v.len());
     }
 }
 
@@ -166,6 +182,25 @@ pub(crate) fn attend(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cache filled a position at a time holds at most an eighth more than it needs (plus
+    /// one growth step), not the twice `Vec`'s doubling may.
+    #[test]
+    fn a_growing_cache_holds_little_more_than_its_positions() {
+        let stride = 192;
+        let row = vec![0.5f32; stride];
+        let mut kv = HostKv::default();
+        for n in 1..=3000 {
+            kv.append(&row, &row, stride);
+            let held = kv.keys.capacity().max(kv.values.capacity());
+            let bound = n * stride + (n * stride / 8).max(GROW_POSITIONS * stride);
+            assert!(
+                held <= bound,
+                "{n} positions: {held} floats held, bound {bound}"
+            );
+        }
+        assert_eq!(kv.len(), 3000);
+    }
 
     /// Attention computed the plain way, in f64, for comparison.
     fn reference(

@@ -134,6 +134,7 @@ fn main() -> Result<()> {
                 batch: 1,
                 context: None,
                 tensor: false,
+                shard_args: &[],
             },
         )?;
         run(&p.http, 8)?; // warm-up
@@ -195,16 +196,17 @@ impl Figures {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-            .with_context(|| format!("{} --calibrate printed no JSON", shard_bin.display()))?;
-        let field = |k: &str| {
-            v.get(k)
-                .and_then(|x| x.as_f64())
-                .with_context(|| format!("tb-shard --calibrate: no {k} in {v}"))
-        };
+        let c: tb_api::status::EngineCalibration = serde_json::from_slice(&out.stdout)
+            .with_context(|| {
+                format!(
+                    "{} --calibrate printed {:?}",
+                    shard_bin.display(),
+                    String::from_utf8_lossy(&out.stdout)
+                )
+            })?;
         Ok(Figures {
-            weight_gbs: field("weightGbs")?,
-            token_overhead_us: field("tokenOverheadUs")?,
+            weight_gbs: c.weight_gbs,
+            token_overhead_us: c.token_overhead_us,
             rtt_us: loopback_rtt_us()?,
         })
     }

@@ -15,6 +15,7 @@
 //! cargo build --release -p tb-nodelet --bin tb-shard -p tb-bench --bin serve-bench
 //! target/release/serve-bench [--threads 2] [--streams 1,4,8,16] [--tokens 64] [--rounds 3]
 //!                          [--llama-server PATH] [--model FILE] [--shard-bin PATH]
+//!                          [--shard-arg ARG]...
 //! ```
 //!
 //! Every server binds to 127.0.0.1 and is killed when its configuration is done, when the
@@ -60,6 +61,10 @@ struct Args {
     /// The tb-shard binary (default: beside this one).
     #[arg(long)]
     shard_bin: Option<PathBuf>,
+    /// One more argument for every tb-shard (repeat for several, e.g.
+    /// `--shard-arg=--prefill-per-step --shard-arg=64`).
+    #[arg(long, allow_hyphen_values = true)]
+    shard_arg: Vec<String>,
     /// llama.cpp's llama-server, to measure beside tb (skipped when absent).
     #[arg(long)]
     llama_server: Option<PathBuf>,
@@ -393,6 +398,7 @@ fn main() -> Result<()> {
                 batch: max_streams,
                 context: Some(args.context),
                 tensor: *tensor,
+                shard_args: &args.shard_arg,
             },
         )?;
         cells.extend(measure(

@@ -11,29 +11,19 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tb_api::status::EngineFigures;
+use tb_api::status::{EngineCalibration, EngineFigures};
 
 /// The longest a measurement may take before it is given up (it takes seconds).
 const MEASURE_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// What `tb-shard --calibrate` prints, one JSON object.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Measured {
-    pub backend: String,
-    pub weight_gbs: f64,
-    pub token_overhead_us: f64,
-    pub took_ms: u64,
-}
-
 /// Measures the engine in this process, on its default device (`tb-shard --calibrate`);
 /// the synthetic models are written under `scratch` and removed.
-pub fn measure_here(scratch: &Path) -> Result<Measured, String> {
+pub fn measure_here(scratch: &Path) -> Result<EngineCalibration, String> {
     let device = tb_engine::shard::default_device();
     let c = tb_engine::calibrate::calibrate(scratch, &device).map_err(|e| e.to_string());
     let _ = std::fs::remove_dir_all(scratch);
     let c = c?;
-    Ok(Measured {
+    Ok(EngineCalibration {
         backend: c.backend,
         weight_gbs: c.weight_gbs,
         token_overhead_us: c.token_overhead_us,
@@ -43,7 +33,7 @@ pub fn measure_here(scratch: &Path) -> Result<Measured, String> {
 
 /// Runs `shard_bin --calibrate` (its scratch files under `scratch`), bounded by
 /// [`MEASURE_TIMEOUT`].
-fn measure_with(shard_bin: &Path, scratch: &Path) -> Result<Measured, String> {
+fn measure_with(shard_bin: &Path, scratch: &Path) -> Result<EngineCalibration, String> {
     std::fs::create_dir_all(scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
     let mut child = Command::new(shard_bin)
         .arg("--calibrate")

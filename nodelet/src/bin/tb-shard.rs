@@ -87,6 +87,11 @@ struct Args {
     /// of them — a shared system prompt — prefill only the rest; 0 turns it off.
     #[arg(long, default_value_t = 4)]
     prefix_cache: usize,
+    /// Prompt tokens one step prefills at most, across the sequences joining (each prompt
+    /// gives at most 256 per step; the streams already decoding wait at most this much work).
+    #[arg(long, default_value_t = builtin::driver::PREFILL_PER_STEP,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65536))]
+    prefill_per_step: usize,
 }
 
 /// How long an idle worker of candle's CPU kernel pool spins before it sleeps, in spin-loop
@@ -155,6 +160,7 @@ async fn serve() -> ExitCode {
         transport,
         tensor_parallel: args.tensor_parallel,
         prefix_cache: args.prefix_cache,
+        prefill_per_step: args.prefill_per_step,
     };
     match builtin::run(opts).await {
         Ok(()) => ExitCode::SUCCESS,

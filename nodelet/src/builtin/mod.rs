@@ -77,6 +77,9 @@ pub struct ShardOptions {
     pub tensor_parallel: bool,
     /// Prompts rank 0 keeps for requests that start like them ([`prefix`]; 0: none).
     pub prefix_cache: usize,
+    /// Prompt tokens one step prefills at most, across its sequences
+    /// ([`driver::PREFILL_PER_STEP`] by default).
+    pub prefill_per_step: usize,
 }
 
 /// Why a rank could not start: a short CamelCase reason for the allocation status and the
@@ -294,6 +297,7 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
         kv_budget,
         step_timeout: opts.step_timeout,
         prefixes: prefix::PrefixCache::new(opts.prefix_cache),
+        prefill_per_step: opts.prefill_per_step,
     };
     let driver_health = health.clone();
     let driver = tokio::task::spawn_blocking(move || drv.run(rx, driver_health));

@@ -276,8 +276,8 @@ const CONCURRENT_PROMPTS: [&str; 8] = [
 ];
 
 /// Concurrent requests are decoded together (one forward pass per stage for all of them) and
-/// get exactly the greedy tokens each gets alone; more requests than the service holds get
-/// 429 with Retry-After.
+/// get exactly the greedy tokens each gets alone, their prompts prefilled a few tokens per step
+/// beside the others' decodes; more requests than the service holds get 429 with Retry-After.
 #[tokio::test]
 async fn concurrent_requests_get_the_tokens_each_gets_alone() {
     let model = model_path();
@@ -301,9 +301,16 @@ async fn concurrent_requests_get_the_tokens_each_gets_alone() {
         .expect("reference")
     };
     let dir = TestDir::new("builtin-batch");
-    let (addr, mut procs) = start_pipeline(&dir, &model, &[(0, 15), (15, 15)], &["--batch", "8"]);
+    // 7 prompt tokens per step: the prompts join in chunks spread over several steps, beside
+    // the decodes of those that joined first.
+    let (addr, mut procs) = start_pipeline(
+        &dir,
+        &model,
+        &[(0, 15), (15, 15)],
+        &["--batch", "8", "--prefill-per-step", "7"],
+    );
     wait_healthy(&addr, &mut procs).await;
-    step!("2-stage pipeline with batch 8 ready");
+    step!("2-stage pipeline with batch 8 and 7 prompt tokens per step ready");
     let answers: Vec<std::thread::JoinHandle<(u16, String)>> = CONCURRENT_PROMPTS
         .iter()
         .map(|prompt| {
