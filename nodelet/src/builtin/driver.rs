@@ -532,12 +532,9 @@ impl Driver {
             let Some(a) = active.get_mut(&seq) else {
                 continue;
             };
-            if a.input.is_none() {
-                continue;
-            }
             let prefilling = a.pos < a.prompt_tokens;
             if prefilling && prompt_budget == 0 {
-                // Waits for a later step.
+                // Its prompt waits for a later step.
                 continue;
             }
             let Some(mut input) = a.input.take() else {
