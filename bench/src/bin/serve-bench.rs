@@ -13,7 +13,7 @@
 //!
 //! ```text
 //! cargo build --release -p tb-nodelet --bin tb-shard -p tb-bench --bin serve-bench
-//! target/release/serve-bench [--threads 2] [--streams 1,4,8,16] [--tokens 64] [--rounds 3]
+//! target/release/serve-bench [--threads 2] [--rank-threads N] [--streams 1,4,8,16] [--tokens 64] [--rounds 3]
 //!                          [--llama-server PATH] [--model FILE] [--shard-bin PATH]
 //!                          [--shard-arg ARG]...
 //! ```
@@ -46,6 +46,11 @@ struct Args {
     /// CPU threads per process (RAYON_NUM_THREADS for tb-shard, -t/-tb for llama-server).
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// CPU threads per process of the 2-process configurations (default: --threads). With
+    /// `--threads 2 --rank-threads 1` every configuration runs 2 threads in all, as on a
+    /// 2-core machine; with one Mac per rank each would have --threads.
+    #[arg(long)]
+    rank_threads: Option<usize>,
     /// Concurrent streams to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
     streams: Vec<usize>,
@@ -323,8 +328,8 @@ fn main() -> Result<()> {
     {
         bail!("--configs: {c:?} is none of single, 2-stage, 2-tensor, llama-server");
     }
-    if args.rounds == 0 || args.tokens == 0 || args.threads == 0 {
-        bail!("--rounds, --tokens and --threads must be at least 1");
+    if args.rounds == 0 || args.tokens == 0 || args.threads == 0 || args.rank_threads == Some(0) {
+        bail!("--rounds, --tokens, --threads and --rank-threads must be at least 1");
     }
     let model = args.model.clone().unwrap_or_else(|| {
         Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -349,11 +354,12 @@ fn main() -> Result<()> {
     let load_before = load();
     let llama_version = args.llama_server.as_deref().map(llama_version);
     println!(
-        "model {}, {} thread(s) per process, {} tokens per stream (temperature 0, a \
+        "model {}, {} thread(s) per process ({} per process of a 2-process configuration), {} tokens per stream (temperature 0, a \
          prompt per stream and round), {} round(s) per stream count after a warm-up, {} \
          tokens of context per sequence, {started_at}, load {load_before} before",
         model.display(),
         args.threads,
+        args.rank_threads.unwrap_or(args.threads),
         args.tokens,
         args.rounds,
         args.context
@@ -394,7 +400,11 @@ fn main() -> Result<()> {
                 bin: &bin,
                 model: &model,
                 splits,
-                threads: args.threads,
+                threads: if splits.len() > 1 {
+                    args.rank_threads.unwrap_or(args.threads)
+                } else {
+                    args.threads
+                },
                 batch: max_streams,
                 context: Some(args.context),
                 tensor: *tensor,
