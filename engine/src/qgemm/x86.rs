@@ -157,15 +157,8 @@ unsafe fn quantise(input: &[f32], rows: usize, k: usize, sums: bool, pairs: bool
         .zip(scales.iter_mut())
         .enumerate()
     {
-        let amax = src.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
-        *scale = f16_round_trip(d);
-        let mut sum = 0i32;
-        for (q, v) in dst.iter_mut().zip(src) {
-            *q = (v * inv).round() as i8;
-            sum += i32::from(*q);
-        }
+        // SAFETY: `src` and `dst` are blocks of QK values.
+        let sum = unsafe { quantise_block(src, dst, scale) };
         if sums {
             let (row, block) = (b / per_row, b % per_row);
             let at = ((row / ROW_TILE * per_row) + block) * ROW_TILE + row % ROW_TILE;
@@ -183,6 +176,57 @@ unsafe fn quantise(input: &[f32], rows: usize, k: usize, sums: bool, pairs: bool
         sums: block_sums,
         pair_scales,
     }
+}
+
+/// One block: `dst[i] = round(src[i] / d)` (halves away from zero, saturating, NaN to 0, as
+/// Rust's `f32::round() as i8`), `d = max|src| / 127`, `scale` = d at f16 precision; returns
+/// Σ dst. The scalar form of this took 6 % of a batched decode step, on the thread that the
+/// kernel's other workers wait for.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantise_block(src: &[f32], dst: &mut [i8], scale: &mut f32) -> i32 {
+    debug_assert!(src.len() == QK && dst.len() == QK);
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    let v: [__m256; 4] =
+        std::array::from_fn(|i| unsafe { _mm256_loadu_ps(src.as_ptr().add(8 * i)) });
+    // `max_ps(a, m)` keeps m where a is NaN, as `f32::max` does.
+    let mut m = _mm256_setzero_ps();
+    for x in v {
+        m = _mm256_max_ps(_mm256_and_ps(x, abs), m);
+    }
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    let d = amax / 127.0;
+    let inv = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+    *scale = f16_round_trip(d);
+    let sign = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
+    let (one, half) = (_mm256_set1_ps(1.0), _mm256_set1_ps(0.5));
+    let (low, high) = (_mm256_set1_ps(-128.0), _mm256_set1_ps(127.0));
+    let q: [__m256i; 4] = std::array::from_fn(|i| {
+        let t = _mm256_mul_ps(v[i], inv);
+        let whole = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(t);
+        // t − trunc(t) is exact; a fraction of at least a half rounds away from zero.
+        let up = _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_and_ps(_mm256_sub_ps(t, whole), abs), half);
+        let away = _mm256_and_ps(up, _mm256_or_ps(_mm256_and_ps(t, sign), one));
+        let r = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(whole, away), low), high);
+        let not_nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_ORD_Q>(t, t));
+        _mm256_and_si256(_mm256_cvttps_epi32(r), not_nan)
+    });
+    let words = _mm256_packs_epi16(
+        _mm256_packs_epi32(q[0], q[1]),
+        _mm256_packs_epi32(q[2], q[3]),
+    );
+    // The packs interleave 128-bit lanes; put the values back in order.
+    let bytes = _mm256_permutevar8x32_epi32(words, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), bytes) };
+    let total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    let total = _mm_add_epi32(
+        _mm256_castsi256_si128(total),
+        _mm256_extracti128_si256::<1>(total),
+    );
+    let total = _mm_add_epi32(total, _mm_shuffle_epi32::<0b01_00_11_10>(total));
+    let total = _mm_add_epi32(total, _mm_shuffle_epi32::<0b10_11_00_01>(total));
+    _mm_cvtsi128_si32(total)
 }
 
 /// `v` rounded to the nearest f16 (ties to even) and back.
@@ -378,4 +422,63 @@ fn hsum(x: __m256) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QK;
+
+    /// What candle's `BlockQ8_0::from_float` computes for one block.
+    fn scalar(src: &[f32]) -> (Vec<i8>, f32, i32) {
+        let amax = src.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let q: Vec<i8> = src.iter().map(|v| (v * inv).round() as i8).collect();
+        let sum = q.iter().map(|&q| i32::from(q)).sum();
+        // SAFETY: `available()` was checked by the caller.
+        (q, unsafe { super::f16_round_trip(d) }, sum)
+    }
+
+    #[test]
+    fn a_block_quantises_as_the_scalar_form_does() {
+        if !super::available() {
+            return;
+        }
+        let mut blocks: Vec<Vec<f32>> = (0..200)
+            .map(|b| {
+                (0..QK)
+                    .map(|i| {
+                        (((b * 31 + i) * 104729 % 2003) as f32 / 1001.0 - 1.0) * (b as f32 + 0.5)
+                    })
+                    .collect()
+            })
+            .collect();
+        // Ties: with max 127 the scale is 1, so x.5 values round away from zero.
+        blocks.push(
+            (0..QK)
+                .map(|i| if i == 0 { 127.0 } else { i as f32 - 16.5 })
+                .collect(),
+        );
+        blocks.push(vec![0.0; QK]);
+        blocks.push(
+            (0..QK)
+                .map(|i| if i == 3 { f32::NAN } else { i as f32 - 9.5 })
+                .collect(),
+        );
+        blocks.push(
+            (0..QK)
+                .map(|i| if i == 5 { f32::INFINITY } else { -(i as f32) })
+                .collect(),
+        );
+        blocks.push((0..QK).map(|i| (i as f32 - 16.0) * 1e-42).collect());
+        for (n, src) in blocks.iter().enumerate() {
+            let mut dst = [0i8; QK];
+            let mut scale = 0f32;
+            // SAFETY: `available()` holds; both are QK long.
+            let sum = unsafe { super::quantise_block(src, &mut dst, &mut scale) };
+            let (q, d, s) = scalar(src);
+            assert_eq!(dst.to_vec(), q, "block {n}");
+            assert_eq!((scale.to_bits(), sum), (d.to_bits(), s), "block {n}");
+        }
+    }
 }
