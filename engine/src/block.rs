@@ -186,14 +186,6 @@ impl KvCache {
     }
 }
 
-fn project(w: &QMatMul, b: Option<&Tensor>, x: &Tensor) -> Result<Tensor> {
-    let y = crate::qgemm::forward(w, x)?;
-    Ok(match b {
-        Some(b) => y.broadcast_add(b)?,
-        None => y,
-    })
-}
-
 /// One sequence's rows in a batched step: rows `start..start + len` of the batch are its
 /// positions `pos..pos + len`; `mask` (u8, 1 = masked) when `len > 1`.
 pub(crate) struct Segment {
@@ -225,8 +217,7 @@ impl Block {
         let x = (attn + residual)?;
         let residual = &x;
         let h = self.ffn_norm.forward(&x)?;
-        let gate = self.linear(Target::Gate, &h)?;
-        let up = self.linear(Target::Up, &h)?;
+        let [gate, up] = self.linears([Target::Gate, Target::Up], &h)?;
         let mlp = self.linear(Target::Down, &(candle_nn::ops::silu(&gate)? * up)?)?;
         let mlp = reduced(mlp, &mut reduce)?;
         Ok((mlp + residual)?)
@@ -247,16 +238,38 @@ impl Block {
 
     /// The linear layer `target` applied to x: `W·x (+ bias) (+ scale·B·A·x)`.
     pub(crate) fn linear(&self, target: Target, x: &Tensor) -> Result<Tensor> {
-        let (w, b) = self.weight(target);
-        let y = project(w, b, x)?;
-        match self
-            .lora
-            .as_ref()
-            .and_then(|l| Some((l.pair(target)?, l.scale)))
-        {
-            Some((pair, scale)) => Ok((y + pair.delta(x, scale)?)?),
-            None => Ok(y),
+        let [y] = self.linears([target], x)?;
+        Ok(y)
+    }
+
+    /// Several linear layers applied to the same x (q, k, v; gate, up): the weights' products
+    /// in one pass of the kernel (`qgemm::forward_many`), each result as [`Self::linear`]'s.
+    pub(crate) fn linears<const N: usize>(
+        &self,
+        targets: [Target; N],
+        x: &Tensor,
+    ) -> Result<[Tensor; N]> {
+        let ws = targets.map(|t| self.weight(t).0);
+        let products = crate::qgemm::forward_many(&ws, x)?;
+        let mut out = Vec::with_capacity(N);
+        for (target, y) in targets.into_iter().zip(products) {
+            let y = match self.weight(target).1 {
+                Some(b) => y.broadcast_add(b)?,
+                None => y,
+            };
+            out.push(
+                match self
+                    .lora
+                    .as_ref()
+                    .and_then(|l| Some((l.pair(target)?, l.scale)))
+                {
+                    Some((pair, scale)) => (y + pair.delta(x, scale)?)?,
+                    None => y,
+                },
+            );
         }
+        out.try_into()
+            .map_err(|_| candle_core::Error::Msg("a product per target".into()).into())
     }
 
     fn attention(
@@ -266,9 +279,7 @@ impl Block {
         segments: &[Segment],
         caches: &mut [&mut KvCache],
     ) -> Result<Tensor> {
-        let q = self.linear(Target::Q, x)?;
-        let k = self.linear(Target::K, x)?;
-        let v = self.linear(Target::V, x)?;
+        let [q, k, v] = self.linears([Target::Q, Target::K, Target::V], x)?;
         if x.device().is_cpu() {
             let y = self.attention_host(q, k, v, rope, segments, caches)?;
             return self.linear(Target::O, &y);

@@ -68,18 +68,9 @@ struct Quantised {
     pair_scales: Vec<f32>,
 }
 
-pub(super) fn matmul(
-    format: Format,
-    weights: &[u8],
-    n: usize,
-    k: usize,
-    x: &Tensor,
-) -> Result<Tensor> {
-    matmul_with(format, weights, n, k, x, wide::available())
-}
-
-/// [`matmul`], with the AVX-512 kernel for Q4_1 and Q8_0 (`wide`, which the caller has checked the CPU
-/// for) or without it.
+/// One product, with the AVX-512 kernel for Q4_1 and Q8_0 (`wide`, which the caller has
+/// checked the CPU for) or without it.
+#[cfg(test)]
 pub(super) fn matmul_with(
     format: Format,
     weights: &[u8],
@@ -88,47 +79,80 @@ pub(super) fn matmul_with(
     x: &Tensor,
     wide: bool,
 ) -> Result<Tensor> {
+    let mut out = matmul_many(format, &[(weights, n)], k, x, wide)?;
+    out.pop()
+        .ok_or_else(|| candle_core::Error::Msg("no product".into()))
+}
+
+/// Several `(weights, n)` of one format times the same input (a layer's q, k and v; gate and
+/// up): the input is quantised once and every product runs in one call of the thread pool,
+/// each output element computed exactly as it is alone.
+pub(super) fn matmul_many(
+    format: Format,
+    parts: &[(&[u8], usize)],
+    k: usize,
+    x: &Tensor,
+    wide: bool,
+) -> Result<Vec<Tensor>> {
     let blocks = k / QK;
-    let expected = n * blocks * format.block_bytes();
-    if weights.len() < expected {
-        candle_core::bail!(
-            "{format:?} weight of {n}x{k} holds {} bytes, expected {expected}",
-            weights.len(),
-        );
+    for &(weights, n) in parts {
+        let expected = n * blocks * format.block_bytes();
+        if weights.len() < expected {
+            candle_core::bail!(
+                "{format:?} weight of {n}x{k} holds {} bytes, expected {expected}",
+                weights.len(),
+            );
+        }
     }
-    let mut shape = x.dims().to_vec();
     let rows = x.elem_count() / k;
     let input = x.flatten_all()?.to_vec1::<f32>()?;
-    // SAFETY: `available()` was checked by the caller.
     let wide = wide && wide::covers(format);
+    // SAFETY: `available()` was checked by the caller.
     let q = unsafe { quantise(&input, rows, k, format == Format::Q4_1, wide) };
-    let mut out = vec![0f32; rows * n];
-    let out_addr = out.as_mut_ptr() as usize;
-    candle_core::utils::barrier_pool().execute_chunked(n, |cols| {
-        let t = Tile {
-            weights,
-            k,
-            q: &q,
-            first: 0,
-            n,
-            out: out_addr as *mut f32,
-        };
-        // SAFETY: the features were checked; each column of `out` is written by exactly one
-        // work item, and `out` outlives the pool call, which returns when all items are done.
-        unsafe {
-            match format {
-                Format::Q4_1 if wide => wide::columns::<Q4_1>(t, rows, cols),
-                Format::Q8_0 if wide => wide::columns::<Q8_0>(t, rows, cols),
-                Format::Q8_0 => columns::<Q8_0>(t, rows, cols),
-                Format::Q4_0 => columns::<Q4_0>(t, rows, cols),
-                Format::Q4_1 => columns::<Q4_1>(t, rows, cols),
+    let mut outs: Vec<Vec<f32>> = parts.iter().map(|&(_, n)| vec![0f32; rows * n]).collect();
+    let out_addrs: Vec<usize> = outs.iter_mut().map(|o| o.as_mut_ptr() as usize).collect();
+    let total: usize = parts.iter().map(|&(_, n)| n).sum();
+    candle_core::utils::barrier_pool().execute_chunked(total, |cols| {
+        let mut first = 0;
+        for (&(weights, n), &out) in parts.iter().zip(&out_addrs) {
+            let mine = cols.start.max(first)..cols.end.min(first + n);
+            if !mine.is_empty() {
+                let t = Tile {
+                    weights,
+                    k,
+                    q: &q,
+                    first: 0,
+                    n,
+                    out: out as *mut f32,
+                };
+                let cols = mine.start - first..mine.end - first;
+                // SAFETY: the features were checked; each column of each output is written by
+                // exactly one work item, and the outputs outlive the pool call, which returns
+                // when all items are done.
+                unsafe {
+                    match format {
+                        Format::Q4_1 if wide => wide::columns::<Q4_1>(t, rows, cols),
+                        Format::Q8_0 if wide => wide::columns::<Q8_0>(t, rows, cols),
+                        Format::Q8_0 => columns::<Q8_0>(t, rows, cols),
+                        Format::Q4_0 => columns::<Q4_0>(t, rows, cols),
+                        Format::Q4_1 => columns::<Q4_1>(t, rows, cols),
+                    }
+                }
             }
+            first += n;
         }
     });
-    if let Some(last) = shape.last_mut() {
-        *last = n;
-    }
-    Tensor::from_vec(out, shape, &Device::Cpu)
+    parts
+        .iter()
+        .zip(outs)
+        .map(|(&(_, n), out)| {
+            let mut shape = x.dims().to_vec();
+            if let Some(last) = shape.last_mut() {
+                *last = n;
+            }
+            Tensor::from_vec(out, shape, &Device::Cpu)
+        })
+        .collect()
 }
 
 /// Each block of 32 values as `round(v / d)` with `d = max|v| / 127` stored at f16 precision —
