@@ -143,8 +143,8 @@ unsafe fn block_tile<const F: u8, const R: usize, const C: usize>(t: &Tile<'_>, 
         _mm256_broadcast_ss(&*f16s.add(usize::from(p.cast::<u16>().read_unaligned())))
     };
     // One pair of blocks; `$second` is whether block `b + 1` exists (false only for an odd
-    // count's last block). A macro rather than a branch in the loop, which kept the compiler
-    // from scheduling the rows' products without spilling accumulators.
+    // count's last block). A macro, so that `$second` is a constant in each expansion and the
+    // loop over full pairs tests nothing per row.
     macro_rules! pair {
         ($p:expr, $second:expr) => {{
             let b = 2 * $p;
