@@ -202,7 +202,7 @@ unsafe fn quantise(input: &[f32], rows: usize, k: usize, sums: bool, pairs: bool
     }
 }
 
-/// One block: `dst[i] = round(src[i] / d)` (halves away from zero, saturating, NaN to 0, as
+/// One block: `dst[i] = round(src[i] · (1 / d))` (halves away from zero, saturating, NaN to 0, as
 /// Rust's `f32::round() as i8`), `d = max|src| / 127`, `scale` = d at f16 precision; returns
 /// Σ dst. The scalar form of this took 6 % of a batched decode step, on the thread that the
 /// kernel's other workers wait for.
