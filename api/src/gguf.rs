@@ -182,6 +182,8 @@ pub struct ModelFacts {
     pub experts_per_token: Option<u64>,
     /// `attention.sliding_window`.
     pub sliding_window: Option<u64>,
+    /// `token_embd.weight` and no `output.weight`: the head is the embedding table.
+    pub tied_embeddings: bool,
 }
 
 impl GgufHeader {
@@ -309,6 +311,8 @@ impl GgufHeader {
             experts: self.arch_u64(a, "expert_count").filter(|n| *n > 1),
             experts_per_token: self.arch_u64(a, "expert_used_count"),
             sliding_window: self.arch_u64(a, "attention.sliding_window"),
+            tied_embeddings: self.tensors.iter().any(|t| t.name == "token_embd.weight")
+                && !self.tensors.iter().any(|t| t.name == "output.weight"),
             architecture,
         }
     }

@@ -120,6 +120,19 @@ fn reads_a_small_llama() {
 }
 
 #[test]
+fn an_embedding_table_without_an_output_head_is_tied() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tied = GgufHeader::read(&write(&dir, "tied.gguf", &tiny_llama())).expect("valid");
+    assert!(tied.model_facts().tied_embeddings);
+    let mut w = Writer::default();
+    w.str("general.architecture", "llama")
+        .tensor("token_embd.weight", &[64, 5], 0)
+        .tensor("output.weight", &[64, 5], 0);
+    let untied = GgufHeader::read(&write(&dir, "untied.gguf", &w.bytes())).expect("valid");
+    assert!(!untied.model_facts().tied_embeddings);
+}
+
+#[test]
 fn without_file_type_the_blocks_dominant_type_is_the_quantisation() {
     let mut w = Writer::default();
     w.str("general.architecture", "qwen2")

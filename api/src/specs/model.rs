@@ -95,6 +95,10 @@ pub struct ModelSpec {
     /// 20Gi; default all of totalBytes. Sets the predicted tokens/s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_bytes: Option<Quantity>,
+    /// The output head is the embedding table (SmolLM2, Gemma, Qwen3's small models): no
+    /// separate head in the file, and every token reads the whole table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tied_embeddings: Option<bool>,
 }
 
 impl ModelSpec {

@@ -48,6 +48,8 @@ struct Shape {
     overhead: u64,
     embed: u64,
     head: u64,
+    /// What a stage that is first and last holds besides its layers.
+    both: u64,
 }
 
 struct Search {
@@ -126,13 +128,13 @@ pub fn optimum(topology: &Topology, workload: &Workload) -> Optimum {
         * u64::from(model.batch)
         * 2;
     let tokens = u64::from(model.context).min(2048) * u64::from(model.batch);
-    let embed = model.other_bytes / 2;
     let shape = Shape {
         layers: model.layers as usize,
         per_layer: model.bytes_per_layer + kv,
         overhead: (512 << 20) + 4 * u64::from(model.hidden_size) * tokens * 2,
-        embed,
-        head: model.other_bytes - embed,
+        embed: model.embed_bytes(),
+        head: model.head_bytes(),
+        both: model.embed_and_head_bytes(),
     };
     let mut search = Search {
         nodes,
@@ -172,7 +174,13 @@ impl Search {
     /// Most layers node `i` holds as a stage that is first and/or last.
     fn max_layers(&self, i: usize, first: bool, last: bool) -> usize {
         let s = &self.shape;
-        let fixed = s.overhead + if first { s.embed } else { 0 } + if last { s.head } else { 0 };
+        let fixed = s.overhead
+            + match (first, last) {
+                (true, true) => s.both,
+                (true, false) => s.embed,
+                (false, true) => s.head,
+                (false, false) => 0,
+            };
         match self.nodes[i].free.checked_sub(fixed) {
             Some(room) if s.per_layer > 0 => ((room / s.per_layer) as usize).min(s.layers),
             Some(_) => s.layers,
@@ -183,7 +191,7 @@ impl Search {
     /// Memory-bound compute of `l` layers on node `i` (µs).
     fn compute(&self, i: usize, l: usize, last: bool) -> f64 {
         let s = &self.shape;
-        let read = l as u64 * s.per_layer + if last { s.embed } else { 0 };
+        let read = l as u64 * s.per_layer + if last { s.head } else { 0 };
         read as f64 / (self.nodes[i].bw * 1e3)
     }
 

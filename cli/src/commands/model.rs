@@ -136,6 +136,7 @@ fn inspect_dir(args: &ModelInspectArgs) -> Result<String> {
         experts_per_token: facts.experts_per_token,
         active_bytes: (facts.active_bytes < facts.total_bytes)
             .then(|| Quantity::from_bytes(facts.active_bytes)),
+        tied_embeddings: facts.tied_embeddings.then_some(true),
     };
     let mut metadata = ObjectMeta {
         name,
@@ -298,6 +299,7 @@ fn manifest(
         experts: u32_field(facts.experts),
         experts_per_token: u32_field(facts.experts.and(facts.experts_per_token)),
         sliding_window: u32_field(facts.sliding_window),
+        tied_embeddings: facts.tied_embeddings.then_some(true),
         ..ModelSpec::default()
     };
     let mut metadata = ObjectMeta {

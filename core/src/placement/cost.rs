@@ -6,13 +6,14 @@
 //! Memory bandwidth `bw` is in GB/s, link bandwidth `B` in Gb/s, latency `L` is a round trip
 //! in µs (one way costs L/2). `act(b)` = hidden × b × 2 bytes, with b = 1 for the latency
 //! objective and b = model.batch for throughput. `kv` = the KV cache of one layer for
-//! context × batch; `other` = embeddings + output head.
+//! context × batch; `other` = embeddings + output head; `embed` and `head` = other/2 and the
+//! rest, or, with tied embeddings (the head is the embedding table), both the whole of other.
 //!
 //! **Pipeline** over stages 1..n (each ≥ 1 layer, layers summing to the model's, each Mac once):
-//! - memory_i = layers_i × (bytes_per_layer + kv) + overhead + other/2 on the first stage +
-//!   (other − other/2) on the last; must be ≤ the Mac's free memory.
-//! - compute_i = (layers_i × (read_per_layer + kv) + [last] other/2 (the output head)) / bw_i, where
-//!   read_per_layer is bytes_per_layer less the experts a token does not use (MoE).
+//! - memory_i = layers_i × (bytes_per_layer + kv) + overhead + embed on the first stage + head
+//!   on the last (other when one stage is both); must be ≤ the Mac's free memory.
+//! - compute_i = (layers_i × (read_per_layer + kv) + [last] head) / bw_i + the Mac's per-token
+//!   overhead, where read_per_layer is bytes_per_layer less the experts a token does not use (MoE).
 //! - hop i→i+1 needs a direct link: L/2 + act(b) × 8 / B.
 //! - return last→first (the sampled token goes back; n ≥ 2): L/2 of the direct link if any,
 //!   else the shortest path by latency (Σ L/2) through available Macs; none → infeasible.
@@ -283,25 +284,27 @@ fn pipeline(
     }
     let kv = model.kv_bytes_per_layer();
     let overhead = model.overhead_bytes();
-    // Memory: the first stage holds the embeddings (half of `other`), the last the head (the
-    // rest). Time: the last stage reads the output head per token, counted as other/2; the
-    // embedding table is only indexed.
-    let embed = model.other_bytes / 2;
-    let head = model.other_bytes - embed;
-    let head_read = model.other_bytes / 2;
+    // Memory: the first stage holds the embeddings, the last the head. Time: the last stage
+    // reads the output head per token; the embedding table is only indexed.
+    let (embed, head) = (model.embed_bytes(), model.head_bytes());
     let mut stages = Vec::with_capacity(n);
     let mut first_layer = 0u32;
     for (i, r) in ranks.iter().enumerate() {
         let (first, last) = (i == 0, i == n - 1);
         let l = u64::from(r.layers);
-        let extra = if first { embed } else { 0 } + if last { head } else { 0 };
+        let extra = match (first, last) {
+            (true, true) => model.embed_and_head_bytes(),
+            (true, false) => embed,
+            (false, true) => head,
+            (false, false) => 0,
+        };
         let weight = l
             .saturating_mul(model.bytes_per_layer)
             .saturating_add(extra);
         let kv_bytes = l.saturating_mul(kv);
         let read = l
             .saturating_mul(model.read_bytes_per_layer().saturating_add(kv))
-            .saturating_add(if last { head_read } else { 0 });
+            .saturating_add(if last { head } else { 0 });
         stages.push(Stage {
             node: r.mac.name.clone(),
             first_layer,

@@ -22,8 +22,11 @@ pub struct ModelShape {
     pub name: String,
     pub layers: u32,
     pub bytes_per_layer: u64,
-    /// Embeddings + output head: in no layer; the first stage holds half, the last the rest.
+    /// Embeddings + output head: in no layer; the first stage holds half, the last the rest
+    /// (tied: both are the one table, which each holds whole).
     pub other_bytes: u64,
+    /// The output head is the embedding table.
+    pub tied_embeddings: bool,
     pub hidden_size: u32,
     pub heads: u32,
     pub kv_heads: u32,
@@ -105,6 +108,7 @@ impl ModelShape {
             layers,
             bytes_per_layer,
             other_bytes,
+            tied_embeddings: spec.tied_embeddings.unwrap_or(false),
             hidden_size,
             heads,
             kv_heads,
@@ -125,6 +129,27 @@ impl ModelShape {
     pub fn read_bytes_per_layer(&self) -> u64 {
         self.active_bytes_per_layer
             .map_or(self.bytes_per_layer, |b| b.min(self.bytes_per_layer))
+    }
+
+    /// What a first stage holds besides its layers: the embedding table.
+    pub fn embed_bytes(&self) -> u64 {
+        match self.tied_embeddings {
+            true => self.other_bytes,
+            false => self.other_bytes / 2,
+        }
+    }
+
+    /// What a last stage holds besides its layers, and reads for every token: the output head.
+    pub fn head_bytes(&self) -> u64 {
+        match self.tied_embeddings {
+            true => self.other_bytes,
+            false => self.other_bytes - self.other_bytes / 2,
+        }
+    }
+
+    /// What a stage that is both first and last holds besides its layers.
+    pub fn embed_and_head_bytes(&self) -> u64 {
+        self.other_bytes
     }
 
     /// All the weights: every layer plus embeddings and head.

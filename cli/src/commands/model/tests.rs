@@ -99,6 +99,10 @@ fn a_small_llama_becomes_a_valid_model_manifest() {
     );
     assert_eq!(spec["contextLength"], 2048);
     assert_eq!(spec["vocabSize"], 32);
+    assert!(
+        spec.get("tiedEmbeddings").is_none(),
+        "no embedding table in the file, so nothing tied"
+    );
     assert_eq!(spec["bytesPerLayer"], "2560");
     let canonical = std::fs::canonicalize(&file).expect("canonical");
     assert_eq!(spec["source"]["path"], canonical.display().to_string());
@@ -220,6 +224,7 @@ fn smollm2_matches_the_checked_in_manifest() {
         "kvHeads",
         "contextLength",
         "vocabSize",
+        "tiedEmbeddings",
     ] {
         assert_eq!(spec[field], manifest.spec[field], "spec.{field}");
     }

@@ -57,8 +57,7 @@ impl PipeData {
             .bytes_per_layer
             .saturating_add(model.kv_bytes_per_layer());
         let overhead = model.overhead_bytes();
-        let embed = model.other_bytes / 2;
-        let head = model.other_bytes - embed;
+        let (embed, head) = (model.embed_bytes(), model.head_bytes());
         let layers = model.layers;
         let cap_of = |free: u64, extra: u64| -> u32 {
             let fixed = overhead.saturating_add(extra);
@@ -100,7 +99,7 @@ impl PipeData {
                 .map(|m| {
                     let f = m.free_bytes;
                     [
-                        cap_of(f, model.other_bytes),
+                        cap_of(f, model.embed_and_head_bytes()),
                         cap_of(f, embed),
                         cap_of(f, 0),
                         cap_of(f, head),
@@ -114,7 +113,7 @@ impl PipeData {
             read_per_layer: model
                 .read_bytes_per_layer()
                 .saturating_add(model.kv_bytes_per_layer()),
-            head_read: model.other_bytes / 2,
+            head_read: head,
             layers,
             pos,
         }
