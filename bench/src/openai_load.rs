@@ -302,6 +302,8 @@ pub struct Streamed {
     pub ended: Instant,
     /// `usage.completion_tokens` when the server sent it.
     pub usage_tokens: Option<usize>,
+    /// `usage.prompt_tokens` when the server sent it.
+    pub prompt_tokens: Option<usize>,
 }
 
 impl Streamed {
@@ -389,6 +391,7 @@ pub fn stream(http: &str, path: &str, body: &Value, timeout: Duration) -> Result
         arrivals: Vec::new(),
         ended: started,
         usage_tokens: None,
+        prompt_tokens: None,
     };
     let mut line = String::new();
     loop {
@@ -409,6 +412,9 @@ pub fn stream(http: &str, path: &str, body: &Value, timeout: Duration) -> Result
         }
         if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
             out.usage_tokens = Some(n as usize);
+        }
+        if let Some(n) = v["usage"]["prompt_tokens"].as_u64() {
+            out.prompt_tokens = Some(n as usize);
         }
         let c = &v["choices"][0];
         let text = c["text"]

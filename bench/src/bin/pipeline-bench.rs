@@ -17,7 +17,10 @@
 //! (`tb_core::placement::evaluate`, latency objective: one stream) from the figures a nodelet
 //! would report on this machine: the engine's own measurement (`tb-shard --calibrate`, with the
 //! same threads) and the loopback round trip measured here; the link's bandwidth is taken as
-//! 100 Gb/s (a hop carries 1.2 KB, under a microsecond at any loopback speed).
+//! 100 Gb/s (a hop carries 1.2 KB, under a microsecond at any loopback speed). The KV cache a
+//! token reads is the one the run has filled: placement is asked for a context of the prompt
+//! plus half the generated tokens (the average over the decode), where a service's plan
+//! reserves, and predicts for, its whole context.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -153,7 +156,9 @@ fn main() -> Result<()> {
             bail!("pipeline-bench --smoke: FAILED: {name} generated no tokens");
         }
         let base = *single.get_or_insert(b.decode_tps());
-        let predicted = figures.predict(&spec, &splits)?;
+        // The average position over the decode: the KV cache a token reads on average.
+        let context = b.prompt_tokens.unwrap_or(0) + b.tokens() / 2;
+        let predicted = figures.predict(&spec, &splits, context)?;
         println!(
             "| {name} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} | {} |",
             b.ttft().unwrap_or_default().as_secs_f64() * 1e3,
@@ -216,6 +221,7 @@ impl Figures {
         &self,
         model: &tb_api::specs::model::ModelSpec,
         splits: &[(usize, usize)],
+        context: usize,
     ) -> Result<f64> {
         use tb_core::placement::cost::Assignment;
         use tb_core::placement::memory::ModelShape;
@@ -253,7 +259,7 @@ impl Figures {
             }
         }
         let workload = Workload {
-            model: ModelShape::from_spec("smollm2", model, Some(512), Some(1))
+            model: ModelShape::from_spec("smollm2", model, Some(context.max(1) as u32), Some(1))
                 .map_err(anyhow::Error::msg)?,
             strategy: Strategy::Pipeline,
             objective: Objective::Latency,

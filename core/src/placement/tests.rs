@@ -949,10 +949,7 @@ fn solve_time_at_8_and_64_macs() {
 
 #[test]
 fn a_tied_head_is_held_by_both_ends_and_read_whole() {
-    let topo = Topology::new(
-        vec![ultra("a"), ultra("b")],
-        mesh(&["a", "b"], 80.0, 50.0),
-    );
+    let topo = Topology::new(vec![ultra("a"), ultra("b")], mesh(&["a", "b"], 80.0, 50.0));
     let shaped = |tied: bool| {
         let mut m = model(10, GIB);
         m.other_bytes = 2 * GIB;
@@ -968,14 +965,25 @@ fn a_tied_head_is_held_by_both_ends_and_read_whole() {
         let w = shaped(tied);
         // One Mac holds the table (and head) once, and reads the head per token.
         let one = evaluate(&topo, &w, &split(&[("a", 10)])).expect("fits");
-        assert_eq!(one.stages[0].weight_bytes, 10 * GIB + 2 * GIB, "tied {tied}");
+        assert_eq!(
+            one.stages[0].weight_bytes,
+            10 * GIB + 2 * GIB,
+            "tied {tied}"
+        );
         let read = (layers_and_kv(10) + head) as f64 / 819e9 * 1e6;
-        assert!((one.compute_us - read).abs() < 1e-6, "tied {tied}: {}", one.compute_us);
+        assert!(
+            (one.compute_us - read).abs() < 1e-6,
+            "tied {tied}: {}",
+            one.compute_us
+        );
         // Two: the first holds the embeddings, the last the head (tied: each the whole table).
         let two = evaluate(&topo, &w, &split(&[("a", 5), ("b", 5)])).expect("fits");
         let held: Vec<u64> = two.stages.iter().map(|s| s.weight_bytes).collect();
         assert_eq!(held, [5 * GIB + embed, 5 * GIB + head], "tied {tied}");
         let last = (layers_and_kv(5) + head) as f64 / 819e9 * 1e6;
-        assert!((two.stages[1].compute_us - last).abs() < 1e-6, "tied {tied}");
+        assert!(
+            (two.stages[1].compute_us - last).abs() < 1e-6,
+            "tied {tied}"
+        );
     }
 }
