@@ -17,6 +17,9 @@ use std::fs::File;
 use std::io::{BufReader, Cursor, Read};
 use std::path::{Path, PathBuf};
 
+use crate::Quantity;
+use crate::specs::model::{ModelFormat, ModelSource, ModelSpec};
+
 /// The four bytes every GGUF file starts with.
 pub const MAGIC: &[u8; 4] = b"GGUF";
 /// Strings (metadata values) longer than this are skipped, not kept: chat templates fit,
@@ -184,6 +187,44 @@ pub struct ModelFacts {
     pub sliding_window: Option<u64>,
     /// `token_embd.weight` and no `output.weight`: the head is the embedding table.
     pub tied_embeddings: bool,
+}
+
+impl ModelFacts {
+    /// The Model spec of the GGUF file at `path` (as nodes will name it) whose header gave
+    /// these facts; fields the header does not give are left out (placement then estimates).
+    pub fn model_spec(&self, path: &str, file_bytes: u64) -> ModelSpec {
+        let u32_field = |v: Option<u64>| v.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0);
+        ModelSpec {
+            format: ModelFormat::Gguf,
+            source: ModelSource {
+                path: Some(path.to_string()),
+                nodes: Vec::new(),
+            },
+            architecture: Some(self.architecture.clone()),
+            layers: u32_field(self.layers),
+            bytes_per_layer: self
+                .bytes_per_layer
+                .filter(|b| *b > 0)
+                .map(Quantity::from_bytes),
+            total_bytes: (file_bytes > 0).then(|| Quantity::from_bytes(file_bytes)),
+            hidden_size: u32_field(self.hidden_size),
+            heads: u32_field(self.heads),
+            kv_heads: u32_field(self.kv_heads),
+            context_length: u32_field(self.context_length),
+            vocab_size: u32_field(self.vocab_size),
+            head_dim: match (self.head_dim, self.hidden_size, self.heads) {
+                (Some(d), Some(h), Some(n)) if n > 0 && d != h / n => u32_field(Some(d)),
+                _ => None,
+            },
+            kv_lora_rank: u32_field(self.kv_lora_rank),
+            qk_rope_head_dim: u32_field(self.kv_lora_rank.and(self.qk_rope_head_dim)),
+            experts: u32_field(self.experts),
+            experts_per_token: u32_field(self.experts.and(self.experts_per_token)),
+            sliding_window: u32_field(self.sliding_window),
+            tied_embeddings: self.tied_embeddings.then_some(true),
+            ..ModelSpec::default()
+        }
+    }
 }
 
 impl GgufHeader {

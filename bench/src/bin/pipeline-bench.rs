@@ -93,15 +93,32 @@ fn main() -> Result<()> {
             .join("tb-shard"),
     };
     let figures = Figures::measure(&bin, args.threads)?;
-    let spec = smollm2_spec()?;
-    let configs: [(&str, Vec<(usize, usize)>); 3] = [
-        ("single process (30 blocks)", vec![(0, 30)]),
-        ("2-stage pipeline (15 + 15)", vec![(0, 15), (15, 15)]),
-        (
-            "3-stage pipeline (10 + 10 + 10)",
-            vec![(0, 10), (10, 10), (20, 10)],
-        ),
-    ];
+    let spec = model_spec(&model)?;
+    let layers = spec
+        .layers
+        .context("the model's header gives no block count")? as usize;
+    if layers < 3 {
+        bail!(
+            "{}: {layers} blocks; a 3-stage pipeline needs 3",
+            model.display()
+        );
+    }
+    let configs: Vec<(String, Vec<(usize, usize)>)> = (1..=3)
+        .map(|stages| {
+            let splits: Vec<(usize, usize)> = (0..stages)
+                .map(|i| {
+                    let start = layers * i / stages;
+                    (start, layers * (i + 1) / stages - start)
+                })
+                .collect();
+            let counts: Vec<String> = splits.iter().map(|(_, n)| n.to_string()).collect();
+            let name = match stages {
+                1 => format!("single process ({layers} blocks)"),
+                n => format!("{n}-stage pipeline ({})", counts.join(" + ")),
+            };
+            (name, splits)
+        })
+        .collect();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "model {}, prompt {:?}, {} tokens, best of {} runs, {} thread(s) per process, load {}",
@@ -126,13 +143,13 @@ fn main() -> Result<()> {
     );
     println!("|---|---|---|---|---|---|---|");
     let mut single = None;
-    for (name, splits) in configs {
+    for (name, splits) in &configs {
         let p = openai_load::start_tb(
             name,
             &TbOptions {
                 bin: &bin,
                 model: &model,
-                splits: &splits,
+                splits,
                 threads: args.threads,
                 batch: 1,
                 context: None,
@@ -158,7 +175,7 @@ fn main() -> Result<()> {
         let base = *single.get_or_insert(b.decode_tps());
         // The average position over the decode: the KV cache a token reads on average.
         let context = b.prompt_tokens.unwrap_or(0) + b.tokens() / 2;
-        let predicted = figures.predict(&spec, &splits, context)?;
+        let predicted = figures.predict(&spec, splits, context)?;
         println!(
             "| {name} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} | {} |",
             b.ttft().unwrap_or_default().as_secs_f64() * 1e3,
@@ -259,7 +276,7 @@ impl Figures {
             }
         }
         let workload = Workload {
-            model: ModelShape::from_spec("smollm2", model, Some(context.max(1) as u32), Some(1))
+            model: ModelShape::from_spec("model", model, Some(context.max(1) as u32), Some(1))
                 .map_err(anyhow::Error::msg)?,
             strategy: Strategy::Pipeline,
             objective: Objective::Latency,
@@ -281,18 +298,12 @@ impl Figures {
     }
 }
 
-/// The Model spec of the demo's SmolLM2, as `manifests/model-smollm2.yaml` gives it.
-fn smollm2_spec() -> Result<tb_api::specs::model::ModelSpec> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/model-smollm2.yaml");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let doc: serde_yaml::Value =
-        serde_yaml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    let spec = doc
-        .get("spec")
-        .cloned()
-        .with_context(|| format!("{}: no spec", path.display()))?;
-    serde_yaml::from_value(spec).with_context(|| format!("{}: spec", path.display()))
+/// The Model spec `tbctl model inspect` makes of the GGUF file: what placement would know.
+fn model_spec(path: &Path) -> Result<tb_api::specs::model::ModelSpec> {
+    let header = tb_api::gguf::GgufHeader::read(path)?;
+    Ok(header
+        .model_facts()
+        .model_spec(&path.display().to_string(), header.file_bytes))
 }
 
 /// Median round trip of a 64-byte message over loopback TCP (Nagle off), µs: what a nodelet's

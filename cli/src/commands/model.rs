@@ -260,10 +260,6 @@ fn name_from(path: &Path, text: &str) -> Result<String> {
     Ok(name)
 }
 
-fn u32_field(v: Option<u64>) -> Option<u32> {
-    v.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0)
-}
-
 /// The Model's metadata and spec; fields the file does not give are left out (placement then
 /// estimates).
 fn manifest(
@@ -272,36 +268,7 @@ fn manifest(
     facts: &ModelFacts,
     file_bytes: u64,
 ) -> (ObjectMeta, ModelSpec) {
-    let spec = ModelSpec {
-        format: ModelFormat::Gguf,
-        source: ModelSource {
-            path: Some(path.to_string()),
-            nodes: Vec::new(),
-        },
-        architecture: Some(facts.architecture.clone()),
-        layers: u32_field(facts.layers),
-        bytes_per_layer: facts
-            .bytes_per_layer
-            .filter(|b| *b > 0)
-            .map(Quantity::from_bytes),
-        total_bytes: (file_bytes > 0).then(|| Quantity::from_bytes(file_bytes)),
-        hidden_size: u32_field(facts.hidden_size),
-        heads: u32_field(facts.heads),
-        kv_heads: u32_field(facts.kv_heads),
-        context_length: u32_field(facts.context_length),
-        vocab_size: u32_field(facts.vocab_size),
-        head_dim: match (facts.head_dim, facts.hidden_size, facts.heads) {
-            (Some(d), Some(h), Some(n)) if n > 0 && d != h / n => u32_field(Some(d)),
-            _ => None,
-        },
-        kv_lora_rank: u32_field(facts.kv_lora_rank),
-        qk_rope_head_dim: u32_field(facts.kv_lora_rank.and(facts.qk_rope_head_dim)),
-        experts: u32_field(facts.experts),
-        experts_per_token: u32_field(facts.experts.and(facts.experts_per_token)),
-        sliding_window: u32_field(facts.sliding_window),
-        tied_embeddings: facts.tied_embeddings.then_some(true),
-        ..ModelSpec::default()
-    };
+    let spec = facts.model_spec(path, file_bytes);
     let mut metadata = ObjectMeta {
         name: name.to_string(),
         ..ObjectMeta::default()
@@ -367,3 +334,8 @@ fn comment(path: &Path, header: &GgufHeader, f: &ModelFacts) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// A header count as a spec field takes it: present, positive and within u32.
+fn u32_field(v: Option<u64>) -> Option<u32> {
+    v.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0)
+}
