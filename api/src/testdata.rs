@@ -152,6 +152,7 @@ spec:
   experts: 8
   expertsPerToken: 2
   activeBytes: 40Mi
+  tiedEmbeddings: true
 "#
         }
         Kind::InferenceService => {
