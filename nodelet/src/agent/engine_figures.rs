@@ -1,9 +1,9 @@
 //! The built-in engine's decode speed on this machine ([`tb_engine::calibrate`]): measured
 //! once, in the background, after the nodelet starts — by `tb-shard --calibrate`, the binary
 //! and settings that serve the models, so the figures are the executor's own — and kept in
-//! `DATA_DIR/engine-figures.json` (used again while tb's version and the engine's backend stay
-//! the same). The heartbeat reports it in the Node's capacity, where placement prefers it to
-//! the chip's nominal bandwidth.
+//! `DATA_DIR/engine-figures.json` (used again while tb's version, the measurement's method and
+//! the engine's backend stay the same). The heartbeat reports it in the Node's capacity, where
+//! placement prefers it to the chip's nominal bandwidth.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -87,6 +87,9 @@ pub type Shared = Arc<OnceLock<EngineFigures>>;
 #[derive(Debug, Serialize, Deserialize)]
 struct Kept {
     version: String,
+    /// [`tb_engine::calibrate::METHOD`] (absent: the first method).
+    #[serde(default)]
+    method: u32,
     figures: EngineFigures,
 }
 
@@ -99,6 +102,7 @@ fn read_kept(data_dir: &Path, backend: &str) -> Option<EngineFigures> {
     let text = std::fs::read(kept_path(data_dir)).ok()?;
     let kept: Kept = serde_json::from_slice(&text).ok()?;
     (kept.version == env!("CARGO_PKG_VERSION")
+        && kept.method == tb_engine::calibrate::METHOD
         && kept.figures.backend == backend
         && kept.figures.weight_gbs.is_finite()
         && kept.figures.weight_gbs > 0.0)
@@ -141,6 +145,7 @@ pub fn start(data_dir: &Path, shard_bin: &Path) -> Shared {
                 );
                 let kept = Kept {
                     version: env!("CARGO_PKG_VERSION").into(),
+                    method: tb_engine::calibrate::METHOD,
                     figures: figures.clone(),
                 };
                 if let Ok(text) = serde_json::to_vec_pretty(&kept) {
@@ -176,6 +181,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let kept = Kept {
             version: env!("CARGO_PKG_VERSION").into(),
+            method: tb_engine::calibrate::METHOD,
             figures: EngineFigures {
                 backend: "cpu".into(),
                 weight_gbs: 4.2,
@@ -203,6 +209,15 @@ mod tests {
         )
         .expect("write");
         assert!(read_kept(dir.path(), "cpu").is_none(), "another tb");
+        let measured_otherwise = serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "figures": {"backend": "cpu", "weightGbs": 19.0, "tokenOverheadUs": 0.0},
+        });
+        std::fs::write(kept_path(dir.path()), measured_otherwise.to_string()).expect("write");
+        assert!(
+            read_kept(dir.path(), "cpu").is_none(),
+            "figures from before the method was kept are measured again"
+        );
         std::fs::write(kept_path(dir.path()), "garbage").expect("write");
         assert!(read_kept(dir.path(), "cpu").is_none());
     }
