@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,15 @@ use tb_api::status::{EngineCalibration, EngineFigures};
 
 /// The longest a measurement may take before it is given up (it takes seconds).
 const MEASURE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Set when the nodelet stops: a measurement under way is abandoned, its process killed, so
+/// that it does not hold the nodelet's exit (the runtime waits for blocking tasks).
+static STOPPING: AtomicBool = AtomicBool::new(false);
+
+/// Abandons a measurement under way (the nodelet is stopping); the next start measures again.
+pub fn stop() {
+    STOPPING.store(true, Ordering::SeqCst);
+}
 
 /// Measures the engine in this process, on its default device (`tb-shard --calibrate`);
 /// the synthetic models are written under `scratch` and removed.
@@ -30,6 +40,8 @@ pub fn measure_here(scratch: &Path) -> Result<EngineCalibration, String> {
         took_ms: c.took.as_millis() as u64,
     })
 }
+
+const STOPPED: &str = "stopping: the engine measurement is abandoned, to be made at the next start";
 
 /// Runs `shard_bin --calibrate` (its scratch files under `scratch`), bounded by
 /// [`MEASURE_TIMEOUT`].
@@ -48,6 +60,11 @@ fn measure_with(shard_bin: &Path, scratch: &Path) -> Result<EngineCalibration, S
     loop {
         match child.try_wait() {
             Ok(Some(_)) => break,
+            Ok(None) if STOPPING.load(Ordering::SeqCst) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(STOPPED.into());
+            }
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
             Ok(None) => {
                 let _ = child.kill();
@@ -163,6 +180,7 @@ pub fn start(data_dir: &Path, shard_bin: &Path) -> Shared {
                 "measuring the built-in engine gave {} GB/s; placement uses the chip's figures",
                 c.weight_gbs
             ),
+            Err(e) if e == STOPPED => tracing::info!("{e}"),
             Err(e) => tracing::warn!(
                 "measuring the built-in engine failed ({e}); placement uses the chip's figures"
             ),

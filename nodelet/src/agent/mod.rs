@@ -250,4 +250,5 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
     }
     tracing::info!("shutting down");
+    engine_figures::stop();
 }
