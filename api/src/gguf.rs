@@ -189,11 +189,15 @@ pub struct ModelFacts {
     pub tied_embeddings: bool,
 }
 
+/// A header count as a Model spec field takes it: present, positive and within u32.
+pub fn spec_count(v: Option<u64>) -> Option<u32> {
+    v.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0)
+}
+
 impl ModelFacts {
     /// The Model spec of the GGUF file at `path` (as nodes will name it) whose header gave
     /// these facts; fields the header does not give are left out (placement then estimates).
     pub fn model_spec(&self, path: &str, file_bytes: u64) -> ModelSpec {
-        let u32_field = |v: Option<u64>| v.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0);
         ModelSpec {
             format: ModelFormat::Gguf,
             source: ModelSource {
@@ -201,26 +205,26 @@ impl ModelFacts {
                 nodes: Vec::new(),
             },
             architecture: Some(self.architecture.clone()),
-            layers: u32_field(self.layers),
+            layers: spec_count(self.layers),
             bytes_per_layer: self
                 .bytes_per_layer
                 .filter(|b| *b > 0)
                 .map(Quantity::from_bytes),
             total_bytes: (file_bytes > 0).then(|| Quantity::from_bytes(file_bytes)),
-            hidden_size: u32_field(self.hidden_size),
-            heads: u32_field(self.heads),
-            kv_heads: u32_field(self.kv_heads),
-            context_length: u32_field(self.context_length),
-            vocab_size: u32_field(self.vocab_size),
+            hidden_size: spec_count(self.hidden_size),
+            heads: spec_count(self.heads),
+            kv_heads: spec_count(self.kv_heads),
+            context_length: spec_count(self.context_length),
+            vocab_size: spec_count(self.vocab_size),
             head_dim: match (self.head_dim, self.hidden_size, self.heads) {
-                (Some(d), Some(h), Some(n)) if n > 0 && d != h / n => u32_field(Some(d)),
+                (Some(d), Some(h), Some(n)) if n > 0 && d != h / n => spec_count(Some(d)),
                 _ => None,
             },
-            kv_lora_rank: u32_field(self.kv_lora_rank),
-            qk_rope_head_dim: u32_field(self.kv_lora_rank.and(self.qk_rope_head_dim)),
-            experts: u32_field(self.experts),
-            experts_per_token: u32_field(self.experts.and(self.experts_per_token)),
-            sliding_window: u32_field(self.sliding_window),
+            kv_lora_rank: spec_count(self.kv_lora_rank),
+            qk_rope_head_dim: spec_count(self.kv_lora_rank.and(self.qk_rope_head_dim)),
+            experts: spec_count(self.experts),
+            experts_per_token: spec_count(self.experts.and(self.experts_per_token)),
+            sliding_window: spec_count(self.sliding_window),
             tied_embeddings: self.tied_embeddings.then_some(true),
             ..ModelSpec::default()
         }

@@ -310,7 +310,7 @@ fn comment(path: &Path, header: &GgufHeader, f: &ModelFacts) -> String {
         ("contextLength", f.context_length),
         ("vocabSize", f.vocab_size),
     ] {
-        if u32_field(v).is_none() {
+        if tb_api::gguf::spec_count(v).is_none() {
             missing.push(field);
         }
     }
@@ -334,8 +334,3 @@ fn comment(path: &Path, header: &GgufHeader, f: &ModelFacts) -> String {
 
 #[cfg(test)]
 mod tests;
-
-/// A header count as a spec field takes it: present, positive and within u32.
-fn u32_field(v: Option<u64>) -> Option<u32> {
-    v.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0)
-}

@@ -41,6 +41,7 @@ pub fn measure_here(scratch: &Path) -> Result<EngineCalibration, String> {
     })
 }
 
+/// Why a measurement ended without figures when the nodelet stopped (logged, not warned).
 const STOPPED: &str = "stopping: the engine measurement is abandoned, to be made at the next start";
 
 /// Runs `shard_bin --calibrate` (its scratch files under `scratch`), bounded by
