@@ -9,7 +9,8 @@
 //! from 97 to 165 tokens/s. Here a sequence's keys and values are appended in place
 //! ([`HostKv`]), RoPE is applied to the new rows only, and each query head reads its KV head
 //! directly (grouped-query attention without copies), the (sequence, head) pairs spread over
-//! candle's barrier pool, the one the matrix kernels use.
+//! candle's barrier pool, the one the matrix kernels use. Where the CPU has AVX-512 and heads
+//! are 64 or 128 wide, an item runs [`x86`]'s loop (16 positions' scores at once).
 //!
 //! Each output row is computed from its position's keys and values by the same operations in
 //! the same order whatever the chunk or batch it arrives in, so a sequence's tokens do not
@@ -132,51 +133,89 @@ pub(crate) fn attend(
 ) -> Vec<f32> {
     let width = heads * head_dim;
     let mut out = vec![0f32; rows * width];
-    let out_addr = out.as_mut_ptr() as usize;
-    let group = heads / kv_heads.max(1);
-    let scale = 1.0 / (head_dim as f32).sqrt();
+    let shape = Shape {
+        heads,
+        kv_heads,
+        head_dim,
+        out: out.as_mut_ptr() as usize,
+    };
+    #[cfg(target_arch = "x86_64")]
+    let wide = x86::covers(head_dim);
     candle_core::utils::barrier_pool().execute_chunked(jobs.len() * heads, |items| {
-        let (mut scores, mut acc) = (Vec::new(), vec![0f32; head_dim]);
+        let mut scratch = (Vec::new(), vec![0f32; head_dim]);
         for item in items {
             let (job, head) = (&jobs[item / heads], item % heads);
-            let kv_head = (head / group).min(kv_heads.max(1) - 1);
-            let stride = job.cache.stride;
-            let job_rows = job.queries.len() / width;
-            for r in 0..job_rows {
-                let q = &job.queries[r * width + head * head_dim..][..head_dim];
-                // Positions 0..=pos + r: everything before this row and itself.
-                let seen = job.pos + r + 1;
-                scores.clear();
-                scores.extend((0..seen).map(|t| {
-                    let k = &job.cache.keys[t * stride + kv_head * head_dim..][..head_dim];
-                    dot(q, k) * scale
-                }));
-                let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-                let mut total = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    total += *s;
-                }
-                for s in scores.iter_mut() {
-                    *s /= total;
-                }
-                acc.fill(0.0);
-                for (t, &p) in scores.iter().enumerate() {
-                    let v = &job.cache.values[t * stride + kv_head * head_dim..][..head_dim];
-                    for (a, &v) in acc.iter_mut().zip(v) {
-                        *a += p * v;
-                    }
-                }
-                let at = (job.out_row + r) * width + head * head_dim;
-                for (i, a) in acc.iter().enumerate() {
-                    // SAFETY: each (row, head) slice of `out` is written by exactly one work
-                    // item, and `out` outlives the pool call, which returns when all are done.
-                    unsafe { *(out_addr as *mut f32).add(at + i) = *a };
-                }
+            #[cfg(target_arch = "x86_64")]
+            if wide {
+                x86::head(job, head, &shape, &mut scratch);
+                continue;
             }
+            head_attention(job, head, &shape, &mut scratch);
         }
     });
     out
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+/// The sizes every work item of one [`attend`] shares, and where its output starts.
+struct Shape {
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    out: usize,
+}
+
+/// Scores and the weighted sum of values, reused across one worker's items.
+type Scratch = (Vec<f32>, Vec<f32>);
+
+/// One (sequence, head) item: every row of the job for query head `head`.
+fn head_attention(job: &Job<'_>, head: usize, shape: &Shape, (scores, acc): &mut Scratch) {
+    let Shape {
+        heads,
+        kv_heads,
+        head_dim,
+        out,
+    } = *shape;
+    let width = heads * head_dim;
+    let group = heads / kv_heads.max(1);
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let kv_head = (head / group).min(kv_heads.max(1) - 1);
+    let stride = job.cache.stride;
+    let job_rows = job.queries.len() / width;
+    for r in 0..job_rows {
+        let q = &job.queries[r * width + head * head_dim..][..head_dim];
+        // Positions 0..=pos + r: everything before this row and itself.
+        let seen = job.pos + r + 1;
+        scores.clear();
+        scores.extend((0..seen).map(|t| {
+            let k = &job.cache.keys[t * stride + kv_head * head_dim..][..head_dim];
+            dot(q, k) * scale
+        }));
+        let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+        let mut total = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            total += *s;
+        }
+        for s in scores.iter_mut() {
+            *s /= total;
+        }
+        acc.fill(0.0);
+        for (t, &p) in scores.iter().enumerate() {
+            let v = &job.cache.values[t * stride + kv_head * head_dim..][..head_dim];
+            for (a, &v) in acc.iter_mut().zip(v) {
+                *a += p * v;
+            }
+        }
+        let at = (job.out_row + r) * width + head * head_dim;
+        for (i, a) in acc.iter().enumerate() {
+            // SAFETY: each (row, head) slice of `out` is written by exactly one work item,
+            // and `out` outlives the pool call, which returns when all are done.
+            unsafe { *(out as *mut f32).add(at + i) = *a };
+        }
+    }
 }
 
 #[cfg(test)]
@@ -254,7 +293,13 @@ mod tests {
 
     #[test]
     fn matches_plain_attention_and_does_not_depend_on_chunking() {
-        let (heads, kv, d, len) = (6, 2, 16, 11);
+        // Head sizes 64 and 128 take the AVX-512 loop where the CPU has it; 16 the portable one.
+        for (heads, kv, d, len) in [(6, 2, 16, 11), (9, 3, 64, 37), (4, 1, 128, 20)] {
+            attention_case(heads, kv, d, len);
+        }
+    }
+
+    fn attention_case(heads: usize, kv: usize, d: usize, len: usize) {
         let stride = kv * d;
         let (q, k, v) = (
             values(len * heads * d, 1),
@@ -286,7 +331,7 @@ mod tests {
         let mut cache = HostKv::default();
         let mut chunked = Vec::new();
         let mut at = 0;
-        for n in [4, 1, 6] {
+        for n in [4, 1, len - 5] {
             cache.append(
                 &k[at * stride..(at + n) * stride],
                 &v[at * stride..(at + n) * stride],

@@ -8,14 +8,16 @@
 //! Q8_0 gave 71). Here the input rows are quantised once, as candle quantises them, and every
 //! weight block is loaded, unpacked and its scale converted once, then multiplied with up to 8
 //! input rows (`ROW_TILE`) that stay in L1. Where the CPU has AVX-512 VNNI, Q4_1 and Q8_0 go
-//! to a kernel that takes two blocks per instruction (`x86/wide.rs`; 1.8× the AVX2 kernel's
-//! speed for 8 rows); Q4_0 and other CPUs stay on AVX2.
+//! to a kernel that puts 16 output columns in the lanes of a register (`x86/lanes.rs`; a
+//! batched decode of 8 sequences 1.4× the tokens/s of the pairwise kernel,
+//! `x86/wide.rs`, which keeps the columns past the last group of 16); Q4_0 and other CPUs stay
+//! on AVX2.
 //!
 //! The AVX2 kernel's Q8_0 and Q4_0 products are bit-identical to candle's per-block AVX ones
 //! (candle's repacked path, taken when k is a multiple of 256, sums in another order); the
-//! AVX-512 kernel's sum blocks in pairs and agree in all but the last bits. Q4_1's differ from candle's
-//! scalar order in the last bits: the block's `min · sum(x)` term is summed apart from the
-//! scaled dot products, as llama.cpp does, so a block costs one vector FMA instead of a
+//! AVX-512 kernels sum in other orders and agree in all but the last bits. Q4_1's differ from
+//! candle's scalar order in the last bits: the AVX2 kernel sums the block's `min · sum(x)` term
+//! apart from the scaled dot products, as llama.cpp does, so a block costs one vector FMA instead of a
 //! horizontal sum. Since each layer's input is requantised to 8 bits, such last-bit
 //! differences can move a rounding step and grow through the layers; [`use_candle_kernels`]
 //! turns tb's kernels off to compare the engine with candle's reference model exactly.
@@ -186,7 +188,7 @@ mod tests {
         // k = 576 (SmolLM2's hidden size) is not a multiple of 256, so candle takes its per-block
         // vec_dot path. For Q8_0 and Q4_0 the AVX2 kernel performs the same operations in the
         // same order; for Q4_1 candle's is scalar and sums in another order, and the AVX-512
-        // kernel sums blocks in pairs, so there only the last bits agree.
+        // kernels sum in other orders, so there only the last bits agree.
         let (n, k) = (100, 576);
         for dtype in FORMATS {
             let w = weight(n, k, dtype);

@@ -8,6 +8,7 @@ use candle_core::{Device, Result, Tensor};
 
 use super::QK;
 
+pub(super) mod lanes;
 pub(super) mod wide;
 
 /// Input rows multiplied with each weight block while it is in registers: 8 accumulators
@@ -66,6 +67,8 @@ struct Quantised {
     /// repeated over 8 lanes (the second zero past an odd last block), so one load gives a
     /// pair's scales in the lanes its products land in.
     pair_scales: Vec<f32>,
+    /// For [`lanes`]' Q8_0 products: each block's Σ values, row-major.
+    int_sums: Vec<i32>,
 }
 
 /// One product, with the AVX-512 kernel for Q4_1 and Q8_0 (`wide`, which the caller has
@@ -108,40 +111,82 @@ pub(super) fn matmul_many(
     let input = x.flatten_all()?.to_vec1::<f32>()?;
     let wide = wide && wide::covers(format);
     // SAFETY: `available()` was checked by the caller.
-    let q = unsafe { quantise(&input, rows, k, format == Format::Q4_1, wide) };
+    let q = unsafe {
+        quantise(
+            &input,
+            rows,
+            k,
+            format == Format::Q4_1,
+            wide,
+            wide && format == Format::Q8_0,
+        )
+    };
     let mut outs: Vec<Vec<f32>> = parts.iter().map(|&(_, n)| vec![0f32; rows * n]).collect();
     let out_addrs: Vec<usize> = outs.iter_mut().map(|o| o.as_mut_ptr() as usize).collect();
-    let total: usize = parts.iter().map(|&(_, n)| n).sum();
-    candle_core::utils::barrier_pool().execute_chunked(total, |cols| {
-        let mut first = 0;
-        for (&(weights, n), &out) in parts.iter().zip(&out_addrs) {
-            let mine = cols.start.max(first)..cols.end.min(first + n);
-            if !mine.is_empty() {
-                let t = Tile {
-                    weights,
-                    k,
-                    q: &q,
-                    first: 0,
-                    n,
-                    out: out as *mut f32,
-                };
-                let cols = mine.start - first..mine.end - first;
-                // SAFETY: the features were checked; each column of each output is written by
-                // exactly one work item, and the outputs outlive the pool call, which returns
-                // when all items are done.
+    let tile = |part: usize| Tile {
+        weights: parts[part].0,
+        k,
+        q: &q,
+        first: 0,
+        n: parts[part].1,
+        out: out_addrs[part] as *mut f32,
+    };
+    if wide {
+        // Work items of 16 columns ([`lanes`]), and each product's last few columns
+        // ([`wide`]); a column takes the same kernel whatever the rows.
+        let items: Vec<(usize, Range<usize>)> = parts
+            .iter()
+            .enumerate()
+            .flat_map(|(part, &(_, n))| {
+                let full = n / lanes::LANES * lanes::LANES;
+                (0..full)
+                    .step_by(lanes::LANES)
+                    .map(move |c| (part, c..c + lanes::LANES))
+                    .chain((full < n).then_some((part, full..n)))
+            })
+            .collect();
+        candle_core::utils::barrier_pool().execute_chunked(items.len(), |range| {
+            let mut packed = lanes::Packed::new();
+            for (part, cols) in &items[range] {
+                let t = tile(*part);
+                // SAFETY: the features were checked; each column of each output is written
+                // by exactly one work item, and the outputs outlive the pool call, which
+                // returns when all items are done.
                 unsafe {
-                    match format {
-                        Format::Q4_1 if wide => wide::columns::<Q4_1>(t, rows, cols),
-                        Format::Q8_0 if wide => wide::columns::<Q8_0>(t, rows, cols),
-                        Format::Q8_0 => columns::<Q8_0>(t, rows, cols),
-                        Format::Q4_0 => columns::<Q4_0>(t, rows, cols),
-                        Format::Q4_1 => columns::<Q4_1>(t, rows, cols),
+                    match (format, cols.len() == lanes::LANES) {
+                        (Format::Q4_1, true) => {
+                            lanes::group::<Q4_1>(&t, rows, cols.start, &mut packed)
+                        }
+                        (Format::Q8_0, true) => {
+                            lanes::group::<Q8_0>(&t, rows, cols.start, &mut packed)
+                        }
+                        (Format::Q4_1, false) => wide::columns::<Q4_1>(t, rows, cols.clone()),
+                        _ => wide::columns::<Q8_0>(t, rows, cols.clone()),
                     }
                 }
             }
-            first += n;
-        }
-    });
+        });
+    } else {
+        let total: usize = parts.iter().map(|&(_, n)| n).sum();
+        candle_core::utils::barrier_pool().execute_chunked(total, |cols| {
+            let mut first = 0;
+            for (part, &(_, n)) in parts.iter().enumerate() {
+                let mine = cols.start.max(first)..cols.end.min(first + n);
+                if !mine.is_empty() {
+                    let cols = mine.start - first..mine.end - first;
+                    // SAFETY: as above.
+                    unsafe {
+                        match format {
+                            Format::Q8_0 => columns::<Q8_0>(tile(part), rows, cols),
+                            Format::Q4_0 => columns::<Q4_0>(tile(part), rows, cols),
+                            Format::Q4_1 => columns::<Q4_1>(tile(part), rows, cols),
+                        }
+                    }
+                }
+                first += n;
+            }
+        });
+    }
     parts
         .iter()
         .zip(outs)
@@ -158,12 +203,20 @@ pub(super) fn matmul_many(
 /// Each block of 32 values as `round(v / d)` with `d = max|v| / 127` stored at f16 precision —
 /// exactly what candle's `BlockQ8_0::from_float` (and `BlockQ8_1`'s) computes, so the
 /// products equal candle's. With `sums`, also Q8_1's `s = f16(f16(Σq) · d)`; with `pairs`, the
-/// scales laid out for [`wide`].
+/// scales laid out for [`wide`]; with `int_sums`, each block's Σq for [`lanes`].
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quantise(input: &[f32], rows: usize, k: usize, sums: bool, pairs: bool) -> Quantised {
+unsafe fn quantise(
+    input: &[f32],
+    rows: usize,
+    k: usize,
+    sums: bool,
+    pairs: bool,
+    int_sums: bool,
+) -> Quantised {
     let blocks = rows * k / QK;
     let mut values = vec![0i8; rows * k];
     let mut scales = vec![0f32; blocks];
+    let mut block_int_sums = vec![0i32; if int_sums { blocks } else { 0 }];
     let per_row = k / QK;
     // Laid out tile by tile, block by block, with the tile's rows side by side (zero
     // padded), so one vector load gives a block's sums for every row of a tile.
@@ -183,6 +236,9 @@ unsafe fn quantise(input: &[f32], rows: usize, k: usize, sums: bool, pairs: bool
     {
         // SAFETY: `src` and `dst` are blocks of QK values.
         let sum = unsafe { quantise_block(src, dst, scale) };
+        if int_sums {
+            block_int_sums[b] = sum;
+        }
         if sums {
             let (row, block) = (b / per_row, b % per_row);
             let at = ((row / ROW_TILE * per_row) + block) * ROW_TILE + row % ROW_TILE;
@@ -199,6 +255,7 @@ unsafe fn quantise(input: &[f32], rows: usize, k: usize, sums: bool, pairs: bool
         scales,
         sums: block_sums,
         pair_scales,
+        int_sums: block_int_sums,
     }
 }
 

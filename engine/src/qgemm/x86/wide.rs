@@ -1,4 +1,6 @@
-//! Q4_1 and Q8_0 products with AVX-512 VNNI: two weight blocks per 512-bit register.
+//! Q4_1 and Q8_0 products with AVX-512 VNNI: two weight blocks per 512-bit register. Since
+//! [`super::lanes`] takes whole groups of 16 columns, this kernel computes the columns past a
+//! product's last group (a weight whose row count is not a multiple of 16).
 //!
 //! With several input rows per weight block (batched decoding, prefill) the AVX2 kernel is
 //! bound by arithmetic, not by reading weights: per block and row it issues maddubs, madd, a
