@@ -35,7 +35,33 @@ fn small_cfg() -> RdmaConfig {
 }
 
 /// Connects `world` ranks on `fabric` (each thread gets its transport) and runs `body` on each.
+/// A rank keeps its transport open until every rank's body has returned: a rank that closed
+/// its queue pairs as soon as it had its own messages would fail the credits its peers still
+/// return to it (RC: retry exceeded), as a process that leaves a collective early would.
 fn run<R: Send>(
+    fabric: &Arc<Fabric>,
+    world: usize,
+    cfg: impl Fn(usize) -> RdmaConfig + Sync,
+    body: impl Fn(usize, &mut RdmaTransport<SimVerbs>) -> R + Sync,
+) -> Vec<R> {
+    let done = Barrier::new(world);
+    run_owned(fabric, world, cfg, |rank, mut t| {
+        let out = after_all(&done, || body(rank, &mut t));
+        drop(t);
+        out
+    })
+}
+
+/// Runs `f`, then waits at `done` even if `f` panicked (so the other ranks do not wait for
+/// this one forever), then returns what `f` returned or goes on panicking.
+fn after_all<R>(done: &Barrier, f: impl FnOnce() -> R) -> R {
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    done.wait();
+    out.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+/// [`run`] with each body owning its transport (and closing it when it likes).
+fn run_owned<R: Send>(
     fabric: &Arc<Fabric>,
     world: usize,
     cfg: impl Fn(usize) -> RdmaConfig + Sync,
@@ -135,7 +161,7 @@ fn messages_of_1_byte_to_4_mib_arrive_in_order_and_intact_between_3_ranks() {
         &fabric,
         world,
         |_| small_cfg(),
-        |rank, mut t| {
+        |rank, t| {
             let peers: Vec<usize> = (0..world).filter(|p| *p != rank).collect();
             let mut recv_bufs = Vec::new();
             // Half of the receives are posted before the sends, half after: arriving chunks wait
@@ -164,11 +190,7 @@ fn messages_of_1_byte_to_4_mib_arrive_in_order_and_intact_between_3_ranks() {
                     recv_bufs.push((p, i, b));
                 }
             }
-            let done = wait(
-                &mut t,
-                2 * peers.len() * SIZES.len(),
-                Duration::from_secs(120),
-            );
+            let done = wait(t, 2 * peers.len() * SIZES.len(), Duration::from_secs(120));
             let mut next = vec![0usize; world];
             for c in &done {
                 ok(c);
@@ -215,7 +237,7 @@ fn a_fast_sender_never_overruns_a_slow_receiver() {
     };
     const N: usize = 120;
     const LEN: usize = 10_000; // 3 chunks of 4 KiB
-    let stats = run(&fabric, 2, cfg, |rank, mut t| {
+    let stats = run(&fabric, 2, cfg, |rank, t| {
         if rank == 0 {
             let bufs: Vec<BufId> = (0..N)
                 .map(|i| {
@@ -227,7 +249,7 @@ fn a_fast_sender_never_overruns_a_slow_receiver() {
             for (i, b) in bufs.iter().enumerate() {
                 t.post_send(1, *b, LEN, i as u64).expect("post_send");
             }
-            for c in wait(&mut t, N, Duration::from_secs(60)) {
+            for c in wait(t, N, Duration::from_secs(60)) {
                 ok(&c);
             }
         } else {
@@ -235,7 +257,7 @@ fn a_fast_sender_never_overruns_a_slow_receiver() {
             let b = t.register(LEN).expect("register");
             for i in 0..N {
                 t.post_recv(0, b, i as u64).expect("post_recv");
-                let c = wait(&mut t, 1, Duration::from_secs(30));
+                let c = wait(t, 1, Duration::from_secs(30));
                 ok(&c[0]);
                 assert_eq!(c[0].wr_id, i as u64);
                 assert!(
@@ -269,14 +291,14 @@ fn a_message_longer_than_the_receive_fails_that_receive_only() {
         &fabric,
         2,
         |_| small_cfg(),
-        |rank, mut t| {
+        |rank, t| {
             if rank == 0 {
                 let big = t.register(10_000).expect("register");
                 let small = t.register(5).expect("register");
                 t.buf_mut(small).copy_from_slice(b"hello");
                 t.post_send(1, big, 10_000, 1).expect("send");
                 t.post_send(1, small, 5, 2).expect("send");
-                for c in wait(&mut t, 2, Duration::from_secs(20)) {
+                for c in wait(t, 2, Duration::from_secs(20)) {
                     ok(&c);
                 }
             } else {
@@ -284,7 +306,7 @@ fn a_message_longer_than_the_receive_fails_that_receive_only() {
                 let b2 = t.register(5).expect("register");
                 t.post_recv_at(0, b, 0, 100, 1).expect("recv");
                 t.post_recv(0, b2, 2).expect("recv");
-                let done = wait(&mut t, 2, Duration::from_secs(20));
+                let done = wait(t, 2, Duration::from_secs(20));
                 let err = done[0].result.as_ref().map(|_| ()).unwrap_err();
                 assert_eq!(err.peer(), Some(0));
                 assert!(matches!(err, TransportError::Malformed { .. }), "{err}");
@@ -305,7 +327,7 @@ fn cq_overflow_fails_every_pending_operation_naming_the_peer() {
         progress_timeout: Duration::from_millis(500),
         ..small_cfg()
     };
-    run(&fabric, 2, cfg, |rank, mut t| {
+    run(&fabric, 2, cfg, |rank, t| {
         let peer = 1 - rank;
         let b = t.register(64 * 1024).expect("register");
         if rank == 0 {
@@ -315,7 +337,7 @@ fn cq_overflow_fails_every_pending_operation_naming_the_peer() {
             t.post_recv(peer, b, 1).expect("recv");
         }
         let expect = if rank == 0 { 2 } else { 1 };
-        let done = wait(&mut t, expect, Duration::from_secs(20));
+        let done = wait(t, expect, Duration::from_secs(20));
         for c in &done {
             let err = c.result.as_ref().map(|_| ()).unwrap_err();
             assert_eq!(err.peer(), Some(peer), "{err}");
@@ -340,7 +362,7 @@ fn killed_qp_fails_its_work_and_the_peer_times_out_naming_it() {
         ..small_cfg()
     };
     let barrier = Barrier::new(2);
-    run(&fabric, 2, cfg, |rank, mut t| {
+    run(&fabric, 2, cfg, |rank, t| {
         let b = t.register(100).expect("register");
         if rank == 0 {
             let b2 = t.register(100).expect("register");
@@ -350,7 +372,7 @@ fn killed_qp_fails_its_work_and_the_peer_times_out_naming_it() {
             fabric.kill_qp(qpn);
             assert_eq!(fabric.qp_state(qpn), Some(SimQpState::Error));
             barrier.wait();
-            let done = wait(&mut t, 2, Duration::from_secs(10));
+            let done = wait(t, 2, Duration::from_secs(10));
             for c in &done {
                 let err = c.result.as_ref().map(|_| ()).unwrap_err();
                 assert_eq!(err.peer(), Some(1));
@@ -364,7 +386,7 @@ fn killed_qp_fails_its_work_and_the_peer_times_out_naming_it() {
             t.post_recv(0, b, 1).expect("recv");
             t.post_send(0, b2, 10, 2).expect("send");
             let start = Instant::now();
-            let done = wait(&mut t, 2, Duration::from_secs(10));
+            let done = wait(t, 2, Duration::from_secs(10));
             let send = done
                 .iter()
                 .find(|c| c.kind == CompletionKind::Send)
@@ -393,14 +415,14 @@ fn a_send_lost_on_the_wire_is_detected_by_its_sequence_number() {
         &fabric,
         2,
         |_| small_cfg(),
-        |rank, mut t| {
+        |rank, t| {
             let b = t.register(100).expect("register");
             if rank == 0 {
                 fabric.drop_next_sends(t.local_qpn(1).expect("qp"), 1);
                 barrier.wait();
                 t.post_send(1, b, 100, 1).expect("send");
                 t.post_send(1, b, 100, 2).expect("send");
-                for c in wait(&mut t, 2, Duration::from_secs(10)) {
+                for c in wait(t, 2, Duration::from_secs(10)) {
                     ok(&c);
                 }
             } else {
@@ -408,7 +430,7 @@ fn a_send_lost_on_the_wire_is_detected_by_its_sequence_number() {
                 t.post_recv(0, b, 1).expect("recv");
                 t.post_recv(0, b2, 2).expect("recv");
                 barrier.wait();
-                for c in wait(&mut t, 2, Duration::from_secs(10)) {
+                for c in wait(t, 2, Duration::from_secs(10)) {
                     let err = c.result.as_ref().map(|_| ()).unwrap_err();
                     assert_eq!(err.peer(), Some(0));
                     assert!(err.to_string().contains("lost 1 SEND"), "{err}");
@@ -427,7 +449,7 @@ fn delayed_links_keep_order_and_rc_works_where_uc_is_refused() {
         &fabric,
         2,
         |_| small_cfg(),
-        |rank, mut t| {
+        |rank, t| {
             let peer = 1 - rank;
             fabric.set_delay(t.local_qpn(peer).expect("qp"), Duration::from_millis(2));
             for (i, &len) in sizes.iter().enumerate() {
@@ -444,7 +466,7 @@ fn delayed_links_keep_order_and_rc_works_where_uc_is_refused() {
                     b
                 })
                 .collect();
-            let done = wait(&mut t, 2 * sizes.len(), Duration::from_secs(30));
+            let done = wait(t, 2 * sizes.len(), Duration::from_secs(30));
             let recvs: Vec<u64> = done
                 .iter()
                 .inspect(|c| ok(c))
@@ -651,35 +673,39 @@ fn collectives_run_over_the_rdma_transport() {
     use crate::wire::DType;
     let world = 4;
     let fabric = fabric(world);
-    run(
+    let done = Barrier::new(world);
+    run_owned(
         &fabric,
         world,
         |_| small_cfg(),
         |rank, t| {
             let mut c = Communicator::new(Box::new(t), CollectiveOptions::default());
-            // 1.2 MB of f32: above the bidirectional threshold, several pipeline chunks.
-            let n = 300_001;
-            let mut data: Vec<u8> = (0..n)
-                .flat_map(|i| ((rank + 1) as f32 * (i % 7) as f32).to_le_bytes())
-                .collect();
-            c.all_reduce(&mut data, DType::F32).expect("all_reduce");
-            for (i, x) in data.chunks_exact(4).enumerate() {
-                let v = f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
-                assert_eq!(v, 10.0 * (i % 7) as f32, "element {i}");
-            }
-            let mine = pattern(rank, rank, 0, 10_000);
-            let all = c.all_gather(&mine).expect("all_gather");
-            for r in 0..world {
-                assert!(all[r * 10_000..(r + 1) * 10_000] == pattern(r, r, 0, 10_000));
-            }
-            let mut b = if rank == 2 {
-                pattern(2, 9, 9, 70_000)
-            } else {
-                vec![0; 70_000]
-            };
-            c.broadcast(&mut b, 2).expect("broadcast");
-            assert!(b == pattern(2, 9, 9, 70_000));
-            c.barrier().expect("barrier");
+            // The communicator (and its transport) closes after every rank is done.
+            after_all(&done, || {
+                // 1.2 MB of f32: above the bidirectional threshold, several pipeline chunks.
+                let n = 300_001;
+                let mut data: Vec<u8> = (0..n)
+                    .flat_map(|i| ((rank + 1) as f32 * (i % 7) as f32).to_le_bytes())
+                    .collect();
+                c.all_reduce(&mut data, DType::F32).expect("all_reduce");
+                for (i, x) in data.chunks_exact(4).enumerate() {
+                    let v = f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+                    assert_eq!(v, 10.0 * (i % 7) as f32, "element {i}");
+                }
+                let mine = pattern(rank, rank, 0, 10_000);
+                let all = c.all_gather(&mine).expect("all_gather");
+                for r in 0..world {
+                    assert!(all[r * 10_000..(r + 1) * 10_000] == pattern(r, r, 0, 10_000));
+                }
+                let mut b = if rank == 2 {
+                    pattern(2, 9, 9, 70_000)
+                } else {
+                    vec![0; 70_000]
+                };
+                c.broadcast(&mut b, 2).expect("broadcast");
+                assert!(b == pattern(2, 9, 9, 70_000));
+                c.barrier().expect("barrier");
+            });
         },
     );
     assert_eq!(fabric.stats().dropped_no_recv, 0);
