@@ -23,6 +23,19 @@ trap cleanup EXIT
 echo "== tbctl up --nodelets 3"
 tbctl up --nodelets 3 --data-dir "$data" --port "$port"
 
+echo "== tbctl topology (each nodelet measures tb's engine once, one at a time on a shared machine)"
+# Placement prefers these measured figures to the chip's nominal ones; waiting for them makes
+# the service's predicted tokens/s the engine's own (at most 2 minutes).
+for _ in $(seq 60); do
+  measured=$(tbctl get nodes -o json | python3 -c 'import json, sys
+d = json.load(sys.stdin)
+items = d if isinstance(d, list) else d.get("items", [d])
+print(sum(1 for o in items if ((o.get("status") or {}).get("capacity") or {}).get("engine")))')
+  [ "$measured" -ge 3 ] && break
+  sleep 2
+done
+tbctl topology
+
 echo "== tbctl apply -f manifests/model-smollm2.yaml -f manifests/isvc-smollm2.yaml"
 # The Model names this checkout's copy of the file, held by node-1 only: a rank placed on
 # another node stages its layers' tensors from node-1 first (the progress bar below).

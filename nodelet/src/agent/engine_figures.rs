@@ -44,9 +44,53 @@ pub fn measure_here(scratch: &Path) -> Result<EngineCalibration, String> {
 /// Why a measurement ended without figures when the nodelet stopped (logged, not warned).
 const STOPPED: &str = "stopping: the engine measurement is abandoned, to be made at the next start";
 
-/// Runs `shard_bin --calibrate` (its scratch files under `scratch`), bounded by
-/// [`MEASURE_TIMEOUT`].
+/// The longest a nodelet waits for another one on this machine to finish measuring.
+const TURN_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// One measurement at a time per user on this machine: nodelets sharing a host (a local
+/// cluster from `tbctl up`) that measured at once shared its cores, and each measured a
+/// fraction of the engine's speed (seen on 2 cores: 5.4, 2.0 and 1.2 GB/s, with 6–32 ms of
+/// per-token overhead, where one alone measures ~8 GB/s). Best effort: a lock file that cannot
+/// be opened as ours (another user's, a symlink) or a turn that does not come within
+/// [`TURN_TIMEOUT`] means measuring anyway. On a lab of Macs, one nodelet each, it is never
+/// contended.
+fn take_turn() -> Option<nix::fcntl::Flock<std::fs::File>> {
+    use nix::fcntl::{Flock, FlockArg};
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = std::env::temp_dir().join(format!(
+        "tb-engine-calibration-{}.lock",
+        nix::unistd::getuid()
+    ));
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&path)
+        .ok()?;
+    let deadline = Instant::now() + TURN_TIMEOUT;
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Some(lock),
+            Err((f, nix::errno::Errno::EWOULDBLOCK))
+                if Instant::now() < deadline && !STOPPING.load(Ordering::SeqCst) =>
+            {
+                file = f;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Runs `shard_bin --calibrate` (its scratch files under `scratch`) in this machine's turn
+/// ([`take_turn`]), bounded by [`MEASURE_TIMEOUT`].
 fn measure_with(shard_bin: &Path, scratch: &Path) -> Result<EngineCalibration, String> {
+    let _turn = take_turn();
+    if STOPPING.load(Ordering::SeqCst) {
+        return Err(STOPPED.into());
+    }
     std::fs::create_dir_all(scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
     let mut child = Command::new(shard_bin)
         .arg("--calibrate")
@@ -194,6 +238,24 @@ pub fn start(data_dir: &Path, shard_bin: &Path) -> Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn measurements_on_one_machine_take_turns() {
+        let first = take_turn().expect("this user's lock file");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let second = std::thread::spawn(move || {
+            let turn = take_turn();
+            let _ = tx.send(());
+            turn.is_some()
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "a second measurement waits for the first"
+        );
+        drop(first);
+        assert!(rx.recv_timeout(Duration::from_secs(10)).is_ok());
+        assert!(second.join().expect("thread"), "and then takes its turn");
+    }
 
     #[test]
     fn kept_figures_are_used_only_for_this_version_and_backend() {
