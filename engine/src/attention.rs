@@ -167,21 +167,28 @@ struct Shape {
     out: usize,
 }
 
+impl Shape {
+    /// Floats per query (and output) row: every head's.
+    fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// The KV head query head `head` reads (grouped-query attention).
+    fn kv_head(&self, head: usize) -> usize {
+        let kv_heads = self.kv_heads.max(1);
+        (head / (self.heads / kv_heads)).min(kv_heads - 1)
+    }
+}
+
 /// Scores and the weighted sum of values, reused across one worker's items.
 type Scratch = (Vec<f32>, Vec<f32>);
 
 /// One (sequence, head) item: every row of the job for query head `head`.
 fn head_attention(job: &Job<'_>, head: usize, shape: &Shape, (scores, acc): &mut Scratch) {
-    let Shape {
-        heads,
-        kv_heads,
-        head_dim,
-        out,
-    } = *shape;
-    let width = heads * head_dim;
-    let group = heads / kv_heads.max(1);
+    let (head_dim, out) = (shape.head_dim, shape.out);
+    let width = shape.width();
     let scale = 1.0 / (head_dim as f32).sqrt();
-    let kv_head = (head / group).min(kv_heads.max(1) - 1);
+    let kv_head = shape.kv_head(head);
     let stride = job.cache.stride;
     let job_rows = job.queries.len() / width;
     for r in 0..job_rows {

@@ -41,17 +41,11 @@ unsafe fn head_v<const V: usize>(
     shape: &Shape,
     (scores, _): &mut Scratch,
 ) {
-    let Shape {
-        heads,
-        kv_heads,
-        head_dim,
-        out,
-    } = *shape;
+    let (head_dim, out) = (shape.head_dim, shape.out);
     debug_assert_eq!(head_dim, 16 * V);
-    let width = heads * head_dim;
-    let group = heads / kv_heads.max(1);
+    let width = shape.width();
     let scale = _mm512_set1_ps(1.0 / (head_dim as f32).sqrt());
-    let kv_head = (head / group).min(kv_heads.max(1) - 1);
+    let kv_head = shape.kv_head(head);
     let stride = job.cache.stride;
     let job_rows = job.queries.len() / width;
     let keys = job.cache.keys.as_ptr();

@@ -55,7 +55,8 @@ pub(super) unsafe fn group<const F: u8>(
         d: _mm512_setzero_ps(),
         m: _mm512_setzero_ps(),
     };
-    packed.clear();
+    // Every product of one call has the same k, so this sizes the scratch once per worker;
+    // `pack` then overwrites every block.
     packed.resize(blocks, zero);
     unsafe { pack::<F>(t, col, packed) };
     let mut first = 0;
