@@ -56,6 +56,14 @@ curl -s --cacert "$data/controller/ca.pem" -H @<(printf 'Authorization: Bearer %
   -d '{"model": "smollm2", "max_tokens": 24, "temperature": 0,
        "messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]}'
 echo
+echo "== what the placement predicts, and what rank 0 saw of those two streams"
+# The plan's figure is for the service's objective at its whole reserved context; the
+# "Observed:" line holds one stream's rate against the prediction at the context it held.
+for _ in $(seq 20); do
+  tbctl describe isvc smollm2 | grep -q '^Observed:' && break
+  sleep 0.5
+done
+tbctl describe isvc smollm2 | grep -E '^(Placement|Observed):'
 
 echo "== tbctl apply -f manifests/trainingjob-echo.yaml"
 tbctl apply -f manifests/trainingjob-echo.yaml

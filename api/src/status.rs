@@ -94,6 +94,14 @@ pub struct PlacementSummary {
     /// Decode tokens/s the service's rank 0 observed of late (one stream), when it has served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_tokens_per_second: Option<f64>,
+    /// Tokens of context the observed streams held on average (the prediction above is for
+    /// the whole reserved context, read in full for every token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_context_tokens: Option<u32>,
+    /// What the same figures predict for one stream at the observed context: the rate to
+    /// hold the observed one against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_at_observed_tokens_per_second: Option<f64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stages: Vec<PlacedStage>,
     /// Runner-up candidates and why they lost.

@@ -47,6 +47,7 @@ struct LabFigures {
     job_restarts: Family<Labels, Gauge>,
     predicted_tokens: Family<Labels, FloatGauge>,
     observed_tokens: Family<Labels, FloatGauge>,
+    predicted_at_observed: Family<Labels, FloatGauge>,
     training_step: Family<Labels, Gauge>,
     training_loss: Family<Labels, FloatGauge>,
     link_bandwidth: Family<Labels, FloatGauge>,
@@ -93,6 +94,12 @@ impl LabFigures {
             self.observed_tokens.clone(),
         );
         registry.register(
+            "service_predicted_at_observed_tokens_per_second",
+            "What the placement's figures predict for one stream at the context an \
+             InferenceService's streams were observed at",
+            self.predicted_at_observed.clone(),
+        );
+        registry.register(
             "training_step",
             "Optimiser steps a built-in fine-tune has done",
             self.training_step.clone(),
@@ -128,6 +135,7 @@ impl LabFigures {
         for family in [
             &self.predicted_tokens,
             &self.observed_tokens,
+            &self.predicted_at_observed,
             &self.training_loss,
             &self.link_bandwidth,
             &self.link_latency,
@@ -203,6 +211,11 @@ impl LabFigures {
                         self.observed_tokens
                             .get_or_create(&labels(&object[1..]))
                             .set(observed);
+                    }
+                    if let Some(there) = placement.predicted_at_observed_tokens_per_second {
+                        self.predicted_at_observed
+                            .get_or_create(&labels(&object[1..]))
+                            .set(there);
                     }
                 }
             }
@@ -409,6 +422,11 @@ mod tests {
         metrics.lab.job_restarts.get_or_create(&one).set(1);
         metrics.lab.predicted_tokens.get_or_create(&one).set(1.0);
         metrics.lab.observed_tokens.get_or_create(&one).set(1.0);
+        metrics
+            .lab
+            .predicted_at_observed
+            .get_or_create(&one)
+            .set(1.0);
         metrics.lab.link_bandwidth.get_or_create(&one).set(1.0);
         metrics.lab.link_latency.get_or_create(&one).set(1.0);
         metrics.raft.get_or_create(&one).set(1);

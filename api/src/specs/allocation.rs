@@ -297,6 +297,10 @@ pub struct AllocationStatus {
     /// Rank 0 of a built-in service: decode tokens/s its streams have seen of late.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_tokens_per_second: Option<f64>,
+    /// Rank 0 of a built-in service: tokens its streams held in context, on average, while
+    /// decoding at that rate (prompt plus half the generated tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_context_tokens: Option<u32>,
     /// Rank 0 of a built-in fine-tune: its progress (bounded; at most every few seconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub training: Option<crate::status::TrainingProgress>,

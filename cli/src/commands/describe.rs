@@ -251,6 +251,18 @@ fn render_placement(out: &mut String, p: &Value) {
             cell(at(p, &["strategy"])),
             cell(at(p, &["objective"])),
         ));
+        if let (Some(o), Some(context), Some(there)) = (
+            at(p, &["observedTokensPerSecond"]).and_then(Value::as_f64),
+            at(p, &["observedContextTokens"]).and_then(Value::as_u64),
+            at(p, &["predictedAtObservedTokensPerSecond"]).and_then(Value::as_f64),
+        ) && there > 0.0
+        {
+            out.push_str(&format!(
+                "Observed:         {o:.1} tokens/s per stream at {context} tokens of context, \
+                 where {there:.1} are predicted ({:.2}×)\n",
+                o / there
+            ));
+        }
     } else {
         // A fine-tune: no decode speed to predict.
         out.push_str(&format!(
@@ -582,11 +594,20 @@ mod tests {
                  "weightBytes": 53687091200u64, "kvBytes": 1073741824u64},
                 {"node": "max", "firstLayer": 50, "layers": 30, "memoryBytes": 34359738368u64,
                  "weightBytes": 32212254720u64, "kvBytes": 644245094u64}],
+            "observedTokensPerSecond": 30.5, "observedContextTokens": 180,
+            "predictedAtObservedTokensPerSecond": 32.1,
             "alternatives": ["pipeline over max→studio: slower: 20.1 vs 23.4 tok/s"]}});
         let text = render(&o, &Ok(vec![]), now());
         assert!(
             text.contains(
                 "Placement:        pipeline (latency objective, ring), 23.4 tokens/s predicted"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "Observed:         30.5 tokens/s per stream at 180 tokens of context, where \
+                 32.1 are predicted (0.95×)"
             ),
             "{text}"
         );

@@ -226,16 +226,10 @@ pub fn summary(plan: &Plan) -> PlacementSummary {
         .into(),
         ring: plan.ring,
         predicted_tokens_per_second: (plan.tokens_per_second * 10.0).round() / 10.0,
-        figures: match (
-            plan.stages.iter().all(|s| s.engine_measured),
-            plan.stages.iter().any(|s| s.engine_measured),
-        ) {
-            (true, _) => "engine",
-            (false, true) => "mixed",
-            (false, false) => "chip",
-        }
-        .into(),
+        figures: figures_of(plan.stages.iter().map(|s| s.engine_measured)).into(),
         observed_tokens_per_second: None,
+        observed_context_tokens: None,
+        predicted_at_observed_tokens_per_second: None,
         stages: plan
             .stages
             .iter()
@@ -254,6 +248,74 @@ pub fn summary(plan: &Plan) -> PlacementSummary {
             .map(|a| format!("{}: {}", a.description, a.reason))
             .collect(),
         note: String::new(),
+    }
+}
+
+/// A placed model's prediction costed again with the figures its Macs report now: a service
+/// placed before its nodelets had measured their engine keeps the chips' figures until this.
+/// The memory the gang holds is its own, so it counts as free here. The summary's stages,
+/// strategy and alternatives stay as placed; None when the placement no longer costs (a Mac
+/// gone or unavailable) or its strategy is not one the cost model knows.
+pub fn recost(
+    topology: &Topology,
+    workload: &Workload,
+    placed: &PlacementSummary,
+) -> Option<PlacementSummary> {
+    let strategy = match placed.strategy.as_str() {
+        "pipeline" => Strategy::Pipeline,
+        "tensor" => Strategy::Tensor,
+        "data" => Strategy::Data,
+        _ => return None,
+    };
+    let mut own = topology.clone();
+    for stage in &placed.stages {
+        let index = own.index_of(&stage.node)?;
+        let mac = own.graph.node_weight_mut(index)?;
+        mac.free_bytes = mac
+            .free_bytes
+            .saturating_add(stage.memory_bytes)
+            .min(mac.allocatable_bytes.max(mac.free_bytes));
+    }
+    let assignment = super::cost::Assignment {
+        strategy,
+        order: placed
+            .stages
+            .iter()
+            .map(|s| (s.node.clone(), s.layers))
+            .collect(),
+    };
+    let cost = super::evaluate(&own, workload, &assignment).ok()?;
+    Some(PlacementSummary {
+        predicted_tokens_per_second: (cost.tokens_per_second * 10.0).round() / 10.0,
+        figures: figures_of(cost.stages.iter().map(|s| s.engine_measured)).into(),
+        ring: cost.ring,
+        ..placed.clone()
+    })
+}
+
+/// What the placed assignment predicts for ONE stream holding `context` tokens (the context
+/// its streams were observed at): a plan predicts for its objective at the whole reserved
+/// context, which every token would read in full, while a conversation reads what it holds.
+/// The gang's own memory counts as free, as in [`recost`].
+pub fn predict_for_stream(
+    topology: &Topology,
+    workload: &Workload,
+    placed: &PlacementSummary,
+    context: u32,
+) -> Option<f64> {
+    let mut one = workload.clone();
+    one.objective = Objective::Latency;
+    one.model.batch = 1;
+    one.model.context = context.clamp(1, workload.model.context.max(1));
+    recost(topology, &one, placed).map(|p| p.predicted_tokens_per_second)
+}
+
+/// Which figures a prediction rests on, from whether each stage's Mac measured its engine.
+fn figures_of(measured: impl Iterator<Item = bool> + Clone) -> &'static str {
+    match (measured.clone().all(|m| m), measured.clone().any(|m| m)) {
+        (true, _) => "engine",
+        (false, true) => "mixed",
+        (false, false) => "chip",
     }
 }
 

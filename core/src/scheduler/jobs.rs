@@ -400,8 +400,51 @@ fn follow_gang(
     {
         // Pending means the gang's end was already handled (backing off, or re-placing).
         gang_progress(job, shape, current, status, plan, clock, cfg);
+        if shape.service.is_some() {
+            refresh_prediction(job, current, status, view);
+        }
     }
     !live.is_empty()
+}
+
+/// A service's prediction kept current, one status change per change of what it rests on:
+/// - placed on the chips' figures, it is costed again once every stage's Mac reports figures
+///   measured on tb's engine (a nodelet measures them after it starts, so the first placement
+///   often comes before);
+/// - once rank 0 has observed its streams, what the same figures predict for one stream at
+///   the context they held, beside what they did.
+fn refresh_prediction(job: &Object, current: &[Alloc], status: &mut JobStatus, view: &ClusterView) {
+    let Some(placed) = status.model_placement.as_ref() else {
+        return;
+    };
+    let all_measured = placed.stages.iter().all(|s| {
+        view.nodes
+            .get(&s.node)
+            .is_some_and(|n| n.status.capacity.engine.is_some())
+    });
+    let recost = placed.figures != "engine" && !placed.stages.is_empty() && all_measured;
+    let observed_context = current
+        .iter()
+        .find(|a| a.spec.rank == 0)
+        .and_then(|a| a.status.observed_context_tokens);
+    let reassess = observed_context.is_some() && observed_context != placed.observed_context_tokens;
+    if !recost && !reassess {
+        return;
+    }
+    let Ok(Some(workload)) = workload(job, view) else {
+        return;
+    };
+    let topology = view.topology();
+    let mut next = placed.clone();
+    if recost && let Some(costed) = live::recost(&topology, &workload, placed) {
+        next = costed;
+    }
+    if let Some(context) = observed_context {
+        next.observed_context_tokens = Some(context);
+        next.predicted_at_observed_tokens_per_second =
+            live::predict_for_stream(&topology, &workload, &next, context);
+    }
+    status.model_placement = Some(next);
 }
 
 /// Pending again, to be placed at once (no backoff), for a reason that is not the job's fault.

@@ -1457,6 +1457,96 @@ fn a_builtin_service_gets_its_pipeline_and_is_ready_when_rank_0_answers() {
     assert_eq!(status.epoch, 2, "{}", status.message);
 }
 
+/// A service placed before its nodelets measured their engine is costed again when the
+/// figures arrive: the prediction says which figures it rests on, the gang stays where it is,
+/// and the change is written once.
+#[test]
+fn a_service_placed_on_chip_figures_is_costed_again_when_engine_figures_arrive() {
+    let mut sim = ring_with_slow_diagonals();
+    apply_model(&mut sim, "small", 32, "64Mi");
+    sim.apply_job(
+        "InferenceService",
+        "chat",
+        json!({"model": "small", "parallelism": "pipeline", "context": 1024}),
+    );
+    sim.settle();
+    let before = sim.job("InferenceService", "chat");
+    let placed = before.model_placement.clone().expect("a prediction");
+    assert_eq!(placed.figures, "chip");
+    // Every stage's nodelet reports what it measured on the engine.
+    for node in placed.stages.iter().map(|s| s.node.clone()) {
+        let mut obj = sim.node(&node);
+        let mut status = NodeStatus::from_value(&obj.status);
+        status.capacity.engine = Some(tb_api::status::EngineFigures {
+            backend: "cpu".into(),
+            weight_gbs: 20.0,
+            token_overhead_us: 500.0,
+            measured_at: None,
+        });
+        obj.status = status.to_value();
+        let r = sim.commit(Op::Heartbeat {
+            node: node.clone(),
+            credential_hash: format!("c-{node}"),
+            status: obj.status.clone(),
+        });
+        assert!(matches!(r, Response::Status { .. }), "{r:?}");
+    }
+    sim.settle();
+    let after = sim.job("InferenceService", "chat");
+    let costed = after.model_placement.clone().expect("a prediction");
+    assert_eq!(costed.figures, "engine");
+    assert_eq!(costed.stages, placed.stages, "the gang is not moved");
+    assert_eq!(after.epoch, before.epoch);
+    // 32 layers of 64 MiB read at 20 GB/s, plus the KV cache and a per-token overhead.
+    let expected = 1e6 / (32.0 * 64.0 * (1 << 20) as f64 / 20e9 * 1e6);
+    assert!(
+        costed.predicted_tokens_per_second < expected
+            && costed.predicted_tokens_per_second > expected * 0.8,
+        "{} tok/s predicted, ~{expected:.2} expected",
+        costed.predicted_tokens_per_second
+    );
+    assert!(costed.predicted_tokens_per_second < placed.predicted_tokens_per_second);
+    assert_eq!(sim.settle(), 0, "nothing more to write");
+
+    // Rank 0 reports what its streams saw, and at what context: the prediction for one
+    // stream there stands beside it (higher: a short conversation reads less KV cache).
+    sim.set_phase(|_| true, AllocationPhase::Running, None, "");
+    let (obj, _, mut st) = sim
+        .allocs()
+        .into_iter()
+        .find(|a| a.1.rank == 0)
+        .expect("rank 0");
+    st.observed_tokens_per_second = Some(3.0);
+    st.observed_context_tokens = Some(200);
+    let r = sim.commit(Op::UpdateStatus {
+        key: obj.key(),
+        status: st.to_value(),
+        resource_version: 0,
+    });
+    assert!(matches!(r, Response::Status { .. }), "{r:?}");
+    sim.settle();
+    let seen = sim
+        .job("InferenceService", "chat")
+        .model_placement
+        .expect("a prediction");
+    assert_eq!(seen.observed_tokens_per_second, Some(3.0));
+    assert_eq!(seen.observed_context_tokens, Some(200));
+    let there = seen
+        .predicted_at_observed_tokens_per_second
+        .expect("a prediction at the observed context");
+    assert!(
+        there > costed.predicted_tokens_per_second
+            && there < costed.predicted_tokens_per_second * 1.1,
+        "{there} at 200 tokens vs {} at 1024",
+        costed.predicted_tokens_per_second
+    );
+    assert_eq!(
+        seen.predicted_tokens_per_second,
+        costed.predicted_tokens_per_second
+    );
+    assert_eq!(sim.settle(), 0, "nothing more to write");
+}
+
 /// A Schedule stored before the API checked zones and crons, as an old store may hold it.
 fn plant_unchecked_schedule(sim: &mut Sim, name: &str, spec: Value) {
     let obj = Object {

@@ -148,8 +148,9 @@ fn json_response(status: StatusCode, v: &Value) -> Response {
 async fn health(State(api): State<Arc<Api>>) -> Response {
     if api.health.ready() {
         let mut body = json!({"status": "ok"});
-        if let Some(rate) = api.observed.get() {
-            body["decodeTokensPerSecond"] = json!((rate * 10.0).round() / 10.0);
+        if let Some(seen) = api.observed.get() {
+            body["decodeTokensPerSecond"] = json!((seen.tokens_per_second * 10.0).round() / 10.0);
+            body["decodeContextTokens"] = json!(seen.context_tokens.round() as u64);
         }
         json_response(StatusCode::OK, &body)
     } else if api.health.failed() {

@@ -581,12 +581,29 @@ links:
             > 0.0,
         "{placement:#}"
     );
+    // ...with what the same figures predict for one stream at the context the streams held,
+    // which is shorter than the reserved one the plan was costed for.
+    let context = placement["observedContextTokens"].as_u64().unwrap_or(0);
+    let there = placement["predictedAtObservedTokensPerSecond"]
+        .as_f64()
+        .unwrap_or(0.0);
+    assert!(
+        context > 0
+            && there
+                >= placement["predictedTokensPerSecond"]
+                    .as_f64()
+                    .unwrap_or(0.0),
+        "{placement:#}"
+    );
     let describe = lab.tbctl_ok(&["describe", "isvc", "chat"]).await;
     assert!(
         describe
             .stdout
             .contains("predicted from the Macs' measured engine")
-            && describe.stdout.contains("observed"),
+            && describe.stdout.contains("observed")
+            && describe
+                .stdout
+                .contains(&format!("per stream at {context} tokens of context")),
         "{describe}"
     );
 

@@ -87,6 +87,11 @@ function fill(section, rows, empty) {
 
 function gib(bytes) { return typeof bytes === 'number' ? (bytes / 2 ** 30).toFixed(1) + ' GiB' : '-'; }
 function num(v, digits = 1) { return typeof v === 'number' ? v.toFixed(digits) : '-'; }
+// What the placement predicts for one stream at the context the observed streams held.
+function observedTitle(p) {
+  if (typeof p.predictedAtObservedTokensPerSecond !== 'number') return {};
+  return { title: `${num(p.predictedAtObservedTokensPerSecond)} predicted at the ${p.observedContextTokens} tokens of context observed` };
+}
 function age(ts) {
   if (!ts) return '-';
   const s = Math.max(0, (Date.now() - Date.parse(ts)) / 1000);
@@ -171,7 +176,7 @@ const render = {
         const layers = (p.stages || []).map((st) => `${st.node} ${st.firstLayer}–${st.firstLayer + st.layers - 1}`).join(' · ');
         services.push(el('tr', { 'data-job': id, 'data-phase': phase },
           el('td', {}, id), el('td', { class: phase }, phase), el('td', {}, layers || '-'),
-          el('td', {}, num(p.predictedTokensPerSecond)), el('td', {}, num(p.observedTokensPerSecond)),
+          el('td', {}, num(p.predictedTokensPerSecond)), el('td', observedTitle(p), num(p.observedTokensPerSecond)),
           el('td', {}, staging(s.staging)), el('td', {}, s.url || '-'), actions));
         continue;
       }

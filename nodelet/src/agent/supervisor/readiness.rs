@@ -32,8 +32,8 @@ const OBSERVED_CHANGE: f64 = 0.1;
 const OBSERVED_EVERY: Duration = Duration::from_secs(30);
 
 /// Reports the endpoint of a running rank 0 of a built-in service, each change of its
-/// readiness (`GET /health`), and its observed decode speed when that moved by a tenth (at
-/// most every 30 s), until aborted when the process ends.
+/// readiness (`GET /health`), and its observed decode speed (with the context it was seen at)
+/// when that moved by a tenth (at most every 30 s), until aborted when the process ends.
 pub(super) async fn watch_readiness(
     controllers: Arc<Controllers>,
     namespace: String,
@@ -43,16 +43,16 @@ pub(super) async fn watch_readiness(
     health: String,
 ) {
     let mut last: Option<bool> = None;
-    let mut reported_rate: Option<f64> = None;
+    let mut reported: Option<Seen> = None;
     let mut rate_reported_at = tokio::time::Instant::now();
     loop {
-        let (ready, rate) = match check(&health).await {
+        let (ready, seen) = match check(&health).await {
             Some(h) => (true, h),
             None => (false, None),
         };
-        let rate_moved = match (rate, reported_rate) {
+        let rate_moved = match (seen, reported) {
             (Some(new), Some(old)) => {
-                (new - old).abs() > OBSERVED_CHANGE * old
+                (new.rate - old.rate).abs() > OBSERVED_CHANGE * old.rate
                     && rate_reported_at.elapsed() >= OBSERVED_EVERY
             }
             (Some(_), None) => true,
@@ -60,13 +60,14 @@ pub(super) async fn watch_readiness(
         };
         if last != Some(ready) || rate_moved {
             if rate_moved {
-                reported_rate = rate;
+                reported = seen;
                 rate_reported_at = tokio::time::Instant::now();
             }
             let status = AllocationStatus {
                 endpoint: endpoint.clone(),
                 ready,
-                observed_tokens_per_second: reported_rate,
+                observed_tokens_per_second: reported.map(|s| s.rate),
+                observed_context_tokens: reported.and_then(|s| s.context_tokens),
                 ..running.clone()
             };
             report(&controllers, &namespace, &name, &status).await;
@@ -84,8 +85,15 @@ pub(super) async fn watch_readiness(
     }
 }
 
-/// One `GET /health`: `Some` when it answered 200, with the decode tokens/s it reported.
-async fn check(addr: &str) -> Option<Option<f64>> {
+/// What rank 0 reports of its streams: decode tokens/s, and the context they held.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Seen {
+    rate: f64,
+    context_tokens: Option<u32>,
+}
+
+/// One `GET /health`: `Some` when it answered 200, with what it observed.
+async fn check(addr: &str) -> Option<Option<Seen>> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let ask = async {
         let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
@@ -98,7 +106,7 @@ async fn check(addr: &str) -> Option<Option<f64>> {
         if !(reply.starts_with(b"HTTP/1.0 200") || reply.starts_with(b"HTTP/1.1 200")) {
             return None;
         }
-        Some(observed_rate(&reply))
+        Some(observed(&reply))
     };
     tokio::time::timeout(Duration::from_secs(2), ask)
         .await
@@ -106,26 +114,49 @@ async fn check(addr: &str) -> Option<Option<f64>> {
         .flatten()
 }
 
-/// `decodeTokensPerSecond` of a `/health` reply's JSON body, if it has a sane one.
-fn observed_rate(reply: &[u8]) -> Option<f64> {
+/// `decodeTokensPerSecond` of a `/health` reply's JSON body, if it has a sane one, with its
+/// `decodeContextTokens` if that is a token count.
+fn observed(reply: &[u8]) -> Option<Seen> {
     let at = reply.windows(4).position(|w| w == b"\r\n\r\n")?;
     let body: serde_json::Value = serde_json::from_slice(&reply[at + 4..]).ok()?;
-    body.get("decodeTokensPerSecond")?
+    let rate = body
+        .get("decodeTokensPerSecond")?
         .as_f64()
-        .filter(|r| r.is_finite() && *r > 0.0 && *r < 1e7)
+        .filter(|r| r.is_finite() && *r > 0.0 && *r < 1e7)?;
+    let context_tokens = body
+        .get("decodeContextTokens")
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|c| u32::try_from(c).ok());
+    Some(Seen {
+        rate,
+        context_tokens,
+    })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::observed_rate;
+    use super::{Seen, observed};
 
     #[test]
     fn the_observed_rate_is_read_from_the_health_reply() {
-        let reply = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"status\":\"ok\",\"decodeTokensPerSecond\":41.5}";
-        assert_eq!(observed_rate(reply), Some(41.5));
+        let reply = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"status\":\"ok\",\"decodeTokensPerSecond\":41.5,\"decodeContextTokens\":180}";
+        let seen = |rate, context_tokens| {
+            Some(Seen {
+                rate,
+                context_tokens,
+            })
+        };
+        assert_eq!(observed(reply), seen(41.5, Some(180)));
+        let older = b"HTTP/1.1 200 OK\r\n\r\n{\"decodeTokensPerSecond\":41.5}";
+        assert_eq!(observed(older), seen(41.5, None));
         let none = b"HTTP/1.1 200 OK\r\n\r\n{\"status\":\"ok\"}";
-        assert_eq!(observed_rate(none), None);
+        assert_eq!(observed(none), None);
         let hostile = b"HTTP/1.1 200 OK\r\n\r\n{\"decodeTokensPerSecond\":1e300}";
-        assert_eq!(observed_rate(hostile), None);
+        assert_eq!(observed(hostile), None);
+        let huge =
+            b"HTTP/1.1 200 OK\r\n\r\n{\"decodeTokensPerSecond\":9,\"decodeContextTokens\":1e12}";
+        assert_eq!(observed(huge), seen(9.0, None));
+        let wide = b"HTTP/1.1 200 OK\r\n\r\n{\"decodeTokensPerSecond\":9,\"decodeContextTokens\":99999999999}";
+        assert_eq!(observed(wide), seen(9.0, None));
     }
 }
