@@ -9,8 +9,12 @@
 //! the engine's `evaluate` is then run once on the winner, and the two figures are compared.
 //!
 //! Orders are walked depth-first, so an order's DP row extends its prefix's: for stage j with
-//! the next Mac known, `next[u + l] = ⊕(row[u], compute_j(l) + hop_j)`, where ⊕ is `+` for the
-//! latency objective and `max` for throughput. A row with no feasible cell prunes the subtree.
+//! the next Mac known, `next[u + l] = row[u] + compute_j(l) + hop_j` for the latency objective.
+//! A throughput round takes max(Σ stage times, min(batch, n) × the slowest stage), so there
+//! each cell keeps every non-dominated (sum, slowest) pair that reaches it — the Pareto front —
+//! and the order's best is read from the fronts at the end. A row with no feasible cell, or
+//! whose every entry is already no better than the best found, prunes the subtree (sums and
+//! maxima only grow along a path).
 
 use tb_core::placement::cost::Assignment;
 use tb_core::placement::{Objective, Strategy, Topology, Workload};
@@ -52,10 +56,34 @@ struct Shape {
     both: u64,
 }
 
+/// One non-dominated way to reach a throughput DP cell: the sum and the maximum of the stage
+/// times so far, and the cell and entry of the previous row it extends.
+#[derive(Debug, Clone, Copy)]
+struct Reach {
+    sum: f64,
+    max: f64,
+    from_u: usize,
+    from_k: usize,
+}
+
+/// A throughput DP row: for each count of layers used, its Pareto front.
+type Fronts = Vec<Vec<Reach>>;
+
+/// Adds `r` to `front` unless an entry is at least as good in both; drops the entries it beats.
+fn insert(front: &mut Vec<Reach>, r: Reach) {
+    if front.iter().any(|e| e.sum <= r.sum && e.max <= r.max) {
+        return;
+    }
+    front.retain(|e| !(r.sum <= e.sum && r.max <= e.max));
+    front.push(r);
+}
+
 struct Search {
     nodes: Vec<Node>,
     shape: Shape,
     latency: bool,
+    /// Sequences decoded together (throughput: micro-batches = min(batch, stages)).
+    batch: usize,
     min_nodes: usize,
     max_nodes: usize,
     /// Direct hop cost i → j (µs), None when not cabled.
@@ -140,6 +168,7 @@ pub fn optimum(topology: &Topology, workload: &Workload) -> Optimum {
         nodes,
         shape,
         latency: workload.objective == Objective::Latency,
+        batch: (model.batch as usize).max(1),
         min_nodes: (workload.min_nodes as usize).max(1),
         max_nodes: workload.max_nodes.map_or(usize::MAX, |m| m as usize),
         hop,
@@ -148,11 +177,23 @@ pub fn optimum(topology: &Topology, workload: &Workload) -> Optimum {
         orders: 0,
     };
     for first in 0..n {
-        let mut row = vec![f64::INFINITY; search.shape.layers + 1];
-        row[0] = 0.0;
         let mut path = vec![first];
-        let mut back: Vec<Vec<usize>> = Vec::new();
-        search.walk(&mut path, &row, &mut back);
+        if search.latency {
+            let mut row = vec![f64::INFINITY; search.shape.layers + 1];
+            row[0] = 0.0;
+            let mut back: Vec<Vec<usize>> = Vec::new();
+            search.walk(&mut path, &row, &mut back);
+        } else {
+            let mut row: Fronts = vec![Vec::new(); search.shape.layers + 1];
+            row[0].push(Reach {
+                sum: 0.0,
+                max: 0.0,
+                from_u: usize::MAX,
+                from_k: usize::MAX,
+            });
+            let mut rows = vec![row];
+            search.walk_throughput(&mut path, &mut rows);
+        }
     }
     match search.best {
         Some((time_us, order)) => Optimum::Best {
@@ -196,7 +237,113 @@ impl Search {
     }
 
     fn combine(&self, a: f64, b: f64) -> f64 {
-        if self.latency { a + b } else { a.max(b) }
+        a + b
+    }
+
+    /// A throughput round's time with `stages` stages whose times sum to `sum`, the slowest
+    /// taking `max`; also a lower bound for every longer path from a prefix with these.
+    fn round(&self, stages: usize, sum: f64, max: f64) -> f64 {
+        sum.max(self.batch.min(stages) as f64 * max)
+    }
+
+    /// The throughput walk: `rows[j - 1]` is the DP row of `path` (length j), its stages
+    /// before the last Mac.
+    fn walk_throughput(&mut self, path: &mut Vec<usize>, rows: &mut Vec<Fronts>) {
+        let j = path.len();
+        let cur = path[j - 1];
+        let layers = self.shape.layers;
+        if j >= self.min_nodes {
+            self.orders += 1;
+            self.finish_throughput(path, rows);
+        }
+        if j + 1 > self.max_nodes || j >= layers {
+            return;
+        }
+        let cap = self.max_layers(cur, j == 1, false);
+        for next in 0..self.nodes.len() {
+            if path.contains(&next) {
+                continue;
+            }
+            let Some(hop) = self.hop[cur][next] else {
+                continue;
+            };
+            let best = self.best.as_ref().map_or(f64::INFINITY, |b| b.0);
+            let mut new: Fronts = vec![Vec::new(); layers + 1];
+            let row = &rows[j - 1];
+            for (u, front) in row.iter().enumerate() {
+                // Leave at least one layer for the next stage.
+                let top = cap.min(layers.saturating_sub(u + 1));
+                for (k, e) in front.iter().enumerate() {
+                    for l in 1..=top {
+                        let t = self.compute(cur, l, false) + hop;
+                        let r = Reach {
+                            sum: e.sum + t,
+                            max: e.max.max(t),
+                            from_u: u,
+                            from_k: k,
+                        };
+                        if self.round(j, r.sum, r.max) < best {
+                            insert(&mut new[u + l], r);
+                        }
+                    }
+                }
+            }
+            if new.iter().all(Vec::is_empty) {
+                continue;
+            }
+            path.push(next);
+            rows.push(new);
+            self.walk_throughput(path, rows);
+            rows.pop();
+            path.pop();
+        }
+    }
+
+    /// Closes the order at `path`'s last Mac (throughput).
+    fn finish_throughput(&mut self, path: &[usize], rows: &[Fronts]) {
+        let j = path.len();
+        let cur = path[j - 1];
+        let layers = self.shape.layers;
+        let ret = if j == 1 {
+            Some(0.0)
+        } else {
+            self.ret[cur][path[0]]
+        };
+        let Some(ret) = ret else {
+            return;
+        };
+        let cap = self.max_layers(cur, j == 1, true);
+        let mut best_here: Option<(f64, usize, usize)> = None;
+        for (u, front) in rows[j - 1].iter().enumerate() {
+            let l = layers - u;
+            if l == 0 || l > cap {
+                continue;
+            }
+            let t = self.compute(cur, l, true) + ret;
+            for (k, e) in front.iter().enumerate() {
+                let c = self.round(j, e.sum + t, e.max.max(t));
+                if best_here.is_none_or(|(b, _, _)| c < b) {
+                    best_here = Some((c, u, k));
+                }
+            }
+        }
+        let Some((time, u, k)) = best_here else {
+            return;
+        };
+        if self.best.as_ref().is_some_and(|(b, _)| time >= *b) {
+            return;
+        }
+        // Stage j − 1 holds layers − u; each entry names the cell of the row before it.
+        let mut split = vec![0u32; j];
+        split[j - 1] = (layers - u) as u32;
+        let (mut u, mut k) = (u, k);
+        for stage in (0..j - 1).rev() {
+            let e = rows[stage + 1][u][k];
+            split[stage] = (u - e.from_u) as u32;
+            (u, k) = (e.from_u, e.from_k);
+        }
+        let order = path.iter().copied().zip(split).collect();
+        self.best = Some((time, order));
     }
 
     /// `row[u]`: best cost of stages before `path`'s last with `u` layers used.
@@ -240,7 +387,6 @@ impl Search {
                 continue;
             }
             if let Some((best, _)) = &self.best
-                && self.latency
                 && new.iter().copied().fold(f64::INFINITY, f64::min) >= *best
             {
                 // Latency only grows along a path.

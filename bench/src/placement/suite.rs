@@ -366,7 +366,7 @@ pub fn cases() -> Vec<Case> {
         case(
             "mesh4-70b-throughput",
             "mesh",
-            "throughput: more stages shorten the slowest one",
+            "throughput, 8k × 4: more stages do not decode a batch faster (a stage reads its weights once per micro-batch)",
             Lab::default().many("mini", Pro64, 4).mesh(),
             Llama70B8.shape(8 * K, 4),
             Throughput,

@@ -101,10 +101,15 @@ fn orders(names: &[String]) -> Vec<Vec<String>> {
 fn dp_matches_full_enumeration() {
     for topology in tiny_clusters() {
         let names: Vec<String> = topology.macs().iter().map(|m| m.name.clone()).collect();
-        for objective in [Objective::Latency, Objective::Throughput] {
+        // Batches of 1, 2 and 4 on up to 3 Macs: a round bound by the path, mixed, and by
+        // the slowest stage.
+        let cases = [(Objective::Latency, 4), (Objective::Throughput, 1)]
+            .into_iter()
+            .chain([(Objective::Throughput, 2), (Objective::Throughput, 4)]);
+        for (objective, batch) in cases {
             for layers in [5, 7] {
                 let workload = Workload {
-                    model: tiny_model(layers, 4),
+                    model: tiny_model(layers, batch),
                     strategy: Strategy::Pipeline,
                     objective,
                     min_nodes: 1,

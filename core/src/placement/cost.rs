@@ -19,8 +19,14 @@
 //!   else the shortest path by latency (Σ L/2) through available Macs; none → infeasible.
 //!   `ring` = n ≥ 2 and last–first are linked.
 //! - latency objective: time = Σ compute + Σ hops + return; tokens/s = 1e6 / time.
-//! - throughput: time = max_i (compute_i + outgoing hop_i, the return for the last);
-//!   tokens/s = batch × 1e6 / time. compute_us/network_us are then the bottleneck stage's.
+//! - throughput: the batch's sequences go round in m = min(batch, n) micro-batches (as the
+//!   built-in executor splits them), each stage running every micro-batch in turn and reading
+//!   its weights once for each: a round takes time = max(m × max_i (compute_i + outgoing
+//!   hop_i, the return for the last), Σ compute + Σ hops + return), the second when a
+//!   micro-batch waits for the whole path (one sequence on two stages keeps one stage busy at
+//!   a time, whatever the split); tokens/s = batch × 1e6 / time. compute_us/network_us are
+//!   the bottleneck's (m × the slowest stage's, or the path's). Each hop is costed at the
+//!   whole batch's activations, an upper bound for a micro-batch's.
 //!
 //! **Tensor** over n ≥ 2 Macs: n must divide heads and KV heads, and the Macs must form a ring
 //! in the given order (consecutive and last–first linked; a full mesh is a ring in every
@@ -352,7 +358,21 @@ fn pipeline(
                     worst = (t, s.compute_us, *o);
                 }
             }
-            (worst.0, worst.1, worst.2, model.batch)
+            // The batch goes round in min(batch, n) micro-batches (a stage reads its weights
+            // once per micro-batch), and no micro-batch comes round faster than the path.
+            let micro = f64::from(model.batch.max(1).min(n as u32));
+            let compute: f64 = stages.iter().map(|s| s.compute_us).sum();
+            let network: f64 = out.iter().sum();
+            if compute + network > micro * worst.0 {
+                (compute + network, compute, network, model.batch)
+            } else {
+                (
+                    micro * worst.0,
+                    micro * worst.1,
+                    micro * worst.2,
+                    model.batch,
+                )
+            }
         }
     };
     Ok(finish(

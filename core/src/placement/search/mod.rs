@@ -7,10 +7,14 @@
 //!   depend on the order in between and the best split is a greedy fill (fastest Macs first, up
 //!   to their memory, every Mac ≥ 1 layer), while the hops depend only on the order: the best
 //!   Hamiltonian path between first and last, by bitmask DP. Every (set, first, last) is tried.
-//! - pipeline, throughput: the bottleneck time T* is one of the finitely many stage times
-//!   (Mac, layers, outgoing hop); a T is reachable iff some path has, with every stage capped at
-//!   T, room for all layers — a max-sum DP over (set, last Mac). Binary search on T, then the
-//!   min-max split (greedy: the next layer goes where it finishes soonest) along that path.
+//! - pipeline, throughput: a round is min(batch, n) × the slowest stage or the whole path,
+//!   whichever is longer. With one sequence that is the latency problem. With n ≤ batch it is
+//!   n × the bottleneck, and the least bottleneck T* of each size n is one of the finitely many
+//!   stage times (Mac, layers, outgoing hop); a T is reachable iff some path of n Macs has, with
+//!   every stage capped at T, room for all layers — a max-sum DP over (set, last Mac). Binary
+//!   search on T, then the min-max split (greedy: the next layer goes where it finishes
+//!   soonest) along that path. With more stages than sequences, each (set, first, last)'s
+//!   cheapest path is split exactly by a search over stage-time caps.
 //! - tensor and data: every set of Macs (the cost depends on the set and on the ring's slowest
 //!   link), with the ring found by branch and bound over Hamiltonian cycles.
 //!

@@ -48,6 +48,8 @@ pub(super) struct PipeData {
     /// Bytes the last stage reads besides its layers (output head).
     head_read: u64,
     pub(super) layers: u32,
+    /// Sequences decoded together (at least 1).
+    pub(super) batch: u32,
 }
 
 impl PipeData {
@@ -115,6 +117,7 @@ impl PipeData {
                 .saturating_add(model.kv_bytes_per_layer()),
             head_read: head,
             layers,
+            batch: model.batch.max(1),
             pos,
         }
     }
@@ -145,6 +148,7 @@ impl PipeData {
             read_per_layer: self.read_per_layer,
             head_read: self.head_read,
             layers: self.layers,
+            batch: self.batch,
         }
     }
 
@@ -253,6 +257,127 @@ impl PipeData {
         Some((worst, split))
     }
 
+    /// Throughput objective: the time of one round along `order` split as `split` (layers in
+    /// rank order) — every micro-batch once through every stage, exactly as `evaluate` computes
+    /// it: the whole path, or each stage running each of min(batch, n) micro-batches in turn,
+    /// whichever is longer.
+    pub(super) fn round_time(&self, order: &[usize], outs: &[f64], split: &[u32]) -> f64 {
+        let n = order.len();
+        let (first, last) = (order[0], order[n - 1]);
+        let (mut path, mut worst) = (0.0, f64::NEG_INFINITY);
+        for (r, &i) in order.iter().enumerate() {
+            let t = self.read(i, split[r], role(i, first, last)) + outs[r];
+            path += t;
+            worst = f64::max(worst, t);
+        }
+        let micro = f64::from(self.batch.min(n as u32).max(1));
+        f64::max(path, micro * worst)
+    }
+
+    /// Latency objective: the compute-optimal split of a fixed order (greedy) and its time.
+    pub(super) fn latency_split(&self, order: &[usize], outs: &[f64]) -> Option<(f64, Vec<u32>)> {
+        let n = order.len();
+        let mut member = vec![false; self.len()];
+        for &i in order {
+            member[i] = true;
+        }
+        let mut split = vec![0u32; self.len()];
+        let compute = self.greedy(|i| member[i], n, order[0], order[n - 1], &mut split)?;
+        let network: f64 = outs.iter().sum();
+        Some((compute + network, order.iter().map(|&i| split[i]).collect()))
+    }
+
+    /// Throughput objective: the best split of a fixed order, exactly. Hold every stage within
+    /// a cap T: the least sum of stage times S(T) then gives the extra layers to the fastest
+    /// Macs first (a layer costs the same on a Mac wherever its stage falls). With T the best
+    /// split's slowest stage, max(S(T), micro × T) is no more than the best round, and never
+    /// less than a round; S falls and micro × T rises with T, so the best T is where they cross,
+    /// found by binary search over the stage times that can occur.
+    pub(super) fn throughput_split(
+        &self,
+        order: &[usize],
+        outs: &[f64],
+    ) -> Option<(f64, Vec<u32>)> {
+        let n = order.len();
+        if n == 0 || n > self.layers as usize {
+            return None;
+        }
+        let (first, last) = (order[0], order[n - 1]);
+        let roles: Vec<usize> = order.iter().map(|&i| role(i, first, last)).collect();
+        let caps: Vec<u32> = order
+            .iter()
+            .zip(&roles)
+            .map(|(&i, &r)| self.cap[i][r])
+            .collect();
+        if caps.contains(&0) {
+            return None;
+        }
+        let time = |r: usize, l: u32| self.read(order[r], l, roles[r]) + outs[r];
+        let mut fastest: Vec<usize> = (0..n).collect();
+        fastest.sort_by(|&a, &b| {
+            self.bw[order[b]]
+                .total_cmp(&self.bw[order[a]])
+                .then(a.cmp(&b))
+        });
+        let mut caps_t: Vec<f64> = (0..n)
+            .flat_map(|r| (1..=caps[r]).map(move |l| (r, l)))
+            .map(|(r, l)| time(r, l))
+            .collect();
+        caps_t.sort_by(f64::total_cmp);
+        caps_t.dedup();
+        let micro = f64::from(self.batch.min(n as u32).max(1));
+        // The split of least sum within cap t, and its (sum, slowest); None if t is too tight.
+        let within = |t: f64| -> Option<(f64, f64, Vec<u32>)> {
+            let mut room = vec![0u32; n];
+            for r in 0..n {
+                let (mut a, mut b) = (0u32, caps[r]);
+                while a < b {
+                    let mid = b - (b - a) / 2;
+                    if time(r, mid) <= t {
+                        a = mid;
+                    } else {
+                        b = mid - 1;
+                    }
+                }
+                room[r] = a;
+            }
+            let total: u64 = room.iter().map(|&w| u64::from(w)).sum();
+            if room.contains(&0) || total < u64::from(self.layers) {
+                return None;
+            }
+            let mut split = vec![1u32; n];
+            let mut rest = self.layers - n as u32;
+            for &r in &fastest {
+                let more = (room[r] - 1).min(rest);
+                split[r] += more;
+                rest -= more;
+            }
+            let (mut sum, mut max) = (0.0, f64::NEG_INFINITY);
+            for (r, &l) in split.iter().enumerate() {
+                let x = time(r, l);
+                sum += x;
+                max = f64::max(max, x);
+            }
+            Some((sum, max, split))
+        };
+        // The first cap at which micro × t reaches S(t) (infeasible caps count as below).
+        let (mut a, mut b) = (0usize, caps_t.len());
+        while a < b {
+            let mid = (a + b) / 2;
+            match within(caps_t[mid]) {
+                Some((sum, _, _)) if micro * caps_t[mid] >= sum => b = mid,
+                _ => a = mid + 1,
+            }
+        }
+        [a.checked_sub(1), Some(a)]
+            .into_iter()
+            .flatten()
+            .filter_map(|i| caps_t.get(i))
+            .filter_map(|&t| within(t))
+            .map(|(sum, max, split)| (f64::max(sum, micro * max), split))
+            .min_by(|x, y| x.0.total_cmp(&y.0))
+    }
+
     /// The internal cost (lower is better) and split of a fixed order, for the objective.
     pub(super) fn order_cost(
         &self,
@@ -261,17 +386,19 @@ impl PipeData {
     ) -> Option<(f64, Vec<u32>)> {
         let outs = self.outs(order)?;
         match objective {
-            Objective::Throughput => self.minmax(order, &outs),
-            Objective::Latency => {
+            Objective::Latency => self.latency_split(order, &outs),
+            // One sequence: the latency split; a micro-batch on every stage: the min-max one
+            // (a round is then n × the slowest stage); in between, the exact search of caps.
+            Objective::Throughput => {
                 let n = order.len();
-                let mut member = vec![false; self.len()];
-                for &i in order {
-                    member[i] = true;
-                }
-                let mut split = vec![0u32; self.len()];
-                let compute = self.greedy(|i| member[i], n, order[0], order[n - 1], &mut split)?;
-                let network: f64 = outs.iter().sum();
-                Some((compute + network, order.iter().map(|&i| split[i]).collect()))
+                let (_, split) = if self.batch <= 1 {
+                    self.latency_split(order, &outs)?
+                } else if n <= self.batch as usize {
+                    self.minmax(order, &outs)?
+                } else {
+                    return self.throughput_split(order, &outs);
+                };
+                Some((self.round_time(order, &outs, &split), split))
             }
         }
     }
