@@ -173,7 +173,7 @@ pub fn render(o: &Object, events: &Result<Vec<Object>, String>, now: DateTime<Ut
     }
 
     if let Some(p) = placement.as_ref().filter(|p| p.is_object()) {
-        render_placement(&mut out, p);
+        render_placement(&mut out, p, at(&o.spec, &["batch"]).and_then(Value::as_u64));
     }
     if let Some(t) = training.as_ref().filter(|t| t.is_object()) {
         render_training(&mut out, t);
@@ -226,7 +226,8 @@ pub fn render(o: &Object, events: &Result<Vec<Object>, String>, now: DateTime<Ut
 }
 
 /// A job's model placement: the split, per-Mac memory, the prediction, the runners-up.
-fn render_placement(out: &mut String, p: &Value) {
+/// `batch` is the service's: a throughput prediction is for that many sequences at once.
+fn render_placement(out: &mut String, p: &Value, batch: Option<u64>) {
     let ring = if at(p, &["ring"]).and_then(Value::as_bool) == Some(true) {
         ", ring"
     } else {
@@ -245,9 +246,13 @@ fn render_placement(out: &mut String, p: &Value) {
     let predicted = at(p, &["predictedTokensPerSecond"])
         .and_then(Value::as_f64)
         .unwrap_or(0.0);
+    let batch = match (at(p, &["objective"]).and_then(Value::as_str), batch) {
+        (Some("throughput"), Some(b)) if b > 1 => format!(" for {b} sequences at once"),
+        _ => String::new(),
+    };
     if predicted > 0.0 {
         out.push_str(&format!(
-            "Placement:        {} ({} objective{ring}), {predicted:.1} tokens/s predicted{figures}{observed}\n",
+            "Placement:        {} ({} objective{ring}), {predicted:.1} tokens/s predicted{batch}{figures}{observed}\n",
             cell(at(p, &["strategy"])),
             cell(at(p, &["objective"])),
         ));
@@ -581,6 +586,23 @@ mod tests {
         );
         assert!(text.contains("mac1:/w/adapter"), "{text}");
         assert!(!text.contains("lossCurve"), "{text}");
+    }
+
+    #[test]
+    fn a_throughput_prediction_says_for_how_many_sequences() {
+        let mut o = isvc();
+        o.spec = json!({"model": "qwen", "batch": 2, "objective": "throughput"});
+        o.status = json!({"phase": "Running", "modelPlacement": {
+            "strategy": "pipeline", "objective": "throughput", "figures": "engine",
+            "predictedTokensPerSecond": 19.1}});
+        let text = render(&o, &Ok(vec![]), now());
+        assert!(
+            text.contains(
+                "Placement:        pipeline (throughput objective), 19.1 tokens/s predicted for 2 \
+                 sequences at once from the Macs' measured engine"
+            ),
+            "{text}"
+        );
     }
 
     #[test]
