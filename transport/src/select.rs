@@ -45,8 +45,8 @@ impl Preference {
 }
 
 /// Opens the data plane for `rank` of `world`: `peers[i]` is rank i's data address, `coordinator`
-/// rank 0's bootstrap address. `TB_TRANSPORT` overrides `want`; `TB_TCP_RAILS` and
-/// `TB_TCP_SOCKBUF` tune TCP ([`TcpConfig::from_env`]).
+/// rank 0's bootstrap address. `TB_TRANSPORT` overrides `want`; `TB_TCP_RAILS`,
+/// `TB_TCP_SOCKBUF` and `TB_TCP_SPIN_US` tune TCP ([`TcpConfig::for_endpoints`]).
 pub fn open(
     rank: usize,
     world: usize,
@@ -75,7 +75,7 @@ pub fn open(
         coordinator,
         connect_timeout: Duration::from_secs(60),
     };
-    open_endpoints(&ep, want, TcpConfig::from_env())
+    open_endpoints(&ep, want, TcpConfig::for_endpoints(&ep))
 }
 
 /// [`open`] with explicit endpoints and TCP settings, and no look at the environment.

@@ -105,7 +105,8 @@ async fn connect(opts: &ShardOptions) -> Result<Communicator, StartError> {
     };
     let want = opts.transport;
     let t = tokio::task::spawn_blocking(move || {
-        select::open_endpoints(&ep, want, TcpConfig::from_env())
+        let tcp = TcpConfig::for_endpoints(&ep);
+        select::open_endpoints(&ep, want, tcp)
     })
     .await
     .map_err(|e| anyhow::anyhow!("transport set-up stopped: {e}"))
