@@ -36,10 +36,10 @@ pub const MAX_MESSAGE: u64 = 1 << 40;
 
 /// How long `poll` reads the sockets before sleeping, by default: longer than a loopback or
 /// Thunderbolt round trip and than a stage's usual wait for its peer, short against a decode
-/// step. Measured with serve-bench (SmolLM2, 2 ranks of 1 thread on a 2-core VM): against
-/// sleeping at once, one stream decoded 1.2–1.4× faster over a 2-stage pipeline and 2 tensor
-/// ranks with 50 µs or 200 µs; at 8 streams the pipeline gave 231 tok/s with 200 µs against
-/// 167 (none) and 180–197 (50 µs).
+/// step. Measured with serve-bench (SmolLM2, 2 ranks of 1 thread each on a 2-core VM,
+/// `TB_TCP_SPIN_US` alternated between 0 and 50–200 µs; 3 runs without, 7 with), mean tok/s:
+/// one stream 34.1 → 40.6 through 2 tensor ranks and 39.2 → 44.1 through a 2-stage pipeline;
+/// 8 streams 105 → 115 and 177 → 202 (runs spread ±10–15 %).
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(200);
 
 /// Settings of the TCP transport.
@@ -831,9 +831,9 @@ impl Transport for TcpTransport {
                 return Ok(0);
             }
             if now < spin_until {
-                // Yield, not spin: on a machine whose cores are all busy (several ranks, as in
-                // a local cluster) the thread that would answer gets the core.
-                std::thread::yield_now();
+                // Spin, not yield: a rank spins only with its host to itself
+                // (`TcpConfig::for_endpoints`), where no one else waits for the core.
+                std::hint::spin_loop();
                 continue;
             }
             let mut fds: Vec<nix::libc::pollfd> = Vec::with_capacity(self.world * self.cfg.rails);
