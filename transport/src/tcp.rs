@@ -97,16 +97,20 @@ impl TcpConfig {
 }
 
 impl TcpConfig {
-    /// [`TcpConfig::from_env`] for the ranks of `ep`, with the busy-poll off when another rank
-    /// has this rank's address, unless `TB_TCP_SPIN_US` is set: ranks sharing a machine (a
-    /// local cluster) need its cores more than a quick answer — a 3-stage pipeline of 2-thread
-    /// ranks on 2 cores decoded at 0.59–0.67 of one process with it, 0.79–0.82 without.
+    /// [`TcpConfig::from_env`] for the ranks of `ep` ([`TcpConfig::spinning_for`]).
     pub fn for_endpoints(ep: &Endpoints) -> Self {
-        let mut c = TcpConfig::from_env();
+        TcpConfig::from_env().spinning_for(ep)
+    }
+
+    /// These settings with the busy-poll off when another rank of `ep` has this rank's address,
+    /// unless `TB_TCP_SPIN_US` is set: ranks sharing a machine (a local cluster) need its cores
+    /// more than a quick answer — a 3-stage pipeline of 2-thread ranks on 2 cores decoded at
+    /// 0.59–0.67 of one process with it, 0.79–0.82 without.
+    pub fn spinning_for(mut self, ep: &Endpoints) -> Self {
         if std::env::var_os("TB_TCP_SPIN_US").is_none() && shares_host(ep) {
-            c.spin = Duration::ZERO;
+            self.spin = Duration::ZERO;
         }
-        c
+        self
     }
 }
 

@@ -135,7 +135,8 @@ fn open(ep: &Endpoints, req: &Request) -> Result<Box<dyn Transport>, TransportEr
     let tcp = TcpConfig {
         rails: usize::from(req.rails),
         ..TcpConfig::default()
-    };
+    }
+    .spinning_for(ep);
     open_endpoints(ep, want, tcp)
 }
 

@@ -399,7 +399,8 @@ fn receive(
     file_path: &Path,
     timeout: Duration,
 ) -> Result<u64, TransportError> {
-    let mut t = select::open_endpoints(ep, Preference::Auto, TcpConfig::default())?;
+    let tcp = TcpConfig::default().spinning_for(ep);
+    let mut t = select::open_endpoints(ep, Preference::Auto, tcp)?;
     let deadline = Instant::now() + timeout;
     // The messages, in order: (file offset, length).
     let mut messages = std::collections::VecDeque::new();

@@ -159,7 +159,8 @@ fn send_ranges(
     ranges: &[(u64, u64)],
     timeout: Duration,
 ) -> Result<(), TransportError> {
-    let mut t = select::open_endpoints(ep, Preference::Auto, TcpConfig::default())?;
+    let tcp = TcpConfig::default().spinning_for(ep);
+    let mut t = select::open_endpoints(ep, Preference::Auto, tcp)?;
     let mut file = std::fs::File::open(path).map_err(|e| TransportError::Io {
         peer: None,
         source: e,

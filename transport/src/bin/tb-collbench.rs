@@ -273,7 +273,8 @@ fn worker(args: &Args, rank: usize) -> Result<()> {
         rails: args.rails,
         sockbuf: (args.sockbuf > 0).then_some(args.sockbuf),
         ..TcpConfig::default()
-    };
+    }
+    .spinning_for(&ep);
     let t = open_endpoints(&ep, Preference::Tcp, cfg)?;
     let mut c = Communicator::new(
         t,
