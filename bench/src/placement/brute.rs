@@ -302,17 +302,10 @@ impl Search {
     /// Closes the order at `path`'s last Mac (throughput).
     fn finish_throughput(&mut self, path: &[usize], rows: &[Fronts]) {
         let j = path.len();
-        let cur = path[j - 1];
         let layers = self.shape.layers;
-        let ret = if j == 1 {
-            Some(0.0)
-        } else {
-            self.ret[cur][path[0]]
-        };
-        let Some(ret) = ret else {
+        let Some((cur, ret, cap)) = self.closing(path) else {
             return;
         };
-        let cap = self.max_layers(cur, j == 1, true);
         let mut best_here: Option<(f64, usize, usize)> = None;
         for (u, front) in rows[j - 1].iter().enumerate() {
             let l = layers - u;
@@ -400,20 +393,25 @@ impl Search {
         }
     }
 
+    /// The last Mac of `path` as its last stage: the Mac, the return to the first, and the most
+    /// layers it holds there; None when nothing leads back.
+    fn closing(&self, path: &[usize]) -> Option<(usize, f64, usize)> {
+        let cur = path[path.len() - 1];
+        let ret = if path.len() == 1 {
+            0.0
+        } else {
+            self.ret[cur][path[0]]?
+        };
+        Some((cur, ret, self.max_layers(cur, path.len() == 1, true)))
+    }
+
     /// Closes the order at `path`'s last Mac.
     fn finish(&mut self, path: &[usize], row: &[f64], back: &[Vec<usize>]) {
         let j = path.len();
-        let cur = path[j - 1];
         let layers = self.shape.layers;
-        let ret = if j == 1 {
-            Some(0.0)
-        } else {
-            self.ret[cur][path[0]]
-        };
-        let Some(ret) = ret else {
+        let Some((cur, ret, cap)) = self.closing(path) else {
             return;
         };
-        let cap = self.max_layers(cur, j == 1, true);
         let mut best_here: Option<(f64, usize)> = None;
         for (u, &base) in row.iter().enumerate() {
             let l = layers - u;

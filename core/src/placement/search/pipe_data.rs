@@ -220,10 +220,9 @@ impl PipeData {
         Some(outs)
     }
 
-    /// Throughput objective: the split of `order` minimising the slowest stage (each next layer
-    /// goes where it finishes soonest — optimal for increasing stage times). Returns the
-    /// bottleneck time and the layers in rank order.
-    pub(super) fn minmax(&self, order: &[usize], outs: &[f64]) -> Option<(f64, Vec<u32>)> {
+    /// Each stage's role and the most layers its Mac holds in it, along `order`; None when the
+    /// order is empty, longer than the layers, or a Mac cannot hold a single layer.
+    fn stages(&self, order: &[usize]) -> Option<(Vec<usize>, Vec<u32>)> {
         let n = order.len();
         if n == 0 || n > self.layers as usize {
             return None;
@@ -235,9 +234,29 @@ impl PipeData {
             .zip(&roles)
             .map(|(&i, &r)| self.cap[i][r])
             .collect();
-        if caps.contains(&0) {
-            return None;
+        (!caps.contains(&0)).then_some((roles, caps))
+    }
+
+    /// The most layers Mac `i` takes in role `r` with outgoing time `out` within `t`.
+    pub(super) fn layers_within(&self, i: usize, r: usize, out: f64, t: f64) -> u32 {
+        let (mut a, mut b) = (0u32, self.cap[i][r]);
+        while a < b {
+            let mid = b - (b - a) / 2;
+            if self.read(i, mid, r) + out <= t {
+                a = mid;
+            } else {
+                b = mid - 1;
+            }
         }
+        a
+    }
+
+    /// Throughput objective: the split of `order` minimising the slowest stage (each next layer
+    /// goes where it finishes soonest — optimal for increasing stage times). Returns the
+    /// bottleneck time and the layers in rank order.
+    pub(super) fn minmax(&self, order: &[usize], outs: &[f64]) -> Option<(f64, Vec<u32>)> {
+        let n = order.len();
+        let (roles, caps) = self.stages(order)?;
         let time = |r: usize, l: u32| self.read(order[r], l, roles[r]) + outs[r];
         let mut split = vec![1u32; n];
         let mut heap: BinaryHeap<Reverse<(OrdF64, usize)>> = (0..n)
@@ -299,19 +318,7 @@ impl PipeData {
         outs: &[f64],
     ) -> Option<(f64, Vec<u32>)> {
         let n = order.len();
-        if n == 0 || n > self.layers as usize {
-            return None;
-        }
-        let (first, last) = (order[0], order[n - 1]);
-        let roles: Vec<usize> = order.iter().map(|&i| role(i, first, last)).collect();
-        let caps: Vec<u32> = order
-            .iter()
-            .zip(&roles)
-            .map(|(&i, &r)| self.cap[i][r])
-            .collect();
-        if caps.contains(&0) {
-            return None;
-        }
+        let (roles, caps) = self.stages(order)?;
         let time = |r: usize, l: u32| self.read(order[r], l, roles[r]) + outs[r];
         let mut fastest: Vec<usize> = (0..n).collect();
         fastest.sort_by(|&a, &b| {
@@ -326,21 +333,11 @@ impl PipeData {
         caps_t.sort_by(f64::total_cmp);
         caps_t.dedup();
         let micro = f64::from(self.batch.min(n as u32).max(1));
-        // The split of least sum within cap t, and its (sum, slowest); None if t is too tight.
-        let within = |t: f64| -> Option<(f64, f64, Vec<u32>)> {
-            let mut room = vec![0u32; n];
-            for r in 0..n {
-                let (mut a, mut b) = (0u32, caps[r]);
-                while a < b {
-                    let mid = b - (b - a) / 2;
-                    if time(r, mid) <= t {
-                        a = mid;
-                    } else {
-                        b = mid - 1;
-                    }
-                }
-                room[r] = a;
-            }
+        // The split of least sum within cap t, and that sum; None if t is too tight.
+        let within = |t: f64| -> Option<(f64, Vec<u32>)> {
+            let room: Vec<u32> = (0..n)
+                .map(|r| self.layers_within(order[r], roles[r], outs[r], t))
+                .collect();
             let total: u64 = room.iter().map(|&w| u64::from(w)).sum();
             if room.contains(&0) || total < u64::from(self.layers) {
                 return None;
@@ -352,20 +349,15 @@ impl PipeData {
                 split[r] += more;
                 rest -= more;
             }
-            let (mut sum, mut max) = (0.0, f64::NEG_INFINITY);
-            for (r, &l) in split.iter().enumerate() {
-                let x = time(r, l);
-                sum += x;
-                max = f64::max(max, x);
-            }
-            Some((sum, max, split))
+            let sum = split.iter().enumerate().map(|(r, &l)| time(r, l)).sum();
+            Some((sum, split))
         };
         // The first cap at which micro × t reaches S(t) (infeasible caps count as below).
         let (mut a, mut b) = (0usize, caps_t.len());
         while a < b {
             let mid = (a + b) / 2;
             match within(caps_t[mid]) {
-                Some((sum, _, _)) if micro * caps_t[mid] >= sum => b = mid,
+                Some((sum, _)) if micro * caps_t[mid] >= sum => b = mid,
                 _ => a = mid + 1,
             }
         }
@@ -374,7 +366,7 @@ impl PipeData {
             .flatten()
             .filter_map(|i| caps_t.get(i))
             .filter_map(|&t| within(t))
-            .map(|(sum, max, split)| (f64::max(sum, micro * max), split))
+            .map(|(_, split)| (self.round_time(order, outs, &split), split))
             .min_by(|x, y| x.0.total_cmp(&y.0))
     }
 

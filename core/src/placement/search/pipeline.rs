@@ -239,20 +239,6 @@ fn throughput_optimum(pd: &PipeData, lo: usize, hi: usize) -> Option<(f64, Vec<u
     Some((t, order, split))
 }
 
-/// Largest layer count Mac i can take in role r with outgoing time `out` within T.
-fn layers_within(pd: &PipeData, i: usize, r: usize, out: f64, t: f64) -> u32 {
-    let (mut a, mut b) = (0u32, pd.cap[i][r]);
-    while a < b {
-        let mid = b - (b - a) / 2;
-        if pd.read(i, mid, r) + out <= t {
-            a = mid;
-        } else {
-            b = mid - 1;
-        }
-    }
-    a
-}
-
 /// An order (fewest Macs first) whose stages, each within T, have room for every layer.
 fn reachable(pd: &PipeData, t: f64, lo: usize, hi: usize) -> Option<Vec<usize>> {
     let m = pd.len();
@@ -261,7 +247,7 @@ fn reachable(pd: &PipeData, t: f64, lo: usize, hi: usize) -> Option<Vec<usize>> 
         (0..m)
             .map(|i| {
                 (0..m)
-                    .map(|j| outs[i][j].map_or(0, |o| layers_within(pd, i, r, o, t) as i32))
+                    .map(|j| outs[i][j].map_or(0, |o| pd.layers_within(i, r, o, t) as i32))
                     .collect()
             })
             .collect()
@@ -273,7 +259,7 @@ fn reachable(pd: &PipeData, t: f64, lo: usize, hi: usize) -> Option<Vec<usize>> 
     );
     let mut found: Option<(usize, Vec<usize>)> = None;
     for s in 0..m {
-        if lo <= 1 && layers_within(pd, s, ONLY, 0.0, t) >= pd.layers {
+        if lo <= 1 && pd.layers_within(s, ONLY, 0.0, t) >= pd.layers {
             return Some(vec![s]);
         }
     }
