@@ -261,12 +261,9 @@ pub fn recost(
     workload: &Workload,
     placed: &PlacementSummary,
 ) -> Option<PlacementSummary> {
-    let strategy = match placed.strategy.as_str() {
-        "pipeline" => Strategy::Pipeline,
-        "tensor" => Strategy::Tensor,
-        "data" => Strategy::Data,
-        _ => return None,
-    };
+    let strategy = [Strategy::Pipeline, Strategy::Tensor, Strategy::Data]
+        .into_iter()
+        .find(|s| strategy_name(*s) == placed.strategy)?;
     let mut own = topology.clone();
     for stage in &placed.stages {
         let index = own.index_of(&stage.node)?;
@@ -311,8 +308,8 @@ pub fn predict_for_stream(
 }
 
 /// Which figures a prediction rests on, from whether each stage's Mac measured its engine.
-fn figures_of(measured: impl Iterator<Item = bool> + Clone) -> &'static str {
-    match (measured.clone().all(|m| m), measured.clone().any(|m| m)) {
+fn figures_of(mut measured: impl Iterator<Item = bool> + Clone) -> &'static str {
+    match (measured.clone().all(|m| m), measured.any(|m| m)) {
         (true, _) => "engine",
         (false, true) => "mixed",
         (false, false) => "chip",
