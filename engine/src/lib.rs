@@ -34,6 +34,11 @@ pub use tokenizer::{Decoder, Tokenizer};
 pub use tp::{AllReduce, InProcessAllReduce, TensorParallel, TpSlice};
 pub use weights::Requantize;
 
+/// How many threads the engine's CPU kernels compute with (`RAYON_NUM_THREADS`, else every core).
+pub fn cpu_threads() -> usize {
+    candle_core::utils::get_num_threads()
+}
+
 /// Where the tests and the bench find the model: `$TB_TEST_MODEL`, else
 /// `<workspace>/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf` (fetched by
 /// `scripts/fetch-model.sh`).

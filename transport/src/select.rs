@@ -75,7 +75,8 @@ pub fn open(
         coordinator,
         connect_timeout: Duration::from_secs(60),
     };
-    open_endpoints(&ep, want, TcpConfig::for_endpoints(&ep))
+    // A caller that does not say how many threads it computes with is taken to use every core.
+    open_endpoints(&ep, want, TcpConfig::for_endpoints(&ep, usize::MAX))
 }
 
 /// [`open`] with explicit endpoints and TCP settings, and no look at the environment.

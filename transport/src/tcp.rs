@@ -97,32 +97,49 @@ impl TcpConfig {
 }
 
 impl TcpConfig {
-    /// [`TcpConfig::from_env`] for the ranks of `ep` ([`TcpConfig::spinning_for`]).
-    pub fn for_endpoints(ep: &Endpoints) -> Self {
-        TcpConfig::from_env().spinning_for(ep)
+    /// [`TcpConfig::from_env`] for the ranks of `ep`, each computing with `compute_threads`
+    /// threads ([`TcpConfig::spinning_for`]).
+    pub fn for_endpoints(ep: &Endpoints, compute_threads: usize) -> Self {
+        TcpConfig::from_env().spinning_for(ep, compute_threads)
     }
 
-    /// These settings with the busy-poll off when another rank of `ep` has this rank's address,
-    /// unless `TB_TCP_SPIN_US` is set: ranks sharing a machine (a local cluster) need its cores
-    /// more than a quick answer — a 3-stage pipeline of 2-thread ranks on 2 cores decoded at
-    /// 0.59–0.67 of one process with it, 0.79–0.82 without.
-    pub fn spinning_for(mut self, ep: &Endpoints) -> Self {
-        if std::env::var_os("TB_TCP_SPIN_US").is_none() && shares_host(ep) {
+    /// These settings with the busy-poll off when the ranks of `ep` that share this rank's
+    /// address would need the machine's cores, unless `TB_TCP_SPIN_US` is set. While this rank
+    /// spins, the others on its machine may compute with `compute_threads` each: a spinner that
+    /// takes a core they need slows the very answer it waits for — a 3-stage pipeline of
+    /// 2-thread ranks on 2 cores decoded at 0.59–0.67 of one process with it, 0.79–0.82
+    /// without — while two 1-thread ranks on 2 cores lose nothing to it and gain the wake-up.
+    pub fn spinning_for(mut self, ep: &Endpoints, compute_threads: usize) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if std::env::var_os("TB_TCP_SPIN_US").is_none()
+            && !spinning_leaves_cores(ranks_sharing_host(ep), compute_threads, cores)
+        {
             self.spin = Duration::ZERO;
         }
         self
     }
 }
 
-/// Whether another rank of `ep` has this rank's IP address.
-fn shares_host(ep: &Endpoints) -> bool {
+/// Whether `cores` hold one spinning reader beside `others` ranks computing with
+/// `compute_threads` threads each.
+fn spinning_leaves_cores(others: usize, compute_threads: usize, cores: usize) -> bool {
+    others
+        .saturating_mul(compute_threads.max(1))
+        .saturating_add(1)
+        <= cores
+        || others == 0
+}
+
+/// How many other ranks of `ep` have this rank's IP address.
+fn ranks_sharing_host(ep: &Endpoints) -> usize {
     let Some(own) = ep.peers.get(ep.rank).map(SocketAddr::ip) else {
-        return false;
+        return 0;
     };
     ep.peers
         .iter()
         .enumerate()
-        .any(|(i, p)| i != ep.rank && p.ip() == own)
+        .filter(|(i, p)| *i != ep.rank && p.ip() == own)
+        .count()
 }
 
 /// A registered buffer: `u64` storage so that every buffer is 8-byte aligned.
@@ -926,7 +943,7 @@ mod tests {
     }
 
     #[test]
-    fn ranks_sharing_a_host_do_not_busy_poll() {
+    fn ranks_sharing_a_host_busy_poll_only_with_cores_to_spare() {
         let ep = |ips: &[[u8; 4]], rank| Endpoints {
             rank,
             world: ips.len(),
@@ -935,17 +952,28 @@ mod tests {
             connect_timeout: Duration::from_secs(1),
         };
         let apart = ep(&[[10, 0, 0, 1], [10, 0, 0, 2], [10, 0, 0, 3]], 1);
-        assert!(!shares_host(&apart));
+        assert_eq!(ranks_sharing_host(&apart), 0);
         let together = ep(&[[10, 0, 0, 1], [10, 0, 0, 2], [10, 0, 0, 1]], 0);
-        assert!(shares_host(&together));
+        assert_eq!(ranks_sharing_host(&together), 1);
         // Rank 1 is alone on its Mac although ranks 0 and 2 share one.
-        assert!(!shares_host(&ep(
-            &[[10, 0, 0, 1], [10, 0, 0, 2], [10, 0, 0, 1]],
-            1
-        )));
+        assert_eq!(
+            ranks_sharing_host(&ep(&[[10, 0, 0, 1], [10, 0, 0, 2], [10, 0, 0, 1]], 1)),
+            0
+        );
+        // Alone on a machine: always; two 1-thread ranks on 2 cores: yes; with 2 threads, or
+        // three ranks: no; sixteen cores hold three 4-thread neighbours and the spinner.
+        assert!(spinning_leaves_cores(0, 64, 1));
+        assert!(spinning_leaves_cores(1, 1, 2));
+        assert!(!spinning_leaves_cores(1, 2, 2));
+        assert!(!spinning_leaves_cores(2, 1, 2));
+        assert!(spinning_leaves_cores(3, 4, 16));
+        assert!(!spinning_leaves_cores(4, 4, 16));
         if std::env::var_os("TB_TCP_SPIN_US").is_none() {
-            assert_eq!(TcpConfig::for_endpoints(&apart).spin, DEFAULT_SPIN);
-            assert_eq!(TcpConfig::for_endpoints(&together).spin, Duration::ZERO);
+            assert_eq!(TcpConfig::for_endpoints(&apart, 8).spin, DEFAULT_SPIN);
+            assert_eq!(
+                TcpConfig::for_endpoints(&together, usize::MAX).spin,
+                Duration::ZERO
+            );
         }
     }
 

@@ -105,7 +105,7 @@ async fn connect(opts: &ShardOptions) -> Result<Communicator, StartError> {
     };
     let want = opts.transport;
     let t = tokio::task::spawn_blocking(move || {
-        let tcp = TcpConfig::for_endpoints(&ep);
+        let tcp = TcpConfig::for_endpoints(&ep, tb_engine::cpu_threads());
         select::open_endpoints(&ep, want, tcp)
     })
     .await

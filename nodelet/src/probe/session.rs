@@ -136,7 +136,7 @@ fn open(ep: &Endpoints, req: &Request) -> Result<Box<dyn Transport>, TransportEr
         rails: usize::from(req.rails),
         ..TcpConfig::default()
     }
-    .spinning_for(ep);
+    .spinning_for(ep, 1);
     open_endpoints(ep, want, tcp)
 }
 

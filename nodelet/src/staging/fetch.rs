@@ -399,7 +399,7 @@ fn receive(
     file_path: &Path,
     timeout: Duration,
 ) -> Result<u64, TransportError> {
-    let tcp = TcpConfig::default().spinning_for(ep);
+    let tcp = TcpConfig::default().spinning_for(ep, 1);
     let mut t = select::open_endpoints(ep, Preference::Auto, tcp)?;
     let deadline = Instant::now() + timeout;
     // The messages, in order: (file offset, length).

@@ -159,7 +159,7 @@ fn send_ranges(
     ranges: &[(u64, u64)],
     timeout: Duration,
 ) -> Result<(), TransportError> {
-    let tcp = TcpConfig::default().spinning_for(ep);
+    let tcp = TcpConfig::default().spinning_for(ep, 1);
     let mut t = select::open_endpoints(ep, Preference::Auto, tcp)?;
     let mut file = std::fs::File::open(path).map_err(|e| TransportError::Io {
         peer: None,

@@ -274,7 +274,8 @@ fn worker(args: &Args, rank: usize) -> Result<()> {
         sockbuf: (args.sockbuf > 0).then_some(args.sockbuf),
         ..TcpConfig::default()
     }
-    .spinning_for(&ep);
+    // Each rank reduces on its own thread.
+    .spinning_for(&ep, 1);
     let t = open_endpoints(&ep, Preference::Tcp, cfg)?;
     let mut c = Communicator::new(
         t,

@@ -48,7 +48,11 @@ impl Group {
             coordinator,
             connect_timeout,
         };
-        let t = select::open_endpoints(&ep, transport, TcpConfig::for_endpoints(&ep))?;
+        let t = select::open_endpoints(
+            &ep,
+            transport,
+            TcpConfig::for_endpoints(&ep, tb_engine::cpu_threads()),
+        )?;
         let opts = CollectiveOptions {
             // A slow rank's step is not a dead peer; a closed connection still fails at once.
             timeout: step_timeout,
