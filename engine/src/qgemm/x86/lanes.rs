@@ -95,7 +95,18 @@ unsafe fn pack<const F: u8>(t: &Tile<'_>, col: usize, packed: &mut [PackedBlock]
     // SAFETY (whole body): the caller checked that the weights hold n · row_bytes bytes and
     // that `col + 16 <= n`; every read below is inside columns col..col + 16.
     let group = unsafe { t.weights.as_ptr().add(col * row_bytes) };
+    // The next group's bytes (the worker's next item, as a rule), a share per block: this
+    // group's reads stride over 16 rows, which the hardware prefetchers follow poorly, while
+    // the next group is one contiguous span. Its lines arrive while this one computes.
+    let next = (col + LANES) * row_bytes..((col + 2 * LANES).min(t.n) * row_bytes);
+    let lines = next.len().div_ceil(64);
+    let per_block = lines.div_ceil(blocks.max(1));
     for (b, out) in packed.iter_mut().enumerate() {
+        for line in b * per_block..((b + 1) * per_block).min(lines) {
+            // SAFETY: inside the weights: `next` ends at row t.n, which they hold.
+            let at = unsafe { t.weights.as_ptr().add(next.start + line * 64) };
+            _mm_prefetch::<_MM_HINT_T0>(at.cast());
+        }
         let block = unsafe { group.add(b * block_bytes) };
         // Each column's first 4 bytes: the f16 scale, then (Q4_1) the f16 minimum.
         let head = unsafe { _mm512_i32gather_epi32::<1>(offsets, block.cast()) };
