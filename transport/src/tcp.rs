@@ -123,11 +123,11 @@ impl TcpConfig {
 /// Whether `cores` hold one spinning reader beside `others` ranks computing with
 /// `compute_threads` threads each.
 fn spinning_leaves_cores(others: usize, compute_threads: usize, cores: usize) -> bool {
-    others
-        .saturating_mul(compute_threads.max(1))
-        .saturating_add(1)
-        <= cores
-        || others == 0
+    others == 0
+        || others
+            .saturating_mul(compute_threads.max(1))
+            .saturating_add(1)
+            <= cores
 }
 
 /// How many other ranks of `ep` have this rank's IP address.
