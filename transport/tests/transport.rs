@@ -15,9 +15,10 @@ use tb_transport::{
     BufId, Capabilities, Completion, Endpoints, Transport, TransportError, bootstrap,
 };
 
+mod common;
+
 fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
+    common::coordinator_addr()
 }
 
 fn endpoints(rank: usize, world: usize, coord: SocketAddr) -> Endpoints {

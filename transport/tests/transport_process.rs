@@ -3,9 +3,10 @@
 //! middle of a sweep must make every other rank exit with an error naming a peer, within the
 //! collective timeout. `--smoke` runs the whole measurement path in seconds.
 
-use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod common;
 
 fn bench() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tb-collbench"))
@@ -69,10 +70,7 @@ fn smoke_mode_fails_when_a_part_cannot_run() {
 
 #[test]
 fn killed_rank_process_fails_the_others_in_time() {
-    let coord = {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().to_string()
-    };
+    let coord = common::coordinator_addr().to_string();
     let world = 3;
     let mut kids: Vec<_> = (0..world)
         .map(|r| {
