@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -21,11 +22,18 @@ pub fn model() -> PathBuf {
     p
 }
 
+/// A free port on 127.0.0.1 for a process to bind, below Linux's ephemeral range (32768+): it
+/// is closed again before the process binds it, and in that window concurrent tests open
+/// connections whose local ports the kernel picks from the ephemeral range. Each call starts
+/// past the last port handed out, so that two tests never get the same one.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(7919);
+    (0..10_000u32)
+        .map(|_| NEXT.fetch_add(1, Ordering::Relaxed))
+        .filter_map(|i| u16::try_from(10_000 + start.wrapping_add(i) % 10_000).ok())
+        .find(|port| TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .expect("a free port in 10000..20000")
 }
 
 /// The processes of one service, killed when dropped.
