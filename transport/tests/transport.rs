@@ -17,10 +17,6 @@ use tb_transport::{
 
 mod common;
 
-fn free_addr() -> SocketAddr {
-    common::coordinator_addr()
-}
-
 fn endpoints(rank: usize, world: usize, coord: SocketAddr) -> Endpoints {
     Endpoints {
         rank,
@@ -37,7 +33,7 @@ fn with_ranks<T: Send + 'static>(
     rails: usize,
     f: impl Fn(usize, Box<dyn Transport>) -> T + Send + Sync + Clone + 'static,
 ) -> Vec<T> {
-    let coord = free_addr();
+    let coord = common::coordinator_addr();
     let hs: Vec<_> = (0..world)
         .map(|r| {
             let f = f.clone();
@@ -379,7 +375,7 @@ fn fake_rank1(coord: SocketAddr) -> TcpStream {
 
 #[test]
 fn malformed_frame_header_names_the_peer() {
-    let coord = free_addr();
+    let coord = common::coordinator_addr();
     let h = std::thread::spawn(move || {
         let mut s = fake_rank1(coord);
         let mut bad = FrameHeader {
@@ -418,7 +414,7 @@ fn malformed_frame_header_names_the_peer() {
 
 #[test]
 fn malformed_tensor_header_names_the_peer() {
-    let coord = free_addr();
+    let coord = common::coordinator_addr();
     let h = std::thread::spawn(move || {
         let mut s = fake_rank1(coord);
         // A well-framed message whose tensor header claims 2×3 f32 but carries 8 bytes.

@@ -275,7 +275,7 @@ fn worker(a: &Args, rank: usize) -> Result<()> {
     let result = RankResult {
         rank,
         world,
-        threads: candle_threads(),
+        threads: tb_engine::cpu_threads(),
         cpu: device.is_cpu(),
         load_seconds,
         examples: share,
@@ -289,19 +289,6 @@ fn worker(a: &Args, rank: usize) -> Result<()> {
     };
     println!("{RESULT}{}", serde_json::to_string(&result)?);
     Ok(())
-}
-
-/// Candle's CPU thread count, as it reads `RAYON_NUM_THREADS` (else every core).
-fn candle_threads() -> usize {
-    std::env::var("RAYON_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n: &usize| n > 0)
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(usize::from)
-                .unwrap_or(1)
-        })
 }
 
 fn adapter_file(world: usize, rank: usize) -> String {
