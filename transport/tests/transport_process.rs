@@ -80,17 +80,52 @@ fn killed_rank_process_fails_the_others_in_time() {
                 ])
                 .args(["--warmup", "0", "--budget", "100", "--timeout", "5"])
                 .args(["--rank", &r.to_string(), "--coordinator", &coord])
+                // Each rank logs "data plane: TCP" once its connections to every peer are up.
+                .env("RUST_LOG", "tb_transport::select=info")
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
                 .spawn()
                 .unwrap()
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(1500));
+    // Each rank's stderr, read on its own thread: the lines as they come, then the whole text.
+    let (lines, connected) = std::sync::mpsc::channel();
+    let readers: Vec<_> = kids
+        .iter_mut()
+        .enumerate()
+        .map(|(r, k)| {
+            let stderr = k.stderr.take().unwrap();
+            let lines = lines.clone();
+            std::thread::spawn(move || {
+                let mut all = String::new();
+                for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)) {
+                    let Ok(line) = line else { break };
+                    if line.contains("data plane:") {
+                        let _ = lines.send(r);
+                    }
+                    all.push_str(&line);
+                    all.push('\n');
+                }
+                all
+            })
+        })
+        .collect();
+    // Rank 1 dies in the middle of the sweep, not while the ranks still connect (a loaded
+    // machine can take longer than any fixed sleep to start three processes).
+    let mut up = 0;
+    while up < world {
+        connected
+            .recv_timeout(Duration::from_secs(30))
+            .expect("every rank connects within 30 s");
+        up += 1;
+    }
+    std::thread::sleep(Duration::from_millis(200));
     kids[1].kill().unwrap();
     let _ = kids[1].wait();
     let start = Instant::now();
+    let mut readers = readers.into_iter();
     for (r, k) in kids.iter_mut().enumerate() {
+        let reader = readers.next().unwrap();
         if r == 1 {
             continue;
         }
@@ -104,8 +139,7 @@ fn killed_rank_process_fails_the_others_in_time() {
             }
             std::thread::sleep(Duration::from_millis(50));
         };
-        let mut err = String::new();
-        std::io::Read::read_to_string(k.stderr.as_mut().unwrap(), &mut err).unwrap();
+        let err = reader.join().unwrap();
         assert!(
             !status.success(),
             "rank {r} succeeded after rank 1 died: {err}"
