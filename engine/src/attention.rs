@@ -18,17 +18,106 @@
 //! it was batched with.
 
 use candle_core::{Device, Tensor};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use crate::adapter::dot;
 use crate::error::Result;
 
 /// One sequence's keys and values for one block, position-major: `[position][kv_head][dim]`.
+///
+/// Held at f16, as llama.cpp holds its cache and as placement sizes it (2 bytes a value): a
+/// decode step reads every position's keys and values, so at f32 eight sequences of a hundred
+/// positions read a third as many bytes of cache as SmolLM2's weights. A cache started while
+/// the process routes everything through candle ([`crate::use_candle_kernels`]) holds f32, so
+/// that the engine still equals candle's reference model there.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct HostKv {
-    keys: Vec<f32>,
-    values: Vec<f32>,
-    /// Floats per position (`kv_heads * head_dim`); 0 until the first append.
+    keys: Rows,
+    values: Rows,
+    /// Values per position (`kv_heads * head_dim`); 0 until the first append.
     stride: usize,
+}
+
+/// A cache's numbers, in the precision it was started with.
+#[derive(Debug, Clone)]
+enum Rows {
+    Half(Vec<f16>),
+    Full(Vec<f32>),
+}
+
+impl Default for Rows {
+    fn default() -> Self {
+        Rows::Half(Vec::new())
+    }
+}
+
+impl Rows {
+    fn empty(full: bool) -> Self {
+        if full {
+            Rows::Full(Vec::new())
+        } else {
+            Rows::Half(Vec::new())
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Rows::Half(v) => v.len(),
+            Rows::Full(v) => v.len(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn append(&mut self, src: &[f32], stride: usize) {
+        match self {
+            Rows::Half(v) => {
+                grow(v, src.len(), stride);
+                let at = v.len();
+                v.resize(at + src.len(), f16::ZERO);
+                v[at..].convert_from_f32_slice(src);
+            }
+            Rows::Full(v) => {
+                grow(v, src.len(), stride);
+                v.extend_from_slice(src);
+            }
+        }
+    }
+
+    fn prefix(&self, n: usize) -> Rows {
+        match self {
+            Rows::Half(v) => Rows::Half(v[..n.min(v.len())].to_vec()),
+            Rows::Full(v) => Rows::Full(v[..n.min(v.len())].to_vec()),
+        }
+    }
+
+    fn to_f32(&self) -> std::borrow::Cow<'_, [f32]> {
+        match self {
+            Rows::Half(v) => {
+                let mut out = vec![0f32; v.len()];
+                v.convert_to_f32_slice(&mut out);
+                out.into()
+            }
+            Rows::Full(v) => v.as_slice().into(),
+        }
+    }
+
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        match self {
+            Rows::Half(v) => v.capacity(),
+            Rows::Full(v) => v.capacity(),
+        }
+    }
+}
+
+/// A cache's keys and values as the attention loops read them.
+pub(crate) enum KvView<'a> {
+    Half(&'a [f16], &'a [f16]),
+    Full(&'a [f32], &'a [f32]),
 }
 
 impl HostKv {
@@ -39,31 +128,48 @@ impl HostKv {
 
     /// Appends `keys` and `values` of whole positions, `stride` floats each.
     pub(crate) fn append(&mut self, keys: &[f32], values: &[f32], stride: usize) {
+        let full = crate::qgemm::candle_kernels_only();
+        self.append_in(keys, values, stride, full);
+    }
+
+    /// [`HostKv::append`], an empty cache starting in f32 if `full`, f16 otherwise.
+    fn append_in(&mut self, keys: &[f32], values: &[f32], stride: usize, full: bool) {
         debug_assert_eq!(keys.len(), values.len());
         debug_assert!(self.stride == 0 || self.stride == stride);
+        if self.keys.is_empty() {
+            (self.keys, self.values) = (Rows::empty(full), Rows::empty(full));
+        }
         self.stride = stride;
-        grow(&mut self.keys, keys.len(), stride);
-        grow(&mut self.values, values.len(), stride);
-        self.keys.extend_from_slice(keys);
-        self.values.extend_from_slice(values);
+        self.keys.append(keys, stride);
+        self.values.append(values, stride);
     }
 
     /// The first `len` positions (a shared prefix).
     pub(crate) fn prefix(&self, len: usize) -> HostKv {
-        let n = (len * self.stride).min(self.keys.len());
+        let n = len * self.stride;
         HostKv {
-            keys: self.keys[..n].to_vec(),
-            values: self.values[..n].to_vec(),
+            keys: self.keys.prefix(n),
+            values: self.values.prefix(n),
             stride: self.stride,
         }
     }
 
-    /// Keys and values as tensors `[1, kv_heads, positions, head_dim]` (for candle's ops).
+    /// Keys and values, each `[position][kv_head][dim]`.
+    pub(crate) fn view(&self) -> KvView<'_> {
+        match (&self.keys, &self.values) {
+            (Rows::Half(k), Rows::Half(v)) => KvView::Half(k, v),
+            (Rows::Full(k), Rows::Full(v)) => KvView::Full(k, v),
+            // `append` starts both alike.
+            _ => unreachable!("a cache's keys and values are held alike"),
+        }
+    }
+
+    /// Keys and values as f32 tensors `[1, kv_heads, positions, head_dim]` (for candle's ops).
     pub(crate) fn tensors(&self, head_dim: usize, device: &Device) -> Result<(Tensor, Tensor)> {
         let kv_heads = self.stride / head_dim.max(1);
         let shape = (1, self.len(), kv_heads, head_dim);
-        let k = Tensor::from_slice(&self.keys, shape, device)?.transpose(1, 2)?;
-        let v = Tensor::from_slice(&self.values, shape, device)?.transpose(1, 2)?;
+        let k = Tensor::from_slice(&self.keys.to_f32(), shape, device)?.transpose(1, 2)?;
+        let v = Tensor::from_slice(&self.values.to_f32(), shape, device)?.transpose(1, 2)?;
         Ok((k.contiguous()?, v.contiguous()?))
     }
 }
@@ -71,10 +177,10 @@ impl HostKv {
 /// Positions a cache grows by at least when it is full.
 const GROW_POSITIONS: usize = 64;
 
-/// Makes room for `more` floats: by an eighth of what is held, at least [`GROW_POSITIONS`]
+/// Makes room for `more` values: by an eighth of what is held, at least [`GROW_POSITIONS`]
 /// positions, rather than `Vec`'s doubling — a cache may then hold up to about 1/8 more than
 /// its positions need, not twice (the stage's KV accounting counts positions).
-fn grow(v: &mut Vec<f32>, more: usize, stride: usize) {
+fn grow<T>(v: &mut Vec<T>, more: usize, stride: usize) {
     let need = v.len() + more;
     if need > v.capacity() {
         let step = (v.len() / 8).max(GROW_POSITIONS * stride);
@@ -184,21 +290,42 @@ impl Shape {
 type Scratch = (Vec<f32>, Vec<f32>);
 
 /// One (sequence, head) item: every row of the job for query head `head`.
-fn head_attention(job: &Job<'_>, head: usize, shape: &Shape, (scores, acc): &mut Scratch) {
+fn head_attention(job: &Job<'_>, head: usize, shape: &Shape, scratch: &mut Scratch) {
+    match job.cache.view() {
+        KvView::Half(keys, values) => head_rows(job, keys, values, head, shape, scratch),
+        KvView::Full(keys, values) => head_rows(job, keys, values, head, shape, scratch),
+    }
+}
+
+/// [`head_attention`] over a cache of `T`s.
+fn head_rows<T: Copy>(
+    job: &Job<'_>,
+    keys: &[T],
+    values: &[T],
+    head: usize,
+    shape: &Shape,
+    (scores, acc): &mut Scratch,
+) where
+    f32: From<T>,
+{
     let (head_dim, out) = (shape.head_dim, shape.out);
     let width = shape.width();
     let scale = 1.0 / (head_dim as f32).sqrt();
     let kv_head = shape.kv_head(head);
     let stride = job.cache.stride;
     let job_rows = job.queries.len() / width;
+    let mut k = vec![0f32; head_dim];
     for r in 0..job_rows {
         let q = &job.queries[r * width + head * head_dim..][..head_dim];
         // Positions 0..=pos + r: everything before this row and itself.
         let seen = job.pos + r + 1;
         scores.clear();
         scores.extend((0..seen).map(|t| {
-            let k = &job.cache.keys[t * stride + kv_head * head_dim..][..head_dim];
-            dot(q, k) * scale
+            let row = &keys[t * stride + kv_head * head_dim..][..head_dim];
+            for (k, &x) in k.iter_mut().zip(row) {
+                *k = f32::from(x);
+            }
+            dot(q, &k) * scale
         }));
         let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
         let mut total = 0f32;
@@ -211,9 +338,9 @@ fn head_attention(job: &Job<'_>, head: usize, shape: &Shape, (scores, acc): &mut
         }
         acc.fill(0.0);
         for (t, &p) in scores.iter().enumerate() {
-            let v = &job.cache.values[t * stride + kv_head * head_dim..][..head_dim];
+            let v = &values[t * stride + kv_head * head_dim..][..head_dim];
             for (a, &v) in acc.iter_mut().zip(v) {
-                *a += p * v;
+                *a += p * f32::from(v);
             }
         }
         let at = (job.out_row + r) * width + head * head_dim;
@@ -313,7 +440,10 @@ mod tests {
             values(len * stride, 2),
             values(len * stride, 3),
         );
-        let want = reference(&q, &k, &v, 0, heads, kv, d);
+        // The cache holds keys and values at f16: the reference reads them as rounded.
+        let half =
+            |x: &[f32]| -> Vec<f32> { x.iter().map(|&x| f16::from_f32(x).to_f32()).collect() };
+        let want = reference(&q, &half(&k), &half(&v), 0, heads, kv, d);
 
         // All rows at once.
         let mut cache = HostKv::default();
@@ -362,6 +492,39 @@ mod tests {
         assert_eq!(chunked, whole);
         assert_eq!(cache.len(), len);
         assert_eq!(cache.prefix(4).len(), 4);
+    }
+
+    /// A cache holds f16 (half the bytes, as placement sizes it) unless it was started while
+    /// everything runs through candle, when it holds f32 to equal candle's reference model
+    /// (and keeps it); its tensors give back what the attention loops read.
+    #[test]
+    fn a_cache_holds_f16_unless_started_for_candle_s_ops() {
+        let (k, v) = (values(2 * 8, 5), values(2 * 8, 6));
+        let mut half = HostKv::default();
+        half.append(&k, &v, 8);
+        let KvView::Half(hk, _) = half.view() else {
+            panic!("a cache holds f16 by default");
+        };
+        let read: Vec<f32> = hk.iter().map(|x| x.to_f32()).collect();
+        let (tk, _) = half.tensors(4, &Device::Cpu).expect("tensors");
+        // [1, kv_heads, positions, head_dim] from [position][kv_head][dim].
+        let tk = tk
+            .transpose(1, 2)
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<f32>());
+        assert_eq!(tk.expect("to_vec"), read);
+        assert_ne!(read, k, "these values are not all exact at f16");
+
+        let mut full = HostKv::default();
+        full.append_in(&k, &v, 8, true);
+        let KvView::Full(fk, fv) = full.view() else {
+            panic!("a cache started for candle's ops holds f32");
+        };
+        assert_eq!((fk, fv), (k.as_slice(), v.as_slice()));
+        // Appending later keeps the precision it started with.
+        full.append_in(&k[..8], &v[..8], 8, false);
+        assert!(matches!(full.view(), KvView::Full(..)));
+        assert_eq!(full.len(), 3);
     }
 
     #[test]

@@ -297,10 +297,12 @@ impl Shard {
     }
 
     /// Bytes of KV cache one position of one sequence takes in this shard (keys and values,
-    /// f32, every block; a tensor-parallel rank's own KV heads only).
+    /// every block; a tensor-parallel rank's own KV heads only): f16 on the CPU, as placement
+    /// sizes it, f32 on other devices.
     pub fn kv_bytes_per_position(&self) -> u64 {
         let kv_heads: usize = self.blocks.iter().map(|b| b.kv_heads).sum();
-        (2 * kv_heads * self.config.head_dim * 4) as u64
+        let value_bytes = if self.device.is_cpu() { 2 } else { 4 };
+        (2 * kv_heads * self.config.head_dim * value_bytes) as u64
     }
 
     /// This shard's rank in its tensor-parallel group, if it is one ([`crate::tp`]).

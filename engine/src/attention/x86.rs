@@ -11,7 +11,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{Job, Scratch, Shape};
+use half::f16;
+
+use super::{Job, KvView, Scratch, Shape};
 
 /// Whether this CPU runs [`head`] and the head size is one it is built for.
 pub(super) fn covers(head_dim: usize) -> bool {
@@ -26,17 +28,46 @@ pub(super) fn covers(head_dim: usize) -> bool {
 pub(super) fn head(job: &Job<'_>, head: usize, shape: &Shape, scratch: &mut Scratch) {
     // SAFETY: `covers` checked the CPU's features and the head size.
     unsafe {
-        match shape.head_dim {
-            64 => head_v::<4>(job, head, shape, scratch),
-            _ => head_v::<8>(job, head, shape, scratch),
+        match (shape.head_dim, job.cache.view()) {
+            (64, KvView::Half(k, v)) => head_v::<4, f16>(job, k, v, head, shape, scratch),
+            (64, KvView::Full(k, v)) => head_v::<4, f32>(job, k, v, head, shape, scratch),
+            (_, KvView::Half(k, v)) => head_v::<8, f16>(job, k, v, head, shape, scratch),
+            (_, KvView::Full(k, v)) => head_v::<8, f32>(job, k, v, head, shape, scratch),
         }
+    }
+}
+
+/// A cache element type the loop reads 16 of at a time.
+trait Element: Copy {
+    /// f16, converted on load (exactly), rather than f32.
+    const HALF: bool;
+}
+
+impl Element for f32 {
+    const HALF: bool = false;
+}
+
+impl Element for f16 {
+    const HALF: bool = true;
+}
+
+/// The 16 values at `p` as f32.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load<T: Element>(p: *const T) -> __m512 {
+    if T::HALF {
+        _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p.cast()) })
+    } else {
+        unsafe { _mm512_loadu_ps(p.cast()) }
     }
 }
 
 /// [`head`] for a head of `V` registers of 16 floats.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
-unsafe fn head_v<const V: usize>(
+unsafe fn head_v<const V: usize, T: Element>(
     job: &Job<'_>,
+    keys: &[T],
+    values: &[T],
     head: usize,
     shape: &Shape,
     (scores, _): &mut Scratch,
@@ -48,8 +79,8 @@ unsafe fn head_v<const V: usize>(
     let kv_head = shape.kv_head(head);
     let stride = job.cache.stride;
     let job_rows = job.queries.len() / width;
-    let keys = job.cache.keys.as_ptr();
-    let values = job.cache.values.as_ptr();
+    let (key_count, value_count) = (keys.len(), values.len());
+    let (keys, values) = (keys.as_ptr(), values.as_ptr());
     for r in 0..job_rows {
         let q_at = r * width + head * head_dim;
         assert!(q_at + head_dim <= job.queries.len());
@@ -59,7 +90,7 @@ unsafe fn head_v<const V: usize>(
         });
         // Positions 0..=pos + r: everything before this row and itself.
         let seen = job.pos + r + 1;
-        assert!(seen * stride <= job.cache.keys.len() && seen * stride <= job.cache.values.len());
+        assert!(seen * stride <= key_count && seen * stride <= value_count);
         assert!(kv_head * head_dim + head_dim <= stride);
         scores.clear();
         scores.resize(seen.next_multiple_of(16), 0.0);
@@ -70,9 +101,9 @@ unsafe fn head_v<const V: usize>(
             for (j, p) in products.iter_mut().enumerate().take(n) {
                 // SAFETY: position t0 + j < seen, whose keys the assertion above bounds.
                 let k = unsafe { keys.add((t0 + j) * stride + kv_head * head_dim) };
-                let mut s = _mm512_mul_ps(q[0], unsafe { _mm512_loadu_ps(k) });
+                let mut s = _mm512_mul_ps(q[0], unsafe { load(k) });
                 for (v, q) in q.iter().enumerate().skip(1) {
-                    s = _mm512_fmadd_ps(*q, unsafe { _mm512_loadu_ps(k.add(16 * v)) }, s);
+                    s = _mm512_fmadd_ps(*q, unsafe { load(k.add(16 * v)) }, s);
                 }
                 *p = s;
             }
@@ -97,7 +128,7 @@ unsafe fn head_v<const V: usize>(
             let v_row = unsafe { values.add(t * stride + kv_head * head_dim) };
             let chain = &mut acc[t % 2];
             for (v, a) in chain.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(p, unsafe { _mm512_loadu_ps(v_row.add(16 * v)) }, *a);
+                *a = _mm512_fmadd_ps(p, unsafe { load(v_row.add(16 * v)) }, *a);
             }
         }
         let at = (job.out_row + r) * width + head * head_dim;
