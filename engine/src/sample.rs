@@ -40,15 +40,27 @@ pub struct Sampler {
 
 /// Index of the largest value; ties (and NaN-free equal maxima) go to the lowest index.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_v {
-            best = i;
-            best_v = v;
+    // Two passes the compiler vectorises (lane-wise maxima, then the first index holding the
+    // maximum) instead of one with a branch per value: a batch of 8 over a 49,152-token
+    // vocabulary spent ~2 % of a decode step here, on the thread the kernels' workers wait for.
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (m, &v) in lanes.iter_mut().zip(chunk) {
+            // NaN compares false, so it never becomes the maximum.
+            *m = if v > *m { v } else { *m };
         }
     }
-    best as u32
+    let max = lanes
+        .iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    if max == f32::NEG_INFINITY {
+        return 0;
+    }
+    logits.iter().position(|&v| v == max).unwrap_or(0) as u32
 }
 
 impl Sampler {
@@ -197,6 +209,45 @@ impl StopMatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first index of the greatest value, one branch per value (what `argmax` computes).
+    fn argmax_scalar(logits: &[f32]) -> u32 {
+        let (mut best, mut best_v) = (0, f32::NEG_INFINITY);
+        for (i, &v) in logits.iter().enumerate() {
+            if v > best_v {
+                (best, best_v) = (i, v);
+            }
+        }
+        best as u32
+    }
+
+    #[test]
+    fn argmax_is_the_first_greatest_value_whatever_the_length() {
+        let mut cases: Vec<Vec<f32>> = vec![
+            vec![],
+            vec![f32::NAN; 40],
+            vec![f32::NEG_INFINITY; 33],
+            vec![f32::NAN, f32::NEG_INFINITY, 1.0],
+            vec![-0.0, 0.0],
+            vec![0.0, -0.0],
+        ];
+        for len in [1, 15, 16, 17, 31, 32, 100, 49152] {
+            let v: Vec<f32> = (0..len)
+                .map(|i| ((i * 7919 + len) % 613) as f32 / 61.0 - 5.0)
+                .collect();
+            // The greatest value twice (a tie), a NaN before it, an infinity after a copy.
+            let mut tied = v.clone();
+            tied[len / 3] = 50.0;
+            tied[len - 1] = 50.0;
+            tied[len / 5] = f32::NAN;
+            let mut infinite = v.clone();
+            infinite[len / 2] = f32::INFINITY;
+            cases.extend([v, tied, infinite]);
+        }
+        for (n, c) in cases.iter().enumerate() {
+            assert_eq!(argmax(c), argmax_scalar(c), "case {n}: {} values", c.len());
+        }
+    }
 
     #[test]
     fn greedy_ties_lowest() {

@@ -121,7 +121,12 @@ pub(super) fn matmul_many(
             wide && format == Format::Q8_0,
         )
     };
-    let mut outs: Vec<Vec<f32>> = parts.iter().map(|&(_, n)| vec![0f32; rows * n]).collect();
+    // Not zeroed: the kernels write every element (a batch's logits are 1.5 MB that memset
+    // would fill on the thread the workers wait for); the lengths are set once they have.
+    let mut outs: Vec<Vec<f32>> = parts
+        .iter()
+        .map(|&(_, n)| Vec::with_capacity(rows * n))
+        .collect();
     let out_addrs: Vec<usize> = outs.iter_mut().map(|o| o.as_mut_ptr() as usize).collect();
     let tile = |part: usize| Tile {
         weights: parts[part].0,
@@ -146,25 +151,26 @@ pub(super) fn matmul_many(
             })
             .collect();
         candle_core::utils::barrier_pool().execute_chunked(items.len(), |range| {
-            let mut packed = lanes::Packed::new();
-            for (part, cols) in &items[range] {
-                let t = tile(*part);
-                // SAFETY: the features were checked; each column of each output is written
-                // by exactly one work item, and the outputs outlive the pool call, which
-                // returns when all items are done.
-                unsafe {
-                    match (format, cols.len() == lanes::LANES) {
-                        (Format::Q4_1, true) => {
-                            lanes::group::<Q4_1>(&t, rows, cols.start, &mut packed)
+            lanes::with_scratch(|packed| {
+                for (part, cols) in &items[range] {
+                    let t = tile(*part);
+                    // SAFETY: the features were checked; each column of each output is written
+                    // by exactly one work item, and the outputs outlive the pool call, which
+                    // returns when all items are done.
+                    unsafe {
+                        match (format, cols.len() == lanes::LANES) {
+                            (Format::Q4_1, true) => {
+                                lanes::group::<Q4_1>(&t, rows, cols.start, packed)
+                            }
+                            (Format::Q8_0, true) => {
+                                lanes::group::<Q8_0>(&t, rows, cols.start, packed)
+                            }
+                            (Format::Q4_1, false) => wide::columns::<Q4_1>(t, rows, cols.clone()),
+                            _ => wide::columns::<Q8_0>(t, rows, cols.clone()),
                         }
-                        (Format::Q8_0, true) => {
-                            lanes::group::<Q8_0>(&t, rows, cols.start, &mut packed)
-                        }
-                        (Format::Q4_1, false) => wide::columns::<Q4_1>(t, rows, cols.clone()),
-                        _ => wide::columns::<Q8_0>(t, rows, cols.clone()),
                     }
                 }
-            }
+            });
         });
     } else {
         let total: usize = parts.iter().map(|&(_, n)| n).sum();
@@ -186,6 +192,12 @@ pub(super) fn matmul_many(
                 first += n;
             }
         });
+    }
+    for (out, &(_, n)) in outs.iter_mut().zip(parts) {
+        // SAFETY: the pool call has returned, and every row's columns 0..n were written by
+        // exactly one work item: the groups of 16 and the last few columns above, or the
+        // column ranges of the AVX2 path, cover 0..n.
+        unsafe { out.set_len(rows * n) };
     }
     parts
         .iter()
