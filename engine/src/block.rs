@@ -218,7 +218,7 @@ impl Block {
         let residual = &x;
         let h = self.ffn_norm.forward(&x)?;
         let [gate, up] = self.linears([Target::Gate, Target::Up], &h)?;
-        let mlp = self.linear(Target::Down, &(candle_nn::ops::silu(&gate)? * up)?)?;
+        let mlp = self.linear(Target::Down, &crate::swiglu::swiglu(&gate, &up)?)?;
         let mlp = reduced(mlp, &mut reduce)?;
         Ok((mlp + residual)?)
     }

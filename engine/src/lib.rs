@@ -22,6 +22,7 @@ pub mod weights;
 
 mod block;
 mod qgemm;
+mod swiglu;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use error::EngineError;

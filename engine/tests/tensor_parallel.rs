@@ -8,7 +8,9 @@
 //! layer's activation quantisation (Q8_0 activations against the Q8_0 weights; SmolLM2's hidden
 //! states have outlier features in the tens of thousands, so a block's step can be large), and
 //! after 30 blocks the logits (spanning about ±30) differ by up to ~1.7 (measured over the 64
-//! steps below, 2 and 3 ranks), mostly a shift common to every logit. The single-process engine
+//! steps below, 2 and 3 ranks), mostly a shift common to every logit; with a random adapter,
+//! which flattens the distribution, up to 1.6, and 3.3 once SwiGLU's `exp` changed in its last
+//! bits (2026-12-07: the same sensitivity, another draw). The single-process engine
 //! is as sensitive: nudging a third of block 0's output by a relative 1e-7 (an ulp) moved its
 //! logits by 0.77-0.91. A wrong split (a head or feature in the wrong place) changes the tokens
 //! and moves logits by far more. So each run is fed the single process's tokens, its logits must
@@ -32,7 +34,7 @@ use tb_engine::{
 
 /// Max abs difference allowed between tensor-parallel and single-process logits (see the
 /// module doc for why it is not f32 rounding).
-const LOGIT_TOLERANCE: f32 = 3.0;
+const LOGIT_TOLERANCE: f32 = 4.0;
 
 /// A greedy choice is compared only when the reference's top two logits are further apart than
 /// this (rounding moves their gap by up to ~0.5; see the adapter test).
