@@ -364,7 +364,7 @@ impl State {
                 (Outcome::Unchanged, Some(cur)) => cur,
                 (Outcome::Created, _) => {
                     let mut obj = step.object;
-                    obj.metadata.uid = derive_uid(index, i);
+                    obj.metadata.uid = derive_uid(&self.cluster_id, index, i);
                     obj.metadata.resource_version = index;
                     obj.metadata.generation = 1;
                     obj.metadata.creation_timestamp = creation_stamp(now);
@@ -571,7 +571,7 @@ impl State {
                 .and_then(Value::as_str)
                 .unwrap_or("cluster");
             obj.metadata.name = format!("{involved}.{:x}", self.event_seq);
-            obj.metadata.uid = derive_uid(index, 0);
+            obj.metadata.uid = derive_uid(&self.cluster_id, index, 0);
             obj.metadata.resource_version = index;
             obj.metadata.generation = 1;
             obj.metadata.creation_timestamp = creation_stamp(now);
@@ -642,7 +642,7 @@ impl State {
                             ChangeKind::Modified
                         }
                         None => {
-                            obj.metadata.uid = derive_uid(index, i);
+                            obj.metadata.uid = derive_uid(&self.cluster_id, index, i);
                             obj.metadata.creation_timestamp = creation_stamp(now);
                             obj.metadata.generation = 1;
                             ChangeKind::Added
@@ -713,7 +713,7 @@ impl State {
                 obj.spec = cur.spec.clone();
             }
             None => {
-                obj.metadata.uid = derive_uid(index, 0);
+                obj.metadata.uid = derive_uid(&self.cluster_id, index, 0);
                 obj.metadata.creation_timestamp = creation_stamp(now);
                 obj.metadata.generation = 1;
             }
@@ -806,10 +806,23 @@ fn same_desired_state(current: &Object, desired: &Object) -> bool {
         && ours(current) == ours(desired)
 }
 
-/// A uid unique per object and identical on every member: log index and position in the entry.
-fn derive_uid(index: u64, position: usize) -> String {
-    // Mix so uids of neighbouring writes do not look alike; splitmix64 is enough for that.
-    let mut z = index
+/// A uid unique per object and identical on every member: log index and position in the
+/// entry, salted with the cluster's id. Without the salt two clusters that took the same
+/// writes (two local clusters on one machine, a cluster formed again) gave their objects the
+/// same uids, and a nodelet names its allocations' cgroups by uid: one cluster's nodelet then
+/// killed the other's ranks when its own allocation ended. Clusters formed before they had ids
+/// (an empty id) keep the unsalted uids.
+fn derive_uid(cluster_id: &str, index: u64, position: usize) -> String {
+    // FNV-1a of the id; then mix so uids of neighbouring writes do not look alike (splitmix64
+    // is enough for that).
+    let salt = if cluster_id.is_empty() {
+        0
+    } else {
+        cluster_id.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3)
+        })
+    };
+    let mut z = (index ^ salt)
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
         .wrapping_add(position as u64);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -905,6 +918,46 @@ mod tests {
         };
         assert_eq!(results[0].object.metadata.generation, 2);
         assert_eq!(results[0].object.metadata.resource_version, 8);
+    }
+
+    /// Two clusters that take the same writes give their objects different uids (a nodelet
+    /// names its allocations' cgroups by uid, so equal uids on one machine let one cluster's
+    /// nodelet kill the other's ranks); within a cluster they stay unique and identical on
+    /// every member; a cluster without an id keeps the unsalted uids it always had.
+    #[test]
+    fn uids_differ_between_clusters_that_took_the_same_writes() {
+        let uid_in = |cluster_id: &str, index: u64| {
+            let mut s = State {
+                cluster_id: cluster_id.into(),
+                ..State::default()
+            };
+            let objects = vec![
+                obj("Model", "m", json!({"layers": 1})),
+                obj("Model", "n", json!({"layers": 1})),
+            ];
+            let (r, _) = s.apply(index, &cmd("a", apply(objects)));
+            let Response::Applied { results, .. } = r else {
+                panic!("{r:?}")
+            };
+            (
+                results[0].object.metadata.uid.clone(),
+                results[1].object.metadata.uid.clone(),
+            )
+        };
+        let (a, a2) = uid_in("5f0c1d9e-cluster-a", 9);
+        let (b, _) = uid_in("0b7e44aa-cluster-b", 9);
+        assert_ne!(a, b, "two clusters, the same write");
+        assert_ne!(a, a2, "two objects of one entry");
+        assert_eq!(
+            uid_in("5f0c1d9e-cluster-a", 9).0,
+            a,
+            "every member derives the same"
+        );
+        assert_eq!(uid_in("", 9).0, derive_uid("", 9, 0));
+        assert!(
+            a.ends_with("-000000000009"),
+            "{a}: the index stays readable"
+        );
     }
 
     #[test]
