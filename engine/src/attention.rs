@@ -48,7 +48,7 @@ enum Rows {
 
 impl Default for Rows {
     fn default() -> Self {
-        Rows::Half(Vec::new())
+        Rows::empty(false)
     }
 }
 
@@ -248,7 +248,7 @@ pub(crate) fn attend(
     #[cfg(target_arch = "x86_64")]
     let wide = x86::covers(head_dim);
     candle_core::utils::barrier_pool().execute_chunked(jobs.len() * heads, |items| {
-        let mut scratch = (Vec::new(), vec![0f32; head_dim]);
+        let mut scratch = (Vec::new(), vec![0f32; head_dim], vec![0f32; head_dim]);
         for item in items {
             let (job, head) = (&jobs[item / heads], item % heads);
             #[cfg(target_arch = "x86_64")]
@@ -286,8 +286,8 @@ impl Shape {
     }
 }
 
-/// Scores and the weighted sum of values, reused across one worker's items.
-type Scratch = (Vec<f32>, Vec<f32>);
+/// Scores, the weighted sum of values and one key row as f32, reused across one worker's items.
+type Scratch = (Vec<f32>, Vec<f32>, Vec<f32>);
 
 /// One (sequence, head) item: every row of the job for query head `head`.
 fn head_attention(job: &Job<'_>, head: usize, shape: &Shape, scratch: &mut Scratch) {
@@ -304,7 +304,7 @@ fn head_rows<T: Copy>(
     values: &[T],
     head: usize,
     shape: &Shape,
-    (scores, acc): &mut Scratch,
+    (scores, acc, k): &mut Scratch,
 ) where
     f32: From<T>,
 {
@@ -314,7 +314,6 @@ fn head_rows<T: Copy>(
     let kv_head = shape.kv_head(head);
     let stride = job.cache.stride;
     let job_rows = job.queries.len() / width;
-    let mut k = vec![0f32; head_dim];
     for r in 0..job_rows {
         let q = &job.queries[r * width + head * head_dim..][..head_dim];
         // Positions 0..=pos + r: everything before this row and itself.
@@ -325,7 +324,7 @@ fn head_rows<T: Copy>(
             for (k, &x) in k.iter_mut().zip(row) {
                 *k = f32::from(x);
             }
-            dot(q, &k) * scale
+            dot(q, k) * scale
         }));
         let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
         let mut total = 0f32;

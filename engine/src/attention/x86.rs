@@ -70,7 +70,7 @@ unsafe fn head_v<const V: usize, T: Element>(
     values: &[T],
     head: usize,
     shape: &Shape,
-    (scores, _): &mut Scratch,
+    (scores, _, _): &mut Scratch,
 ) {
     let (head_dim, out) = (shape.head_dim, shape.out);
     debug_assert_eq!(head_dim, 16 * V);
