@@ -4,13 +4,15 @@
 //! whose next input is ready run as ONE batched step ([`Op::Batch`]: one forward pass per stage,
 //! every weight applied once to all their rows), sequences join and leave between steps. The
 //! active sequences are split into as many micro-batches as there are stages, so that while one
-//! is in the later stages rank 0 already runs the next and every stage keeps working.
+//! is in the later stages rank 0 already runs the next and every stage keeps working; never
+//! more micro-batches than stages ([`micro_batches`]).
 //!
 //! Prompts are prefilled in chunks that ride in a batch with the other sequences' decode steps:
 //! at most [`PREFILL_CHUNK`] tokens of one prompt and [`Driver::prefill_per_step`] in all per
-//! step (oldest request first), so neither one long prompt nor many joining at once stall the
-//! running decodes for more than that much work; then one token per step. Generation ends at an end-of-sequence token, a stop string, `max_tokens` or the
-//! context length.
+//! step (the sequence that has waited longest first: a new request, then the oldest), so
+//! neither one long prompt nor many joining at once stall the running decodes for more than
+//! that much work; then one token per step. Generation ends at an end-of-sequence token, a stop
+//! string, `max_tokens` or the context length.
 //!
 //! An idle pipeline is checked: after [`PING_IDLE_EVERY`] without a request, rank 0 sends an
 //! [`Op::Ping`] round the stages and waits [`PING_TIMEOUT`] for it to come back. A link cut
@@ -22,7 +24,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tb_engine::generate::FinishReason;
 use tb_engine::sample::{Sampler, SamplingParams, StopMatcher};
@@ -99,7 +101,12 @@ struct Active {
     /// Tokens still to run: the rest of the prompt, or the last sampled token.
     input: Option<Vec<u32>>,
     pos: usize,
-    in_flight: bool,
+    /// The micro-batch it rides in while a step of it is in the later stages (named by the
+    /// batch's first sequence).
+    in_flight: Option<u64>,
+    /// When its last step started (None: not yet): the sequences that have waited longest
+    /// go first when not all of the ready ones fit the steps that can start.
+    launched: Option<Instant>,
     /// Only when rank 0 is also the last stage.
     sampler: Option<Sampler>,
     params: SamplingParams,
@@ -140,6 +147,28 @@ pub struct Driver {
     /// Prompt tokens one step prefills at most, across its sequences ([`PREFILL_PER_STEP`]
     /// by default; at least 1).
     pub prefill_per_step: usize,
+}
+
+/// The micro-batches to start now from the `ready` sequences (in arrival order), with
+/// `active` sequences in all and `in_flight` micro-batches in the later stages of a pipeline
+/// of `stages`: batches of an equal share of the active sequences, at most one per stage in
+/// flight. A sequence that is ready while every stage has a batch waits for the next answer
+/// and joins that batch: a further batch would only queue behind the others and make every
+/// sequence's round trip one stage longer, for as long as the batches stayed apart (they
+/// never merge on their own).
+fn micro_batches(ready: &[u64], active: usize, in_flight: usize, stages: usize) -> Vec<&[u64]> {
+    let size = active.div_ceil(stages.max(1)).clamp(1, MAX_BATCH_ENTRIES);
+    ready
+        .chunks(size)
+        .take(stages.max(1).saturating_sub(in_flight))
+        .collect()
+}
+
+/// How many micro-batches are in the later stages.
+fn groups_in_flight(active: &BTreeMap<u64, Active>) -> usize {
+    let groups: std::collections::BTreeSet<u64> =
+        active.values().filter_map(|a| a.in_flight).collect();
+    groups.len()
 }
 
 /// Why the pipeline stopped.
@@ -323,7 +352,7 @@ impl Driver {
             // Requests whose client went away: forget them between steps.
             let gone: Vec<u64> = active
                 .iter()
-                .filter(|(_, a)| !a.in_flight && a.events.is_closed())
+                .filter(|(_, a)| a.in_flight.is_none() && a.events.is_closed())
                 .map(|(s, _)| *s)
                 .collect();
             let mut broken = None;
@@ -339,15 +368,16 @@ impl Driver {
             }
             // Start the sequences that have their input, in micro-batches: as many as there
             // are stages, so that every stage has one to work on.
-            let ready: Vec<u64> = active
+            let mut ready: Vec<(Option<Instant>, u64)> = active
                 .iter()
-                .filter(|(_, a)| !a.in_flight && a.input.is_some())
-                .map(|(s, _)| *s)
+                .filter(|(_, a)| a.in_flight.is_none() && a.input.is_some())
+                .map(|(s, a)| (a.launched, *s))
                 .collect();
+            ready.sort_unstable();
+            let ready: Vec<u64> = ready.into_iter().map(|(_, s)| s).collect();
             let stages = self.comm.as_ref().map_or(1, |c| c.world());
-            let group = active.len().div_ceil(stages).clamp(1, MAX_BATCH_ENTRIES);
             let mut broken = None;
-            for seqs in ready.chunks(group) {
+            for seqs in micro_batches(&ready, active.len(), groups_in_flight(&active), stages) {
                 if let Err(e) = self.launch(seqs, &mut active, &mut in_flight) {
                     broken = Some(e);
                     break;
@@ -440,7 +470,8 @@ impl Driver {
             prompt_tokens: prompt.len(),
             input: Some(prompt),
             pos: 0,
-            in_flight: false,
+            in_flight: None,
+            launched: None,
             sampler: self.comm.is_none().then(|| Sampler::new(&params)),
             decoder: self.tokenizer.decoder(),
             stops: StopMatcher::new(&params.stop),
@@ -489,12 +520,12 @@ impl Driver {
                     "rank {last} answered for unknown sequence {seq}"
                 )));
             };
-            if !a.in_flight {
+            if a.in_flight.is_none() {
                 return Err(PipelineError::Own(format!(
                     "rank {last} answered for sequence {seq}, which has no step in flight"
                 )));
             }
-            a.in_flight = false;
+            a.in_flight = None;
             *in_flight -= 1;
             match answer {
                 // A prefill chunk that is not the prompt's last: the rest is in `input`.
@@ -526,8 +557,9 @@ impl Driver {
     ) -> Result<(), PipelineError> {
         let mut items = Vec::with_capacity(seqs.len());
         let mut entries = Vec::with_capacity(seqs.len());
-        // `seqs` is in arrival order: the oldest prompt gets the budget first.
+        // `seqs` is in waiting order: the oldest prompt gets the budget first.
         let mut prompt_budget = self.prefill_per_step.max(1);
+        let now = Instant::now();
         for &seq in seqs {
             let Some(a) = active.get_mut(&seq) else {
                 continue;
@@ -549,6 +581,7 @@ impl Driver {
             }
             let (pos, n) = (a.pos, input.len());
             a.pos += n;
+            a.launched = Some(now);
             entries.push(BatchEntry::new(seq, pos, n, a.input.is_none(), &a.params));
             items.push(BatchItem {
                 seq,
@@ -626,9 +659,10 @@ impl Driver {
         if passed.is_empty() {
             return Ok(());
         }
+        let group = passed[0].seq;
         for e in &passed {
             if let Some(a) = active.get_mut(&e.seq) {
-                a.in_flight = true;
+                a.in_flight = Some(group);
                 *in_flight += 1;
             }
         }
@@ -736,5 +770,49 @@ impl Driver {
             }
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lone_stage_runs_every_ready_sequence_in_one_batch() {
+        let ready: Vec<u64> = (1..=8).collect();
+        assert_eq!(micro_batches(&ready, 8, 0, 1), vec![&ready[..]]);
+    }
+
+    #[test]
+    fn a_pipeline_gets_one_equal_batch_per_stage() {
+        let ready: Vec<u64> = (1..=8).collect();
+        assert_eq!(
+            micro_batches(&ready, 8, 0, 2),
+            vec![&ready[..4], &ready[4..]]
+        );
+        assert_eq!(
+            micro_batches(&ready[..7], 7, 0, 3),
+            vec![&ready[..3], &ready[3..6], &ready[6..7]]
+        );
+    }
+
+    #[test]
+    fn no_more_batches_are_started_than_stages_are_free() {
+        // One request ran alone; seven joined while it was in flight: one batch of four
+        // starts, the other three wait to ride with the first one when it comes back.
+        let ready: Vec<u64> = (2..=8).collect();
+        assert_eq!(micro_batches(&ready, 8, 1, 2), vec![&ready[..4]]);
+        assert!(micro_batches(&ready, 8, 2, 2).is_empty());
+        // Back from the later stages, the first sequence and the three that waited.
+        let ready = [1, 6, 7, 8];
+        assert_eq!(micro_batches(&ready, 8, 1, 2), vec![&ready[..]]);
+    }
+
+    #[test]
+    fn a_batch_is_no_larger_than_a_step_can_carry() {
+        let ready: Vec<u64> = (0..(3 * MAX_BATCH_ENTRIES as u64)).collect();
+        let batches = micro_batches(&ready, ready.len(), 0, 1);
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].len(), MAX_BATCH_ENTRIES);
     }
 }
