@@ -428,6 +428,10 @@ pub struct EngineFigures {
     pub weight_gbs: f64,
     /// Time per token beyond reading the weights, µs.
     pub token_overhead_us: f64,
+    /// CPU threads the engine ran with: the nodelet's `--engine-threads` (its share of a
+    /// machine that several nodelets share), else every core. Absent: not said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
     /// When it was measured.
     #[serde(
         default,

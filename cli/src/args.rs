@@ -615,6 +615,11 @@ pub struct UpArgs {
     /// services' endpoints (up to 100 each, at least 8).
     #[arg(long, value_name = "START-END", conflicts_with = "port", value_parser = crate::portplan::parse_port_range)]
     pub port_range: Option<crate::portplan::PortRange>,
+    /// CPU threads each nodelet gives a built-in rank (its `--engine-threads`). Default: the
+    /// machine's cores shared among the nodelets (at least 1 each), so that ranks placed side
+    /// by side on this one machine do not run more threads than it has cores.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub engine_threads: Option<u32>,
 }
 
 #[derive(Debug, Args)]

@@ -107,6 +107,12 @@ struct Args {
     /// predicts tokens/s from this Mac's own figures rather than its chip's
     #[arg(long, env = "TB_ENGINE_CALIBRATION", value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
     engine_calibration: String,
+    /// CPU threads each of tb's built-in ranks (model shards, fine-tunes) and the engine's
+    /// measurement run with, unless a rank's spec sets RAYON_NUM_THREADS in its env. Default:
+    /// every core. Nodelets that share one machine (`tbctl up`) each take a share, so that
+    /// ranks placed side by side do not run more threads than there are cores.
+    #[arg(long, env = "TB_ENGINE_THREADS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    engine_threads: Option<u32>,
 }
 
 fn parse_run_as(s: &str) -> Result<(String, String), String> {
@@ -224,6 +230,7 @@ async fn main() -> anyhow::Result<()> {
         job_disk_limit: args.job_disk_limit.bytes(),
         python: args.python,
         engine_calibration: args.engine_calibration == "on",
+        engine_threads: args.engine_threads,
         protocol_version: args
             .test_protocol_version
             .unwrap_or(tb_api::version::PROTOCOL),

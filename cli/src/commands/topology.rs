@@ -106,13 +106,20 @@ pub fn render_tables(nodes: &[Object], links: &[Object]) -> String {
             s.capacity
                 .memory_bandwidth_gbps
                 .map_or_else(|| "-".into(), |b| format!("{b:.0}")),
-            // What tb's engine measured of itself: decode GB/s of weights + µs per token.
+            // What tb's engine measured of itself: decode GB/s of weights + µs per token, and
+            // with how many threads.
             s.capacity.engine.as_ref().map_or_else(
                 || "-".into(),
                 |e| {
                     format!(
-                        "{} {:.2} GB/s +{:.0}µs",
-                        e.backend, e.weight_gbs, e.token_overhead_us
+                        "{} {:.2} GB/s +{:.0}µs{}",
+                        e.backend,
+                        e.weight_gbs,
+                        e.token_overhead_us,
+                        e.threads.map_or_else(String::new, |t| format!(
+                            ", {t} thread{}",
+                            if t == 1 { "" } else { "s" }
+                        ))
                     )
                 },
             ),

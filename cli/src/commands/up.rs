@@ -7,7 +7,8 @@
 //! join token per nodelet, bound to its name, and hand it over in the environment
 //! (`TB_JOIN_TOKEN`), never on a command line; start `node-1..N`, each with its own endpoint
 //! port and port range for ranks (the ports come from `portplan`: by default the controller on
-//! `--port` and ranges at 32323+100*(i-1) ..= +99, with `--port-range` all from that range);
+//! `--port` and ranges at 32323+100*(i-1) ..= +99, with `--port-range` all from that range)
+//! and its share of the machine's cores for built-in ranks (`--engine-threads`);
 //! point the context `local` (or `--context NAME`) at the controller and make it current;
 //! wait until every Node is Ready; print a table of the processes. If a cluster from the same
 //! data directory is already running it says so and exits 0. If anything fails, the processes
@@ -68,6 +69,13 @@ pub fn nodelet_args(
         "--port-range".into(),
         ranks.to_string(),
     ]
+}
+
+/// The CPU threads each of `nodelets` nodelets on a machine of `cores` gives a built-in rank:
+/// an equal share, at least one.
+pub fn engine_threads_share(cores: usize, nodelets: u32) -> u32 {
+    let share = cores / (nodelets.max(1) as usize);
+    u32::try_from(share).unwrap_or(u32::MAX).max(1)
 }
 
 pub fn node_name(i: u32) -> String {
@@ -447,6 +455,10 @@ async fn start(
     let lab = dir.join("lab.yaml");
     std::fs::write(&lab, local_lab(args.nodelets))
         .with_context(|| format!("writing {}", lab.display()))?;
+    let engine_threads = args.engine_threads.unwrap_or_else(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        engine_threads_share(cores, args.nodelets)
+    });
     for i in 1..=args.nodelets {
         // One single-use token per nodelet, for its name: a restarted nodelet needs none (it
         // keeps its credential), and one whose data dir was removed joins again in its place.
@@ -477,6 +489,8 @@ async fn start(
             "0".into(),
             // Jobs run as the account that ran `tbctl up`: a development cluster.
             "--single-user".into(),
+            "--engine-threads".into(),
+            engine_threads.to_string(),
         ]);
         cluster.spawn(
             &node_name(i),
@@ -547,6 +561,15 @@ mod tests {
         assert_eq!(four.links.len(), 4, "a ring of four");
         let one = tb_api::lab::LabFile::parse("lab.yaml", &local_lab(1)).expect("valid lab");
         assert!(one.links.is_empty());
+    }
+
+    #[test]
+    fn nodelets_share_the_cores() {
+        assert_eq!(engine_threads_share(8, 2), 4);
+        assert_eq!(engine_threads_share(2, 2), 1);
+        assert_eq!(engine_threads_share(2, 3), 1, "at least one each");
+        assert_eq!(engine_threads_share(10, 3), 3);
+        assert_eq!(engine_threads_share(4, 0), 4);
     }
 
     #[test]

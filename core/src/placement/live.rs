@@ -396,6 +396,7 @@ mod tests {
             weight_gbs: 2.5,
             token_overhead_us: 400.0,
             measured_at: None,
+            threads: None,
         };
         let measured = mac(&NodeFacts {
             engine: Some(&figures),

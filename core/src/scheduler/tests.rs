@@ -1482,6 +1482,7 @@ fn a_service_placed_on_chip_figures_is_costed_again_when_engine_figures_arrive()
             weight_gbs: 20.0,
             token_overhead_us: 500.0,
             measured_at: None,
+            threads: None,
         });
         obj.status = status.to_value();
         let r = sim.commit(Op::Heartbeat {

@@ -1,8 +1,10 @@
 //! The built-in engine's decode speed on this machine ([`tb_engine::calibrate`]): measured
 //! once, in the background, after the nodelet starts — by `tb-shard --calibrate`, the binary
 //! and settings that serve the models, so the figures are the executor's own — and kept in
-//! `DATA_DIR/engine-figures.json` (used again while tb's version, the measurement's method and
-//! the engine's backend stay the same). The heartbeat reports it in the Node's capacity, where
+//! `DATA_DIR/engine-figures.json` (used again while tb's version, the measurement's method,
+//! the engine's backend and its thread count stay the same). It runs with the threads the
+//! nodelet gives its built-in ranks (`--engine-threads`), so that a nodelet sharing its machine
+//! with others (`tbctl up`) measures what its ranks will get. The heartbeat reports it in the Node's capacity, where
 //! placement prefers it to the chip's nominal bandwidth.
 
 use std::path::{Path, PathBuf};
@@ -86,7 +88,11 @@ fn take_turn() -> Option<nix::fcntl::Flock<std::fs::File>> {
 
 /// Runs `shard_bin --calibrate` (its scratch files under `scratch`) in this machine's turn
 /// ([`take_turn`]), bounded by [`MEASURE_TIMEOUT`].
-fn measure_with(shard_bin: &Path, scratch: &Path) -> Result<EngineCalibration, String> {
+fn measure_with(
+    shard_bin: &Path,
+    scratch: &Path,
+    threads: u32,
+) -> Result<EngineCalibration, String> {
     let _turn = take_turn();
     if STOPPING.load(Ordering::SeqCst) {
         return Err(STOPPED.into());
@@ -96,6 +102,7 @@ fn measure_with(shard_bin: &Path, scratch: &Path) -> Result<EngineCalibration, S
         .arg("--calibrate")
         .env("TMPDIR", scratch)
         .env("RUST_LOG", "warn")
+        .env(THREADS_ENV, threads.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -159,20 +166,31 @@ fn kept_path(data_dir: &Path) -> PathBuf {
     data_dir.join("engine-figures.json")
 }
 
-/// The figures kept from an earlier start, if they are of this tb and this backend.
-fn read_kept(data_dir: &Path, backend: &str) -> Option<EngineFigures> {
+/// The variable that sets how many CPU threads tb's engine runs (candle's and rayon's pools).
+pub const THREADS_ENV: &str = "RAYON_NUM_THREADS";
+
+/// The threads a built-in rank runs with: `configured` (`--engine-threads`), else what the
+/// engine takes by itself (`RAYON_NUM_THREADS` inherited by the nodelet, else every core).
+pub fn engine_threads(configured: Option<u32>) -> u32 {
+    configured.unwrap_or_else(|| u32::try_from(tb_engine::cpu_threads()).unwrap_or(u32::MAX))
+}
+
+/// The figures kept from an earlier start, if they are of this tb, this backend and `threads`.
+fn read_kept(data_dir: &Path, backend: &str, threads: u32) -> Option<EngineFigures> {
     let text = std::fs::read(kept_path(data_dir)).ok()?;
     let kept: Kept = serde_json::from_slice(&text).ok()?;
     (kept.version == env!("CARGO_PKG_VERSION")
         && kept.method == tb_engine::calibrate::METHOD
         && kept.figures.backend == backend
+        && kept.figures.threads == Some(threads)
         && kept.figures.weight_gbs.is_finite()
         && kept.figures.weight_gbs > 0.0)
         .then_some(kept.figures)
 }
 
-/// Starts measuring (or reads the kept figures); the result appears in the returned cell.
-pub fn start(data_dir: &Path, shard_bin: &Path) -> Shared {
+/// Starts measuring with `threads` (or reads the kept figures); the result appears in the
+/// returned cell.
+pub fn start(data_dir: &Path, shard_bin: &Path, threads: u32) -> Shared {
     let shared: Shared = Arc::default();
     let cell = shared.clone();
     let data_dir = data_dir.to_path_buf();
@@ -180,7 +198,7 @@ pub fn start(data_dir: &Path, shard_bin: &Path) -> Shared {
     tokio::task::spawn_blocking(move || {
         let device = tb_engine::shard::default_device();
         let backend = tb_engine::calibrate::backend(&device);
-        if let Some(figures) = read_kept(&data_dir, backend) {
+        if let Some(figures) = read_kept(&data_dir, backend, threads) {
             tracing::info!(
                 weight_gbs = figures.weight_gbs,
                 token_overhead_us = figures.token_overhead_us,
@@ -191,18 +209,20 @@ pub fn start(data_dir: &Path, shard_bin: &Path) -> Shared {
             return;
         }
         let scratch = data_dir.join("engine-calibration");
-        match measure_with(&shard_bin, &scratch) {
+        match measure_with(&shard_bin, &scratch, threads) {
             Ok(c) if c.weight_gbs.is_finite() && c.weight_gbs > 0.0 => {
                 let figures = EngineFigures {
                     backend: c.backend,
                     weight_gbs: (c.weight_gbs * 1000.0).round() / 1000.0,
                     token_overhead_us: c.token_overhead_us.round(),
                     measured_at: Some(tb_api::Timestamp::now()),
+                    threads: Some(threads),
                 };
                 tracing::info!(
                     weight_gbs = figures.weight_gbs,
                     token_overhead_us = figures.token_overhead_us,
                     took_ms = c.took_ms,
+                    threads,
                     "measured the built-in engine's decode speed"
                 );
                 let kept = Kept {
@@ -258,7 +278,7 @@ mod tests {
     }
 
     #[test]
-    fn kept_figures_are_used_only_for_this_version_and_backend() {
+    fn kept_figures_are_used_only_for_this_version_backend_and_thread_count() {
         let dir = tempfile::tempdir().expect("tempdir");
         let kept = Kept {
             version: env!("CARGO_PKG_VERSION").into(),
@@ -268,6 +288,7 @@ mod tests {
                 weight_gbs: 4.2,
                 token_overhead_us: 300.0,
                 measured_at: None,
+                threads: Some(2),
             },
         };
         std::fs::write(
@@ -276,10 +297,17 @@ mod tests {
         )
         .expect("write");
         assert_eq!(
-            read_kept(dir.path(), "cpu").map(|f| f.weight_gbs),
+            read_kept(dir.path(), "cpu", 2).map(|f| f.weight_gbs),
             Some(4.2)
         );
-        assert!(read_kept(dir.path(), "metal").is_none(), "another backend");
+        assert!(
+            read_kept(dir.path(), "metal", 2).is_none(),
+            "another backend"
+        );
+        assert!(
+            read_kept(dir.path(), "cpu", 1).is_none(),
+            "another share of the cores (--engine-threads)"
+        );
         let old = Kept {
             version: "0.0.0-old".into(),
             ..kept
@@ -289,17 +317,27 @@ mod tests {
             serde_json::to_vec(&old).expect("json"),
         )
         .expect("write");
-        assert!(read_kept(dir.path(), "cpu").is_none(), "another tb");
+        assert!(read_kept(dir.path(), "cpu", 2).is_none(), "another tb");
         let measured_otherwise = serde_json::json!({
             "version": env!("CARGO_PKG_VERSION"),
             "figures": {"backend": "cpu", "weightGbs": 19.0, "tokenOverheadUs": 0.0},
         });
         std::fs::write(kept_path(dir.path()), measured_otherwise.to_string()).expect("write");
         assert!(
-            read_kept(dir.path(), "cpu").is_none(),
+            read_kept(dir.path(), "cpu", 2).is_none(),
             "figures from before the method was kept are measured again"
         );
+        let unsaid = serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "method": tb_engine::calibrate::METHOD,
+            "figures": {"backend": "cpu", "weightGbs": 19.0, "tokenOverheadUs": 0.0},
+        });
+        std::fs::write(kept_path(dir.path()), unsaid.to_string()).expect("write");
+        assert!(
+            read_kept(dir.path(), "cpu", 2).is_none(),
+            "figures that do not say their thread count are measured again"
+        );
         std::fs::write(kept_path(dir.path()), "garbage").expect("write");
-        assert!(read_kept(dir.path(), "cpu").is_none());
+        assert!(read_kept(dir.path(), "cpu", 2).is_none());
     }
 }

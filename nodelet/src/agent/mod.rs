@@ -71,6 +71,9 @@ pub struct Config {
     pub python: Option<PathBuf>,
     /// Measure the built-in engine's decode speed after start (`--engine-calibration on`).
     pub engine_calibration: bool,
+    /// CPU threads each built-in rank and the engine's measurement run with
+    /// (`--engine-threads`); None: what the engine takes by itself (every core).
+    pub engine_threads: Option<u32>,
     /// The protocol version sent with the join and every heartbeat (tb_api::version::PROTOCOL;
     /// another only in tests).
     pub protocol_version: u32,
@@ -147,7 +150,11 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         topology: cfg.topology.clone(),
         isolation: policy.condition(),
         engine: match cfg.engine_calibration {
-            true => engine_figures::start(&cfg.data_dir, &supervisor::shard_binary()),
+            true => engine_figures::start(
+                &cfg.data_dir,
+                &supervisor::shard_binary(),
+                engine_figures::engine_threads(cfg.engine_threads),
+            ),
             false => Default::default(),
         },
     };
@@ -216,7 +223,10 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
         controllers.clone(),
         policy,
         cfg.job_disk_limit,
-        python,
+        supervisor::RankSettings {
+            python,
+            engine_threads: cfg.engine_threads,
+        },
     );
     tokio::spawn(supervisor.clone().run());
     tokio::spawn(supervisor.clone().fence_when_cut_off());

@@ -475,10 +475,22 @@ links:
     let mut opts = LabOptions::new(2);
     opts.topology = Some(topology);
     // These two measure tb's engine (other tests' nodelets skip it), so that the placement
-    // predicts from measured figures.
-    opts.nodelet_args = vec!["--engine-calibration".into(), "on".into()];
+    // predicts from measured figures; each gives its ranks one thread, as two nodelets
+    // sharing a 2-core machine should.
+    opts.nodelet_args = vec![
+        "--engine-calibration".into(),
+        "on".into(),
+        "--engine-threads".into(),
+        "1".into(),
+    ];
     let lab = Lab::start_with("builtin-service", opts).await;
     wait_engine_figures(&lab).await;
+    for node in lab.list("Node", "").await.expect("nodes") {
+        assert_eq!(
+            node["status"]["capacity"]["engine"]["threads"], 1,
+            "measured with the nodelet's --engine-threads: {node:#}"
+        );
+    }
     lab.apply_yaml(&smollm2_service_yaml(
         &model.display().to_string(),
         Some("node-1"),
@@ -532,6 +544,19 @@ links:
         local["spec"]["builtin"].get("sources").is_none(),
         "{local:#}"
     );
+    // Each rank runs the threads its nodelet gives it.
+    for alloc in &allocs {
+        let pid = alloc["status"]["pid"].as_i64().expect("a rank's pid");
+        let environ =
+            std::fs::read(format!("/proc/{pid}/environ")).expect("the rank's environment");
+        assert!(
+            environ
+                .split(|b| *b == 0)
+                .any(|var| var == b"RAYON_NUM_THREADS=1"),
+            "rank pid {pid}: {}",
+            String::from_utf8_lossy(&environ).replace('\0', " ")
+        );
+    }
     // `get` shows the stable URL; `-o wide` the endpoint behind it too.
     let url = status["url"].as_str().expect("url");
     assert!(url.ends_with("/services/default/chat/v1"), "{url}");

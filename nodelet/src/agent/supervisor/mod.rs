@@ -78,12 +78,21 @@ pub struct Supervisor {
     tidied: AtomicBool,
     job_disk_bytes: AtomicU64,
     job_disk_limit: u64,
-    /// `--python`: what exec jobs' `python` and `python3` run.
-    python: Option<PathBuf>,
+    /// What the ranks' processes are given beside their specs.
+    ranks: RankSettings,
     /// The heartbeat lease: when it runs out, every rank here is fenced.
     lease: fence::Lease,
     ended: Notify,
     changed: Notify,
+}
+
+/// The nodelet's settings for the processes of its ranks.
+#[derive(Debug, Clone, Default)]
+pub struct RankSettings {
+    /// `--python`: what exec jobs' `python` and `python3` run.
+    pub python: Option<PathBuf>,
+    /// `--engine-threads`: the CPU threads of each built-in rank (None: every core).
+    pub engine_threads: Option<u32>,
 }
 
 /// Where an allocation lives: names are reused when a job is deleted and created again.
@@ -107,7 +116,7 @@ impl Supervisor {
         controllers: Arc<Controllers>,
         policy: Arc<Policy>,
         job_disk_limit: u64,
-        python: Option<PathBuf>,
+        ranks: RankSettings,
     ) -> Arc<Self> {
         Arc::new(Supervisor {
             node,
@@ -121,7 +130,7 @@ impl Supervisor {
             tidied: AtomicBool::new(false),
             job_disk_bytes: AtomicU64::new(0),
             job_disk_limit,
-            python,
+            ranks,
             lease: fence::Lease::default(),
             ended: Notify::new(),
             changed: Notify::new(),

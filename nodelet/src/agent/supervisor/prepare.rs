@@ -78,6 +78,9 @@ pub(super) struct Sources<'a> {
     pub(super) manifest_dir: Option<&'a Path>,
     /// The nodelet's `--python`.
     pub(super) python: Option<&'a Path>,
+    /// The nodelet's `--engine-threads`: a built-in rank's CPU threads, unless its spec's
+    /// environment says otherwise.
+    pub(super) engine_threads: Option<u32>,
 }
 
 /// The process to start: its directories, the MLX files and environment, the command, the
@@ -170,6 +173,10 @@ pub(super) fn prepare(
         }
     }
     let command = if spec.executor == Executor::Builtin {
+        if let Some(n) = sources.engine_threads {
+            env.entry(super::super::engine_figures::THREADS_ENV.into())
+                .or_insert_with(|| n.to_string());
+        }
         env.insert(
             TERMINATION_MESSAGE_ENV.into(),
             alloc_dirs.termination_message().display().to_string(),

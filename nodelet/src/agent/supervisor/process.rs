@@ -82,7 +82,8 @@ impl Supervisor {
             staged: staged_path.as_deref(),
             staged_adapter: staged_adapter.as_deref(),
             manifest_dir: manifest_dir.as_deref(),
-            python: self.python.as_deref(),
+            python: self.ranks.python.as_deref(),
+            engine_threads: self.ranks.engine_threads,
         };
         let prepared = prepare(&dir, namespace, spec, &lookup, account, &inc);
         let (mut exec_spec, alloc_dirs) = match prepared {
