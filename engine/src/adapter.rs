@@ -186,9 +186,9 @@ impl LoraPair {
         if rank == 0 || input == 0 {
             return Ok(Tensor::zeros(shape, DType::F32, x.device())?);
         }
-        let out = with_f32s(x, |xs| {
-            with_f32s(&self.a, |a| {
-                with_f32s(&self.b, |b| {
+        let out = crate::host::with_f32(x, |xs| {
+            crate::host::with_f32(&self.a, |a| {
+                crate::host::with_f32(&self.b, |b| {
                     low_rank_rows(xs, a, b, [input, rank, output], scale)
                 })
             })
@@ -218,19 +218,6 @@ fn low_rank_rows(
         }
     }
     out
-}
-
-/// `f` over the values of a CPU f32 tensor: its storage borrowed where it is contiguous (the
-/// adapter's A and B are multiplied on every step: no copy of them per call), copied otherwise.
-fn with_f32s<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
-    let (storage, layout) = t.storage_and_layout();
-    if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((start, end))) =
-        (&*storage, layout.contiguous_offsets())
-    {
-        return Ok(f(&v[start..end]));
-    }
-    drop(storage);
-    Ok(f(&t.flatten_all()?.to_vec1::<f32>()?))
 }
 
 /// A dot product summed in a fixed order: eight running sums (which the compiler keeps in one

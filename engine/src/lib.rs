@@ -21,6 +21,7 @@ pub mod train;
 pub mod weights;
 
 mod block;
+mod host;
 mod qgemm;
 mod swiglu;
 

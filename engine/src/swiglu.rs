@@ -21,11 +21,19 @@ pub(crate) fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         && !crate::qgemm::candle_kernels_only()
         && x86::available()
     {
-        let mut g = gate.flatten_all()?.to_vec1::<f32>()?;
-        let u = up.flatten_all()?.to_vec1::<f32>()?;
-        // SAFETY: `available()` checked the CPU's features.
-        unsafe { x86::swiglu_in_place(&mut g, &u) };
-        return Tensor::from_vec(g, gate.shape(), gate.device());
+        let out = crate::host::with_f32(gate, |g| {
+            crate::host::with_f32(up, |u| {
+                let mut out = Vec::with_capacity(g.len());
+                // SAFETY: `available()` checked the CPU's features; `out` has room for
+                // `g.len()` values, which the call writes, each once.
+                unsafe {
+                    x86::swiglu_into(g, u, out.as_mut_ptr());
+                    out.set_len(g.len());
+                }
+                out
+            })
+        })??;
+        return Tensor::from_vec(out, gate.shape(), gate.device());
     }
     candle_nn::ops::silu(gate)? * up
 }
@@ -39,10 +47,11 @@ mod x86 {
         *AVAILABLE.get_or_init(|| is_x86_feature_detected!("avx512f"))
     }
 
-    /// `g[i] = g[i] / (1 + exp(-g[i])) · u[i]`.
+    /// `out[i] = g[i] / (1 + exp(-g[i])) · u[i]` for every i of `g`; `u` is as long.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn swiglu_in_place(g: &mut [f32], u: &[f32]) {
-        let n = g.len().min(u.len());
+    pub(super) unsafe fn swiglu_into(g: &[f32], u: &[f32], out: *mut f32) {
+        assert_eq!(g.len(), u.len());
+        let n = g.len();
         let mut i = 0;
         while i < n {
             let live = (n - i).min(16);
@@ -57,7 +66,7 @@ mod x86 {
                 let y = _mm512_maskz_loadu_ps(mask, u.as_ptr().add(i));
                 let e = exp(_mm512_sub_ps(_mm512_setzero_ps(), x));
                 let silu = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), e));
-                _mm512_mask_storeu_ps(g.as_mut_ptr().add(i), mask, _mm512_mul_ps(silu, y));
+                _mm512_mask_storeu_ps(out.add(i), mask, _mm512_mul_ps(silu, y));
             }
             i += 16;
         }
@@ -171,9 +180,16 @@ mod tests {
             .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
             .collect();
         let want = candle_swiglu(&g, &u);
-        let mut got = g.clone();
-        // SAFETY: `available()` holds.
-        unsafe { x86::swiglu_in_place(&mut got, &u) };
+        let into = |g: &[f32], u: &[f32]| {
+            let mut out = Vec::with_capacity(g.len());
+            // SAFETY: `available()` holds; `out` has room for every value.
+            unsafe {
+                x86::swiglu_into(g, u, out.as_mut_ptr());
+                out.set_len(g.len());
+            }
+            out
+        };
+        let got = into(&g, &u);
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-6 * b.abs().max(1.0),
@@ -181,9 +197,7 @@ mod tests {
             );
         }
         // A value's bits do not depend on where it sits: the same values shifted by 3.
-        let mut shifted = g[3..].to_vec();
-        unsafe { x86::swiglu_in_place(&mut shifted, &u[3..]) };
-        assert_eq!(shifted, got[3..]);
+        assert_eq!(into(&g[3..], &u[3..]), got[3..]);
         // Through the tensor entry point as well.
         let t = |v: &[f32]| Tensor::from_slice(v, (1, v.len()), &Device::Cpu).expect("tensor");
         let through = swiglu(&t(&g), &t(&u))

@@ -108,19 +108,20 @@ pub(super) fn matmul_many(
         }
     }
     let rows = x.elem_count() / k;
-    let input = x.flatten_all()?.to_vec1::<f32>()?;
     let wide = wide && wide::covers(format);
+    // The pairs' scales serve only `wide`'s last few columns of a product, when one has them.
+    let pairs = wide && parts.iter().any(|&(_, n)| n % lanes::LANES != 0);
     // SAFETY: `available()` was checked by the caller.
-    let q = unsafe {
+    let q = crate::host::with_f32(x, |input| unsafe {
         quantise(
-            &input,
+            input,
             rows,
             k,
             format == Format::Q4_1,
-            wide,
+            pairs,
             wide && format == Format::Q8_0,
         )
-    };
+    })?;
     // Not zeroed: the kernels write every element (a batch's logits are 1.5 MB that memset
     // would fill on the thread the workers wait for); the lengths are set once they have.
     let mut outs: Vec<Vec<f32>> = parts
@@ -228,7 +229,7 @@ unsafe fn quantise(
     let blocks = rows * k / QK;
     let mut values = vec![0i8; rows * k];
     let mut scales = vec![0f32; blocks];
-    let mut block_int_sums = vec![0i32; if int_sums { blocks } else { 0 }];
+    let mut block_int_sums = vec![0i32; if int_sums || sums { blocks } else { 0 }];
     let per_row = k / QK;
     // Laid out tile by tile, block by block, with the tile's rows side by side (zero
     // padded), so one vector load gives a block's sums for every row of a tile.
@@ -248,14 +249,29 @@ unsafe fn quantise(
     {
         // SAFETY: `src` and `dst` are blocks of QK values.
         let sum = unsafe { quantise_block(src, dst, scale) };
-        if int_sums {
-            block_int_sums[b] = sum;
+        if let Some(s) = block_int_sums.get_mut(b) {
+            *s = sum;
         }
-        if sums {
-            let (row, block) = (b / per_row, b % per_row);
-            let at = ((row / ROW_TILE * per_row) + block) * ROW_TILE + row % ROW_TILE;
-            block_sums[at] = f16_round_trip(f16_round_trip(sum as f32) * *scale);
+    }
+    // The f16 roundings eight blocks at a time: one at a time, their conversions' latency
+    // made this the larger part of quantising, on the thread the kernel's workers wait for.
+    unsafe { f16_round_trip_all(&mut scales) };
+    if sums {
+        let mut s: Vec<f32> = block_int_sums.iter().map(|&s| s as f32).collect();
+        unsafe { f16_round_trip_all(&mut s) };
+        for (s, scale) in s.iter_mut().zip(&scales) {
+            *s *= scale;
         }
+        unsafe { f16_round_trip_all(&mut s) };
+        for (row, s) in s.chunks_exact(per_row).enumerate() {
+            let first = row / ROW_TILE * per_row * ROW_TILE + row % ROW_TILE;
+            for (block, s) in s.iter().enumerate() {
+                block_sums[first + block * ROW_TILE] = *s;
+            }
+        }
+    }
+    if !int_sums {
+        block_int_sums = Vec::new();
     }
     let pair_scales = if pairs {
         wide::pair_scales(&scales, rows, per_row)
@@ -272,8 +288,8 @@ unsafe fn quantise(
 }
 
 /// One block: `dst[i] = round(src[i] · (1 / d))` (halves away from zero, saturating, NaN to 0, as
-/// Rust's `f32::round() as i8`), `d = max|src| / 127`, `scale` = d at f16 precision; returns
-/// Σ dst. The scalar form of this took 6 % of a batched decode step, on the thread that the
+/// Rust's `f32::round() as i8`), `d = max|src| / 127`, `scale` = d (the caller rounds it to f16
+/// precision, [`f16_round_trip_all`]); returns Σ dst. The scalar form of this took 6 % of a batched decode step, on the thread that the
 /// kernel's other workers wait for.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn quantise_block(src: &[f32], dst: &mut [i8], scale: &mut f32) -> i32 {
@@ -291,7 +307,7 @@ unsafe fn quantise_block(src: &[f32], dst: &mut [i8], scale: &mut f32) -> i32 {
     let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
     let d = amax / 127.0;
     let inv = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
-    *scale = f16_round_trip(d);
+    *scale = d;
     let sign = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
     let (one, half) = (_mm256_set1_ps(1.0), _mm256_set1_ps(0.5));
     let (low, high) = (_mm256_set1_ps(-128.0), _mm256_set1_ps(127.0));
@@ -320,6 +336,23 @@ unsafe fn quantise_block(src: &[f32], dst: &mut [i8], scale: &mut f32) -> i32 {
     let total = _mm_add_epi32(total, _mm_shuffle_epi32::<0b01_00_11_10>(total));
     let total = _mm_add_epi32(total, _mm_shuffle_epi32::<0b10_11_00_01>(total));
     _mm_cvtsi128_si32(total)
+}
+
+/// Every value of `v` rounded to the nearest f16 (ties to even) and back, as
+/// [`f16_round_trip`] does one.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_round_trip_all(v: &mut [f32]) {
+    let mut eights = v.chunks_exact_mut(8);
+    for e in &mut eights {
+        // SAFETY: `e` holds 8 values.
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(e.as_ptr()));
+            _mm256_storeu_ps(e.as_mut_ptr(), _mm256_cvtph_ps(h));
+        }
+    }
+    for x in eights.into_remainder() {
+        *x = f16_round_trip(*x);
+    }
 }
 
 /// `v` rounded to the nearest f16 (ties to even) and back.
@@ -569,6 +602,11 @@ mod tests {
             let mut scale = 0f32;
             // SAFETY: `available()` holds; both are QK long.
             let sum = unsafe { super::quantise_block(src, &mut dst, &mut scale) };
+            let mut rounded = [scale; 9];
+            // SAFETY: as above.
+            unsafe { super::f16_round_trip_all(&mut rounded) };
+            assert!(rounded.iter().all(|r| r.to_bits() == rounded[0].to_bits()));
+            let scale = rounded[0];
             let (q, d, s) = scalar(src);
             assert_eq!(dst.to_vec(), q, "block {n}");
             assert_eq!((scale.to_bits(), sum), (d.to_bits(), s), "block {n}");
