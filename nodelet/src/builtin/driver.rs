@@ -149,7 +149,7 @@ pub struct Driver {
     pub prefill_per_step: usize,
 }
 
-/// The micro-batches to start now from the `ready` sequences (in arrival order), with
+/// The micro-batches to start now from the `ready` sequences (longest waiting first), with
 /// `active` sequences in all and `in_flight` micro-batches in the later stages of a pipeline
 /// of `stages`: batches of an equal share of the active sequences, at most one per stage in
 /// flight. A sequence that is ready while every stage has a batch waits for the next answer
@@ -557,7 +557,7 @@ impl Driver {
     ) -> Result<(), PipelineError> {
         let mut items = Vec::with_capacity(seqs.len());
         let mut entries = Vec::with_capacity(seqs.len());
-        // `seqs` is in waiting order: the oldest prompt gets the budget first.
+        // `seqs` is longest waiting first, and so gets the prompt budget first.
         let mut prompt_budget = self.prefill_per_step.max(1);
         let now = Instant::now();
         for &seq in seqs {
