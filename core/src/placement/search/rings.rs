@@ -18,18 +18,15 @@ pub(super) struct RingModel<'a> {
 }
 
 impl RingModel<'_> {
-    /// Sizes allowed: within bounds, and for tensor ≥ 2 and dividing the heads.
+    /// Sizes allowed: within bounds, and for tensor ≥ 2 Macs that the heads can be given out
+    /// to ([`ModelShape::tensor_ranks_ok`](crate::placement::memory::ModelShape::tensor_ranks_ok)).
     pub(super) fn size_ok(&self, k: usize) -> bool {
         let model = &self.ctx.work.model;
         if k < self.ctx.lo || k > self.ctx.hi {
             return false;
         }
         match self.strategy {
-            Strategy::Tensor => {
-                k >= 2
-                    && model.heads.is_multiple_of(k as u32)
-                    && model.kv_heads.is_multiple_of(k as u32)
-            }
+            Strategy::Tensor => u32::try_from(k).is_ok_and(|k| model.tensor_ranks_ok(k)),
             _ => true,
         }
     }
@@ -40,12 +37,8 @@ impl RingModel<'_> {
         let overhead = model.overhead_bytes();
         match self.strategy {
             Strategy::Tensor => {
-                let k = k as u64;
-                let w = (u64::from(model.layers).saturating_mul(model.bytes_per_layer))
-                    .saturating_add(model.other_bytes)
-                    .div_ceil(k);
-                w.saturating_add(model.kv_bytes().div_ceil(k))
-                    .saturating_add(overhead)
+                let rank = model.tensor_rank(u32::try_from(k).unwrap_or(u32::MAX));
+                rank.weight.saturating_add(rank.kv).saturating_add(overhead)
             }
             _ => model
                 .weight_bytes()
@@ -58,11 +51,8 @@ impl RingModel<'_> {
         let model = &self.ctx.work.model;
         match self.strategy {
             Strategy::Tensor => {
-                let k = k as u64;
-                let w = (u64::from(model.layers).saturating_mul(model.bytes_per_layer))
-                    .saturating_add(model.other_bytes)
-                    .div_ceil(k);
-                read_us(w.saturating_add(model.kv_bytes().div_ceil(k)), bw)
+                let rank = model.tensor_rank(u32::try_from(k).unwrap_or(u32::MAX));
+                read_us(rank.read.saturating_add(rank.kv), bw)
             }
             _ => 3.0 * read_us(model.weight_bytes(), bw),
         }
