@@ -354,6 +354,39 @@ fn tensor_over_three_macs_with_eight_kv_heads_costs_the_busiest_rank() {
 }
 
 #[test]
+fn smollm2_splits_over_two_macs_as_the_engine_does() {
+    // 3 KV heads over 2 Macs: 2 + 1, which the divisibility rule refused.
+    let names = ["a", "b"];
+    let topo = Topology::new(
+        names.iter().map(|n| m4pro(n)).collect(),
+        mesh(&names, 80.0, 10.0),
+    );
+    let smollm2 = ModelShape {
+        name: "smollm2".into(),
+        layers: 30,
+        bytes_per_layer: 2_211_840,
+        other_bytes: 30_081_024,
+        tied_embeddings: true,
+        hidden_size: 576,
+        heads: 9,
+        kv_heads: 3,
+        head_dim: 64,
+        context: 2048,
+        batch: 1,
+        ..ModelShape::default()
+    };
+    let mut w = work(smollm2, Strategy::Tensor, Objective::Latency);
+    w.min_nodes = 2;
+    let p = place(&topo, &w);
+    assert_eq!(p.stages.len(), 2);
+    let rank = w.model.tensor_rank(2);
+    assert!(
+        p.stages.iter().all(|s| s.weight_bytes == rank.weight),
+        "{p:?}"
+    );
+}
+
+#[test]
 fn tensor_is_refused_over_more_macs_than_kv_heads() {
     let names = ["a", "b", "c"];
     let topo = Topology::new(
