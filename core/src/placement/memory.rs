@@ -275,11 +275,11 @@ impl ModelShape {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// SmolLM2-135M's shape: 30 blocks of 9 heads over 3 KV heads, 64 wide.
-    fn smollm2() -> ModelShape {
+    pub(crate) fn smollm2() -> ModelShape {
         ModelShape {
             name: "smollm2".into(),
             layers: 30,

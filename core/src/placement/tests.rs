@@ -362,18 +362,8 @@ fn smollm2_splits_over_two_macs_as_the_engine_does() {
         mesh(&names, 80.0, 10.0),
     );
     let smollm2 = ModelShape {
-        name: "smollm2".into(),
-        layers: 30,
-        bytes_per_layer: 2_211_840,
-        other_bytes: 30_081_024,
-        tied_embeddings: true,
-        hidden_size: 576,
-        heads: 9,
-        kv_heads: 3,
-        head_dim: 64,
         context: 2048,
-        batch: 1,
-        ..ModelShape::default()
+        ..super::memory::tests::smollm2()
     };
     let mut w = work(smollm2, Strategy::Tensor, Objective::Latency);
     w.min_nodes = 2;
