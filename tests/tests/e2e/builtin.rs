@@ -790,18 +790,8 @@ fn a_rank_that_cannot_load_its_shard_says_why() {
 /// with the single-process engine's greedy tokens.
 #[tokio::test]
 async fn a_tensor_parallel_service_splits_every_block_over_three_macs() {
-    let model = model_path();
-    // Prompts whose greedy tokens do not hinge on the last bits of a logit (see
-    // nodelet/tests/tensor_parallel.rs): the split adds o/down partial sums in another order.
-    let prompts = [
-        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
-        "1, 2, 3, 4, 5,",
-    ];
-    const TOKENS: usize = 16;
-    let reference = reference_tokens(&model, &prompts, TOKENS).await;
-    let dir = TestDir::new("builtin-tensor-lab");
-    let topology = dir.write(
-        "lab.yaml",
+    tensor_service(
+        3,
         "macs:
   - {name: node-1, ports: [{name: a, address: 127.0.5.1}, {name: b, address: 127.0.5.5}]}
   - {name: node-2, ports: [{name: a, address: 127.0.5.2}, {name: b, address: 127.0.5.9}]}
@@ -811,14 +801,50 @@ links:
   - {between: [node-1/b, node-3/a], bandwidthGbps: 80, latencyUs: 10}
   - {between: [node-2/b, node-3/b], bandwidthGbps: 80, latencyUs: 10}
 ",
-    );
-    let mut opts = LabOptions::new(3);
+    )
+    .await;
+}
+
+/// SmolLM2's 3 KV heads over 2 Macs: 2 + 1, which the placement plans as the engine runs it.
+#[tokio::test]
+async fn a_tensor_parallel_service_splits_three_kv_heads_over_two_macs() {
+    tensor_service(
+        2,
+        "macs:
+  - {name: node-1, ports: [{name: a, address: 127.0.7.1}]}
+  - {name: node-2, ports: [{name: a, address: 127.0.7.2}]}
+links:
+  - {between: [node-1/a, node-2/a], bandwidthGbps: 80, latencyUs: 10}
+",
+    )
+    .await;
+}
+
+/// A `parallelism: tensor` service of SmolLM2 over the `ranks` Macs of `lab` (a described
+/// lab): placed as tensor on all of them, every allocation a tensor-parallel rank of every
+/// block, and its greedy tokens those of the single-process engine.
+async fn tensor_service(ranks: usize, lab_yaml: &str) {
+    let model = model_path();
+    // Prompts whose greedy tokens do not hinge on the last bits of a logit (see
+    // nodelet/tests/tensor_parallel.rs): the split adds o/down partial sums in another order.
+    let prompts = [
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+        "1, 2, 3, 4, 5,",
+    ];
+    const TOKENS: usize = 16;
+    let reference = reference_tokens(&model, &prompts, TOKENS).await;
+    let dir = TestDir::new(&format!("builtin-tensor-{ranks}-lab"));
+    let topology = dir.write("lab.yaml", lab_yaml);
+    let mut opts = LabOptions::new(ranks);
     opts.topology = Some(topology);
-    let lab = Lab::start_with("builtin-tensor", opts).await;
+    let lab = Lab::start_with(&format!("builtin-tensor-{ranks}"), opts).await;
     let yaml = smollm2_service_yaml(&model.display().to_string(), None)
         .replace("parallelism: pipeline", "parallelism: tensor")
-        .replace("min: 2\n    max: 2", "min: 3\n    max: 3");
-    assert!(yaml.contains("min: 3"), "{yaml}");
+        .replace(
+            "min: 2\n    max: 2",
+            &format!("min: {ranks}\n    max: {ranks}"),
+        );
+    assert!(yaml.contains(&format!("min: {ranks}")), "{yaml}");
     lab.apply_yaml(&yaml).await;
     let status = wait_ready(&lab, 1).await;
     assert_eq!(status["modelPlacement"]["strategy"], "tensor", "{status:#}");
@@ -829,11 +855,13 @@ links:
         .filter_map(Value::as_str)
         .collect();
     nodes.sort_unstable();
-    assert_eq!(nodes, ["node-1", "node-2", "node-3"], "{status:#}");
+    let want: Vec<String> = (1..=ranks).map(|i| format!("node-{i}")).collect();
+    assert_eq!(nodes, want, "{status:#}");
     let allocs = lab
         .list("Allocation", "default")
         .await
         .expect("allocations");
+    assert_eq!(allocs.len(), ranks);
     for a in &allocs {
         assert_eq!(a["spec"]["builtin"]["tensorParallel"], true, "{a:#}");
         assert!(a["spec"].get("layers").is_none(), "{a:#}");
@@ -858,7 +886,7 @@ links:
             .collect();
         assert_eq!(
             &got, want,
-            "3 tensor-parallel ranks, prompt {prompt:?}: {answer}"
+            "{ranks} tensor-parallel ranks, prompt {prompt:?}: {answer}"
         );
     }
     let describe = lab.tbctl_ok(&["describe", "isvc", "chat"]).await;
