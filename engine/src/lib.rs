@@ -36,7 +36,11 @@ pub use tokenizer::{Decoder, Tokenizer};
 pub use tp::{AllReduce, InProcessAllReduce, TensorParallel, TpSlice};
 pub use weights::Requantize;
 
-/// How many threads the engine's CPU kernels compute with (`RAYON_NUM_THREADS`, else every core).
+/// The variable that sets how many CPU threads the engine computes with (candle's and rayon's
+/// pools).
+pub const THREADS_ENV: &str = "RAYON_NUM_THREADS";
+
+/// How many threads the engine's CPU kernels compute with ([`THREADS_ENV`], else every core).
 pub fn cpu_threads() -> usize {
     candle_core::utils::get_num_threads()
 }

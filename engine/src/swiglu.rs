@@ -21,17 +21,9 @@ pub(crate) fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         && !crate::qgemm::candle_kernels_only()
         && x86::available()
     {
+        // SAFETY: `available()` checked the CPU's features.
         let out = crate::host::with_f32(gate, |g| {
-            crate::host::with_f32(up, |u| {
-                let mut out = Vec::with_capacity(g.len());
-                // SAFETY: `available()` checked the CPU's features; `out` has room for
-                // `g.len()` values, which the call writes, each once.
-                unsafe {
-                    x86::swiglu_into(g, u, out.as_mut_ptr());
-                    out.set_len(g.len());
-                }
-                out
-            })
+            crate::host::with_f32(up, |u| unsafe { x86::swiglu(g, u) })
         })??;
         return Tensor::from_vec(out, gate.shape(), gate.device());
     }
@@ -47,11 +39,14 @@ mod x86 {
         *AVAILABLE.get_or_init(|| is_x86_feature_detected!("avx512f"))
     }
 
-    /// `out[i] = g[i] / (1 + exp(-g[i])) · u[i]` for every i of `g`; `u` is as long.
+    /// `g[i] / (1 + exp(-g[i])) · u[i]` for every i of `g`; `u` is as long.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn swiglu_into(g: &[f32], u: &[f32], out: *mut f32) {
+    pub(super) unsafe fn swiglu(g: &[f32], u: &[f32]) -> Vec<f32> {
         assert_eq!(g.len(), u.len());
         let n = g.len();
+        // Written below, every value once, before its length is set.
+        let mut out = Vec::<f32>::with_capacity(n);
+        let dst = out.as_mut_ptr();
         let mut i = 0;
         while i < n {
             let live = (n - i).min(16);
@@ -66,10 +61,13 @@ mod x86 {
                 let y = _mm512_maskz_loadu_ps(mask, u.as_ptr().add(i));
                 let e = exp(_mm512_sub_ps(_mm512_setzero_ps(), x));
                 let silu = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), e));
-                _mm512_mask_storeu_ps(out.add(i), mask, _mm512_mul_ps(silu, y));
+                _mm512_mask_storeu_ps(dst.add(i), mask, _mm512_mul_ps(silu, y));
             }
             i += 16;
         }
+        // SAFETY: the loop wrote all n values.
+        unsafe { out.set_len(n) };
+        out
     }
 
     /// `e^x` lane by lane: x = n·ln 2 + r with |r| ≤ ln 2 / 2, e^r by Cephes' `expf`
@@ -180,15 +178,8 @@ mod tests {
             .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
             .collect();
         let want = candle_swiglu(&g, &u);
-        let into = |g: &[f32], u: &[f32]| {
-            let mut out = Vec::with_capacity(g.len());
-            // SAFETY: `available()` holds; `out` has room for every value.
-            unsafe {
-                x86::swiglu_into(g, u, out.as_mut_ptr());
-                out.set_len(g.len());
-            }
-            out
-        };
+        // SAFETY: `available()` holds.
+        let into = |g: &[f32], u: &[f32]| unsafe { x86::swiglu(g, u) };
         let got = into(&g, &u);
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             assert!(

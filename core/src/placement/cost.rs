@@ -35,7 +35,8 @@
 //! (more when n does not divide the KV heads: it has one KV head more), the embedding table
 //! (every rank looks tokens up itself) and the output head (which it alone applies), ⌈layers ×
 //! kv/n⌉ KV and the overhead; per token it reads its blocks, the head and its KV: compute =
-//! max_i read / bw_i ([`ModelShape::tensor_rank`](crate::placement::memory::ModelShape::tensor_rank)). Each layer
+//! max_i read / bw_i
+//! ([`ModelShape::tensor_rank`](crate::placement::memory::ModelShape::tensor_rank)). Each layer
 //! all-reduces act(b) twice (after attention and after the MLP), as a ring all-reduce:
 //! 2(n−1) × (L_max/2 + (act(b)/n) × 8 / B_min), over the slowest latency and bandwidth of the
 //! ring's links. time = compute + 2 × layers × all-reduce; throughput multiplies the rate by
@@ -508,7 +509,7 @@ fn tensor(
 
 /// Why tensor parallelism over `n` Macs is refused for these heads.
 pub(crate) fn tensor_refusal(model: &crate::placement::memory::ModelShape, n: u32) -> String {
-    if model.latent_kv == 0 && model.kv_heads > 0 && model.heads.is_multiple_of(model.kv_heads) {
+    if model.heads_in_kv_groups() {
         return format!(
             "tensor parallelism gives each of its Macs whole KV heads: {n} Macs are more than \
              the model's {} KV heads",

@@ -206,13 +206,17 @@ impl ModelShape {
         if n < 2 {
             return false;
         }
-        let grouped =
-            self.latent_kv == 0 && self.kv_heads > 0 && self.heads.is_multiple_of(self.kv_heads);
-        if grouped {
+        if self.heads_in_kv_groups() {
             n <= self.kv_heads
         } else {
             self.heads.is_multiple_of(n) && self.kv_heads.is_multiple_of(n)
         }
+    }
+
+    /// Whether the query heads come in whole groups per KV head, which tensor parallelism
+    /// gives out to its ranks (not so with latent attention).
+    pub fn heads_in_kv_groups(&self) -> bool {
+        self.latent_kv == 0 && self.kv_heads > 0 && self.heads.is_multiple_of(self.kv_heads)
     }
 
     /// What the busiest of `n` tensor-parallel ranks holds and reads per token, as tb's engine

@@ -229,7 +229,7 @@ unsafe fn quantise(
     let blocks = rows * k / QK;
     let mut values = vec![0i8; rows * k];
     let mut scales = vec![0f32; blocks];
-    let mut block_int_sums = vec![0i32; if int_sums || sums { blocks } else { 0 }];
+    let mut block_int_sums = vec![0i32; blocks];
     let per_row = k / QK;
     // Laid out tile by tile, block by block, with the tile's rows side by side (zero
     // padded), so one vector load gives a block's sums for every row of a tile.
@@ -248,13 +248,11 @@ unsafe fn quantise(
         .enumerate()
     {
         // SAFETY: `src` and `dst` are blocks of QK values.
-        let sum = unsafe { quantise_block(src, dst, scale) };
-        if let Some(s) = block_int_sums.get_mut(b) {
-            *s = sum;
-        }
+        block_int_sums[b] = unsafe { quantise_block(src, dst, scale) };
     }
     // The f16 roundings eight blocks at a time: one at a time, their conversions' latency
     // made this the larger part of quantising, on the thread the kernel's workers wait for.
+    // SAFETY (here and below): the caller checked the CPU's features.
     unsafe { f16_round_trip_all(&mut scales) };
     if sums {
         let mut s: Vec<f32> = block_int_sums.iter().map(|&s| s as f32).collect();
@@ -270,9 +268,6 @@ unsafe fn quantise(
             }
         }
     }
-    if !int_sums {
-        block_int_sums = Vec::new();
-    }
     let pair_scales = if pairs {
         wide::pair_scales(&scales, rows, per_row)
     } else {
@@ -283,14 +278,14 @@ unsafe fn quantise(
         scales,
         sums: block_sums,
         pair_scales,
-        int_sums: block_int_sums,
+        int_sums: if int_sums { block_int_sums } else { Vec::new() },
     }
 }
 
 /// One block: `dst[i] = round(src[i] · (1 / d))` (halves away from zero, saturating, NaN to 0, as
 /// Rust's `f32::round() as i8`), `d = max|src| / 127`, `scale` = d (the caller rounds it to f16
-/// precision, [`f16_round_trip_all`]); returns Σ dst. The scalar form of this took 6 % of a batched decode step, on the thread that the
-/// kernel's other workers wait for.
+/// precision, [`f16_round_trip_all`]); returns Σ dst. The scalar form of this took 6 % of a
+/// batched decode step, on the thread that the kernel's other workers wait for.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn quantise_block(src: &[f32], dst: &mut [i8], scale: &mut f32) -> i32 {
     debug_assert!(src.len() == QK && dst.len() == QK);

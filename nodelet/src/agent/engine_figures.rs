@@ -4,8 +4,8 @@
 //! `DATA_DIR/engine-figures.json` (used again while tb's version, the measurement's method,
 //! the engine's backend and its thread count stay the same). It runs with the threads the
 //! nodelet gives its built-in ranks (`--engine-threads`), so that a nodelet sharing its machine
-//! with others (`tbctl up`) measures what its ranks will get. The heartbeat reports it in the Node's capacity, where
-//! placement prefers it to the chip's nominal bandwidth.
+//! with others (`tbctl up`) measures what its ranks will get. The heartbeat reports it in the
+//! Node's capacity, where placement prefers it to the chip's nominal bandwidth.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -102,7 +102,7 @@ fn measure_with(
         .arg("--calibrate")
         .env("TMPDIR", scratch)
         .env("RUST_LOG", "warn")
-        .env(THREADS_ENV, threads.to_string())
+        .env(tb_engine::THREADS_ENV, threads.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -165,9 +165,6 @@ struct Kept {
 fn kept_path(data_dir: &Path) -> PathBuf {
     data_dir.join("engine-figures.json")
 }
-
-/// The variable that sets how many CPU threads tb's engine runs (candle's and rayon's pools).
-pub const THREADS_ENV: &str = "RAYON_NUM_THREADS";
 
 /// The threads a built-in rank runs with: `configured` (`--engine-threads`), else what the
 /// engine takes by itself (`RAYON_NUM_THREADS` inherited by the nodelet, else every core).

@@ -174,7 +174,7 @@ pub(super) fn prepare(
     }
     let command = if spec.executor == Executor::Builtin {
         if let Some(n) = sources.engine_threads {
-            env.entry(super::super::engine_figures::THREADS_ENV.into())
+            env.entry(tb_engine::THREADS_ENV.into())
                 .or_insert_with(|| n.to_string());
         }
         env.insert(
