@@ -38,8 +38,8 @@ pub use topology::{LinkInfo, Mac, Topology};
 pub enum Strategy {
     /// Contiguous layer ranges along a path (or ring) of Macs.
     Pipeline,
-    /// Every layer split across all Macs; needs a mesh (or a ring), and the Mac count must
-    /// divide the heads and the KV heads.
+    /// Every layer split across all Macs; needs a mesh (or a ring), and at most one Mac per KV
+    /// head (`ModelShape::tensor_ranks_ok`).
     Tensor,
     /// Every Mac holds the whole model (training: gradients are all-reduced).
     Data,
