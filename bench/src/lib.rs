@@ -28,6 +28,7 @@ pub mod cluster;
 pub mod etcd;
 pub mod failover;
 pub mod jobs;
+pub mod llama_rpc;
 pub mod load;
 pub mod machine;
 pub mod member;

