@@ -1,6 +1,8 @@
 //! tb-enginebench: single-process prefill time (TTFT) and decode tokens/s of tb-engine for a
 //! fixed chat prompt and 64 greedy tokens, with Q4_x weights as stored vs requantised to Q8_0.
-//! Prints a markdown table.
+//! Prints a markdown table. Beside tokens/s stands the rate at which the weights are read
+//! (weights in memory × decode steps per second): decoding is bound by it on a Mac's unified
+//! memory, so it compares with the chip's memory bandwidth and across machines.
 //!
 //! Threads: candle's CPU kernels run on rayon's global pool, sized by `RAYON_NUM_THREADS`
 //! (candle's `utils::get_num_threads` reads the same variable); the bench reports that number.
@@ -516,9 +518,9 @@ fn main() -> ExitCode {
     let want = |t: &str| tables.iter().any(|x| x == t);
     if want("single") {
         println!(
-            "| weights | load (s) | weights in memory (MB) | prompt tokens | TTFT (ms) | decode tok/s | generated |"
+            "| weights | load (s) | weights in memory (MB) | prompt tokens | TTFT (ms) | decode tok/s | weights read (GB/s) | generated |"
         );
-        println!("|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|");
     }
     let mut single_tok_s = 0.0;
     for requant in [false, true].into_iter().filter(|_| want("single")) {
@@ -535,13 +537,15 @@ fn main() -> ExitCode {
                     single_tok_s = r.tok_s;
                 }
                 println!(
-                    "| {} | {:.2} | {:.1} | {} | {:.1} | {:.1} | {} |",
+                    "| {} | {:.2} | {:.1} | {} | {:.1} | {:.1} | {:.2} | {} |",
                     r.label,
                     r.load_s,
                     r.weight_mb,
                     r.prompt_tokens,
                     r.ttft_ms,
                     r.tok_s,
+                    // Every weight is read once per decoded token.
+                    r.weight_mb * r.tok_s / 1e3,
                     r.generated
                 )
             }
@@ -565,9 +569,14 @@ fn main() -> ExitCode {
         )
         .and_then(|mut engine| {
             let prompt = engine.chat_prompt(&[ChatMessage::new("user", PROMPT)])?;
+            let weight_mb = engine.shard().weight_bytes() as f64 / 1e6;
             let mut rows = Vec::new();
             for &b in &batches {
-                rows.push((b, run_batched(&mut engine, &prompt, b, tokens, runs)?));
+                rows.push((
+                    b,
+                    run_batched(&mut engine, &prompt, b, tokens, runs)?,
+                    weight_mb,
+                ));
             }
             Ok(rows)
         })
@@ -578,14 +587,18 @@ fn main() -> ExitCode {
             println!(
                 "\nbatched decoding (weights as the built-in executor serves them), {tokens} steps per sequence:\n"
             );
-            println!("| batch | aggregate decode tok/s | per sequence tok/s | vs batch 1 |");
-            println!("|---|---|---|---|");
+            println!(
+                "| batch | aggregate decode tok/s | per sequence tok/s | vs batch 1 | weights read (GB/s) |"
+            );
+            println!("|---|---|---|---|---|");
             let one = rows.first().map_or(0.0, |r| r.1 / r.0 as f64);
-            for (b, tps) in rows {
+            for (b, tps, weight_mb) in rows {
+                let steps_per_second = tps / b as f64;
                 println!(
-                    "| {b} | {tps:.1} | {:.1} | {:.2}x |",
-                    tps / b as f64,
-                    if one > 0.0 { tps / one } else { 0.0 }
+                    "| {b} | {tps:.1} | {steps_per_second:.1} | {:.2}x | {:.2} |",
+                    if one > 0.0 { tps / one } else { 0.0 },
+                    // One step reads every weight once for the whole batch.
+                    weight_mb * steps_per_second / 1e3
                 );
             }
         }
