@@ -192,10 +192,46 @@ pub fn start_llama_server(name: &str, o: &LlamaServerOptions) -> Result<Server> 
         .args(["-t", &o.threads.to_string(), "-tb", &o.threads.to_string()])
         .args(["-np", &o.parallel.to_string(), "--cont-batching"])
         .args(["-c", &(o.context * o.parallel.max(1)).to_string()])
-        .args(["-ngl", "0", "--no-webui"]);
+        .args(["-ngl", "0", "--no-webui", "--metrics"]);
     s.spawn("llama-server", &mut cmd, o.log)?;
     s.wait_ready(Duration::from_secs(180))?;
     Ok(s)
+}
+
+/// The body of `GET path`, if it answered 200.
+pub fn get_ok(http: &str, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(http).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = Vec::new();
+    s.take(1 << 20).read_to_end(&mut out).ok()?;
+    let out = String::from_utf8_lossy(&out);
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.lines()
+        .next()
+        .is_some_and(|l| l.contains(" 200"))
+        .then(|| body.to_string())
+}
+
+/// Forward passes a server has run: tb's rank 0 reports them at `/health` (`steps`),
+/// llama-server (started with `--metrics`) at `/metrics` (`llamacpp:n_decode_total`). Each
+/// reads every weight once, for all the sequences it carries.
+pub fn steps_run(http: &str, llama: bool) -> Option<u64> {
+    if llama {
+        let metrics = get_ok(http, "/metrics")?;
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("llamacpp:n_decode_total "))?;
+        let value: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(value as u64)
+    } else {
+        let health: Value = serde_json::from_str(&get_ok(http, "/health")?).ok()?;
+        health["steps"].as_u64()
+    }
 }
 
 /// `GET /health` answered 200.

@@ -2,7 +2,8 @@
 //! served by one process, and by 2 and 3 processes that split every block (`--tensor-parallel`,
 //! partial sums all-reduced over tb-transport on loopback TCP), answer the same prompts through
 //! the OpenAI-compatible endpoint with the same greedy tokens — also with several requests in
-//! flight at once, which the ranks run as one batch (see [`PROMPTS`] for which prompts).
+//! flight at once, which the ranks run as one batch (see [`PROMPTS`] for which prompts) — and
+//! rank 0 counts the steps they took (`GET /health`).
 
 mod common;
 
@@ -31,6 +32,11 @@ const TOKENS: usize = 16;
 
 /// The greedy completion of `prompt` (its text), from `/v1/completions` (the prompt as is).
 fn complete(addr: &str, prompt: &str) -> String {
+    complete_counted(addr, prompt).0
+}
+
+/// [`complete`], with the tokens generated (usage).
+fn complete_counted(addr: &str, prompt: &str) -> (String, u64) {
     let req = json!({
         "model": "smollm2",
         "prompt": prompt,
@@ -40,16 +46,41 @@ fn complete(addr: &str, prompt: &str) -> String {
     let (status, body) = http(addr, "POST", "/v1/completions", Some(&req)).expect("request");
     assert_eq!(status, 200, "{body}");
     let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
-    v["choices"][0]["text"]
+    let text = v["choices"][0]["text"]
         .as_str()
         .unwrap_or_else(|| panic!("no text: {body}"))
-        .to_string()
+        .to_string();
+    let tokens = v["usage"]["completion_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no usage: {body}"));
+    (text, tokens)
+}
+
+/// The steps rank 0 reports having run (`GET /health`).
+fn steps(addr: &str) -> u64 {
+    let (status, body) = http(addr, "GET", "/health", None).expect("health");
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    v["steps"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no steps: {body}"))
 }
 
 /// Each prompt alone, then all at once (one batch on every rank).
 fn answers(ranks: usize) -> (Vec<String>, Vec<String>) {
     let s = start(ranks, ranks > 1, &[]);
-    let alone: Vec<String> = PROMPTS.iter().map(|p| complete(&s.http, p)).collect();
+    let before = steps(&s.http);
+    let (alone, generated): (Vec<String>, Vec<u64>) =
+        PROMPTS.iter().map(|p| complete_counted(&s.http, p)).unzip();
+    // Alone, a request takes one step per token: its prompt's (which gives the first token),
+    // then one per token after it — and one more for an end-of-sequence token, not counted in
+    // its usage.
+    let (ran, tokens) = (steps(&s.http) - before, generated.iter().sum::<u64>());
+    assert!(
+        (tokens..=tokens + PROMPTS.len() as u64).contains(&ran),
+        "{ranks} ranks: {ran} steps for {generated:?} tokens"
+    );
+    let before = steps(&s.http);
     let together: Vec<String> = std::thread::scope(|scope| {
         let handles: Vec<_> = PROMPTS
             .iter()
@@ -63,6 +94,12 @@ fn answers(ranks: usize) -> (Vec<String>, Vec<String>) {
             .map(|h| h.join().expect("a request thread"))
             .collect()
     });
+    // Together, a step carries every sequence that has its input: never more steps than alone.
+    let ran = steps(&s.http) - before;
+    assert!(
+        (1..=tokens + PROMPTS.len() as u64).contains(&ran),
+        "{ranks} ranks: {ran} steps for the batched requests"
+    );
     (alone, together)
 }
 

@@ -7,7 +7,10 @@
 //! `--rounds` rounds per stream count after a warm-up. Prints one markdown table: aggregate
 //! tokens/s, its ratio to the same configuration's 1-stream figure, inter-token latency p50 and
 //! p99 (gaps between consecutive tokens of a stream, over every stream and round), TTFT p50,
-//! the ratio to llama-server at the same stream count, and the CPU that other processes on the
+//! the rate at which the weights were read (forward passes the server counted — tb's rank 0 at
+//! `/health`, llama-server at `/metrics` — × the GGUF's bytes ÷ wall time: one pass reads every
+//! weight once for all the sequences it carries, so batching shows as tokens/s rising faster
+//! than it), the ratio to llama-server at the same stream count, and the CPU that other processes on the
 //! machine used meanwhile (from `/proc/stat`, less the servers' and the bench's own); then the
 //! targets.
 //!
@@ -146,6 +149,9 @@ struct Cell {
     empty: usize,
     /// CPU over the cell's rounds: the servers' and the clients', and everything else's.
     cpu: CpuShare,
+    /// The rate at which the weights were read: forward passes over the rounds × the model's
+    /// bytes ÷ the rounds' wall time (None when the server does not count its passes).
+    weights_gbs: Option<f64>,
 }
 
 fn ms(d: Option<Duration>) -> String {
@@ -208,6 +214,7 @@ fn measure(
     deadline: Instant,
     warmup_tokens: usize,
     wait_idle: Duration,
+    weight_bytes: u64,
 ) -> Result<Vec<Cell>> {
     // Round numbers: the warm-up is 0, then every round of every cell its own.
     round(server, 0, 1, warmup_tokens).context("the warm-up")?;
@@ -218,11 +225,18 @@ fn measure(
         let (mut gaps, mut ttfts, mut empty) = (Vec::new(), Vec::new(), 0usize);
         // CPU over the rounds only (not the waits for a quiet machine), weighted by their time.
         let mut cpu = CpuShare::default();
+        let mut passes = Some(0u64);
         while done < rounds && (done == 0 || Instant::now() < deadline) {
             wait_for_quiet(server, wait_idle);
+            let steps_before = openai_load::steps_run(&server.http, llama);
             let meter = CpuMeter::start(server.pids());
             let rs = round(server, numbered, n, tokens)?;
             let used = meter.finish();
+            let steps_after = openai_load::steps_run(&server.http, llama);
+            passes = match (passes, steps_before, steps_after) {
+                (Some(p), Some(b), Some(a)) => Some(p + a.saturating_sub(b)),
+                _ => None,
+            };
             numbered += 1;
             let start = rs.iter().map(|r| r.started).min().context("no streams")?;
             let end = rs.iter().map(|r| r.ended).max().context("no streams")?;
@@ -255,6 +269,8 @@ fn measure(
             tokens_per_stream: generated as f64 / (n * done).max(1) as f64,
             empty,
             cpu,
+            weights_gbs: passes
+                .map(|p| p as f64 * weight_bytes as f64 / 1e9 / wall.as_secs_f64().max(1e-9)),
         };
         eprintln!(
             "serve-bench: {} × {n}: {:.1} tok/s, ITL p50 {} p99 {} ms, TTFT p50 {} ms \
@@ -338,6 +354,10 @@ fn main() -> Result<()> {
     if !model.is_file() {
         bail!("{} is missing: run scripts/fetch-model.sh", model.display());
     }
+    // What a forward pass reads: the GGUF's tensors (its header and metadata are kilobytes).
+    let weight_bytes = std::fs::metadata(&model)
+        .with_context(|| format!("reading {}", model.display()))?
+        .len();
     let bin = match &args.shard_bin {
         Some(b) => b.clone(),
         None => std::env::current_exe()?
@@ -420,6 +440,7 @@ fn main() -> Result<()> {
             deadline,
             warmup,
             Duration::from_secs(args.wait_idle_seconds),
+            weight_bytes,
         )?);
     }
     if let Some(llama) = args
@@ -457,15 +478,17 @@ fn main() -> Result<()> {
             deadline,
             warmup,
             Duration::from_secs(args.wait_idle_seconds),
+            weight_bytes,
         )?);
     }
 
     println!();
     println!(
         "| configuration | streams | aggregate tok/s | vs 1 stream | ITL p50 (ms) | ITL p99 (ms) \
-         | TTFT p50 (ms) | tokens/stream | rounds | others' CPU (cores) | vs llama-server |"
+         | TTFT p50 (ms) | weights read (GB/s) | tokens/stream | rounds | others' CPU (cores) \
+         | vs llama-server |"
     );
-    println!("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    println!("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     for c in &cells {
         let one = cells
             .iter()
@@ -481,13 +504,14 @@ fn main() -> Result<()> {
                 format!("{:.2}×", c.aggregate_tps / o.aggregate_tps)
             });
         println!(
-            "| {} | {} | {:.1} | {one} | {} | {} | {} | {:.1} | {} | {:.2} | {vs_llama} |",
+            "| {} | {} | {:.1} | {one} | {} | {} | {} | {} | {:.1} | {} | {:.2} | {vs_llama} |",
             c.config,
             c.streams,
             c.aggregate_tps,
             ms(c.itl.quantile(0.5)),
             ms(c.itl.quantile(0.99)),
             ms(c.ttft.quantile(0.5)),
+            c.weights_gbs.map_or("—".into(), |g| format!("{g:.2}")),
             c.tokens_per_stream,
             c.rounds,
             c.cpu.others

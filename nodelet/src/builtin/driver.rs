@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
@@ -81,14 +81,23 @@ pub struct Finish {
     pub token_ids: Vec<u32>,
 }
 
-/// Whether the whole pipeline has answered a request end to end (and not failed since).
+/// Whether the whole pipeline has answered a request end to end (and not failed since), and
+/// how many steps it has run.
 #[derive(Debug, Default)]
 pub struct Health {
     ready: AtomicBool,
     failed: AtomicBool,
+    steps: AtomicU64,
 }
 
 impl Health {
+    /// Forward passes rank 0 has started through the whole pipeline (each reads every stage's
+    /// weights once, for all the sequences it carries): what a bench turns into the rate at
+    /// which weights are read.
+    pub fn steps(&self) -> u64 {
+        self.steps.load(Ordering::Relaxed)
+    }
+
     pub fn ready(&self) -> bool {
         self.ready.load(Ordering::SeqCst) && !self.failed.load(Ordering::SeqCst)
     }
@@ -378,7 +387,7 @@ impl Driver {
             let stages = self.comm.as_ref().map_or(1, |c| c.world());
             let mut broken = None;
             for seqs in micro_batches(&ready, active.len(), groups_in_flight(&active), stages) {
-                if let Err(e) = self.launch(seqs, &mut active, &mut in_flight) {
+                if let Err(e) = self.launch(seqs, &mut active, &mut in_flight, &health) {
                     broken = Some(e);
                     break;
                 }
@@ -554,6 +563,7 @@ impl Driver {
         seqs: &[u64],
         active: &mut BTreeMap<u64, Active>,
         in_flight: &mut usize,
+        health: &Health,
     ) -> Result<(), PipelineError> {
         let mut items = Vec::with_capacity(seqs.len());
         let mut entries = Vec::with_capacity(seqs.len());
@@ -604,6 +614,7 @@ impl Driver {
                 .map_err(PipelineError::transport)?;
         }
         let outs = self.shard.forward_batch(items);
+        health.steps.fetch_add(1, Ordering::Relaxed);
         // Single stage: every shard has run the prompts now (a pipeline keeps them once the
         // step is on its way, below, so that the stages fork after running it).
         if self.comm.is_none() {

@@ -1,8 +1,8 @@
 //! The OpenAI-compatible HTTP API that rank 0 of a built-in service serves:
 //! `POST /v1/chat/completions` and `POST /v1/completions` (streamed as server-sent events or
 //! not), `GET /v1/models` and `GET /v1/models/{id}`, and `GET /health` (200 once a token has
-//! gone through every stage, with the decode tokens/s streams observed; 503 before that and
-//! after a stage failed).
+//! gone through every stage, with the decode tokens/s streams observed and the steps run; 503
+//! before that and after a stage failed).
 //!
 //! Errors have OpenAI's shape — `{"error": {"message", "type", "param", "code"}}` — with 400 for
 //! bad requests (malformed JSON with its line and column, out-of-range parameters, a prompt too
@@ -147,7 +147,7 @@ fn json_response(status: StatusCode, v: &Value) -> Response {
 
 async fn health(State(api): State<Arc<Api>>) -> Response {
     if api.health.ready() {
-        let mut body = json!({"status": "ok"});
+        let mut body = json!({"status": "ok", "steps": api.health.steps()});
         if let Some(seen) = api.observed.get() {
             body["decodeTokensPerSecond"] = json!((seen.tokens_per_second * 10.0).round() / 10.0);
             body["decodeContextTokens"] = json!(seen.context_tokens.round() as u64);
