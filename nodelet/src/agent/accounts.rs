@@ -120,6 +120,8 @@ pub struct Policy {
     range: UidRange,
     path: PathBuf,
     assigned: Mutex<Assignments>,
+    /// This host's claim on `range`, held while the nodelet runs (root, not single-user).
+    _claim: Option<super::uid_claim::UidClaim>,
 }
 
 impl Policy {
@@ -127,7 +129,12 @@ impl Policy {
     /// must exist.
     pub fn load(cfg: &IsolationConfig, data_dir: &Path) -> anyhow::Result<Policy> {
         let root = nix::unistd::geteuid().is_root();
-        Self::load_as(cfg, data_dir, root)
+        let mut policy = Self::load_as(cfg, data_dir, root)?;
+        if policy.single_user.is_none() {
+            let dir = Path::new(super::uid_claim::CLAIM_DIR);
+            policy._claim = Some(super::uid_claim::claim(dir, cfg.uid_range)?);
+        }
+        Ok(policy)
     }
 
     fn load_as(cfg: &IsolationConfig, data_dir: &Path, root: bool) -> anyhow::Result<Policy> {
@@ -172,6 +179,7 @@ impl Policy {
             range: cfg.uid_range,
             path,
             assigned: Mutex::new(assigned),
+            _claim: None,
         })
     }
 

@@ -14,6 +14,7 @@ pub mod logs;
 pub mod program;
 pub mod supervisor;
 pub mod tls;
+pub mod uid_claim;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

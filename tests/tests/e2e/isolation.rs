@@ -454,6 +454,62 @@ async fn escapes_end_with_the_rank_single_user() {
     escapes_end_with_the_rank(&lab, "default", 1).await;
 }
 
+/// A second root nodelet on this host whose `--job-uid-range` overlaps a running one's does
+/// not start (it would hand the same uids to other namespaces and kill the first one's jobs as
+/// strays); once the first is gone, the range is free again.
+#[tokio::test]
+async fn nodelets_on_one_host_never_share_dynamic_uids() {
+    if skip_unless_root("nodelets_on_one_host_never_share_dynamic_uids") {
+        return;
+    }
+    let mut lab = Lab::start_with("iso-uid-claim", isolated(1, &[])).await;
+    let first = job_uid_base(lab.nodelet(0).ports.0);
+    let overlapping = format!("{}-{}", first + JOB_UIDS - 1, first + 2 * JOB_UIDS);
+    // Started without a CA for the (unused) controller address: past the claim, it stops there.
+    let lab_dir = lab.dir().to_path_buf();
+    let second = |dir: &str| {
+        let data = lab_dir.join(dir);
+        let mut child = std::process::Command::new(tb_tests::lab::nodelet_bin())
+            .args(["--controller", "127.0.0.1:9", "--name", "intruder"])
+            .args(["--data-dir", &data.display().to_string()])
+            .args(["--job-uid-range", &overlapping])
+            .env("RUST_LOG", "warn")
+            .env_remove("TB_CA_CERT")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("tb-nodelet");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while child.try_wait().expect("wait").is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        child.wait_with_output().expect("its output")
+    };
+    let out = second("intruder");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "it started: {err}");
+    assert!(
+        err.contains(&format!(
+            "--job-uid-range {overlapping} overlaps {first}-{}",
+            first + JOB_UIDS - 1
+        )) && err.contains("another tb-nodelet on this host holds"),
+        "{err}"
+    );
+    step!("refused: {}", err.lines().last().unwrap_or_default());
+    // The first nodelet gone (SIGKILL: its claim goes with the process), the range is free:
+    // the second gets past it (and stops later, at the controller this test does not give it).
+    lab.kill_nodelet(0);
+    let out = second("intruder-2");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !err.contains("overlaps") && err.contains("no CA configured"),
+        "{err}"
+    );
+}
+
 /// Isolated: also under a dynamic uid no one else uses.
 #[tokio::test]
 async fn escapes_end_with_the_rank_isolated() {
