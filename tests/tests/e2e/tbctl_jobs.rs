@@ -441,8 +441,11 @@ async fn two_local_clusters_with_port_ranges_do_not_collide() {
         );
         // The table lists each process's address and rank ports: all inside the range.
         for line in out.stdout.lines().filter(|l| l.starts_with("node-")) {
+            // Not the log's path: a temporary directory's random name may hold digits too.
             let ports: Vec<u16> = line
-                .split(|c: char| !c.is_ascii_digit())
+                .split_whitespace()
+                .filter(|field| !field.contains('/'))
+                .flat_map(|field| field.split(|c: char| !c.is_ascii_digit()))
                 .filter_map(|w| w.parse().ok())
                 .filter(|p| *p > 1000)
                 .collect();
