@@ -60,10 +60,12 @@ impl LlamaRpc<'_> {
     /// layers split evenly over `servers` RPC servers; 0: on `llama-bench`'s own CPU.
     pub fn decode_tps(&self, servers: usize) -> Result<f64> {
         let rpc = binary(self.bin_dir, "ggml-rpc-server")?;
-        let mut procs = Server::new(&format!("{servers} llama.cpp RPC servers"), String::new());
-        let mut addrs = Vec::with_capacity(servers);
-        for i in 0..servers {
-            let port = free_port()?;
+        let ports = (0..servers)
+            .map(|_| free_port())
+            .collect::<Result<Vec<u16>>>()?;
+        let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let mut procs = Server::new(&format!("{servers} llama.cpp RPC servers"), addrs.join(","));
+        for (i, port) in ports.iter().enumerate() {
             let log = self.log_dir.join(format!("rpc-server-{i}.log"));
             procs.spawn(
                 "ggml-rpc-server",
@@ -73,7 +75,6 @@ impl LlamaRpc<'_> {
                     .env("LD_LIBRARY_PATH", self.bin_dir),
                 Some(&log),
             )?;
-            addrs.push(format!("127.0.0.1:{port}"));
         }
         for addr in &addrs {
             wait_listening(addr, &mut procs, Duration::from_secs(30))?;

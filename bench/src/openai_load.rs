@@ -236,20 +236,7 @@ pub fn steps_run(http: &str, llama: bool) -> Option<u64> {
 
 /// `GET /health` answered 200.
 pub fn health_ok(http: &str) -> bool {
-    let Ok(mut s) = TcpStream::connect(http) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    if write!(
-        s,
-        "GET /health HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n"
-    )
-    .is_err()
-    {
-        return false;
-    }
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line).is_ok() && line.contains(" 200")
+    get_ok(http, "/health").is_some()
 }
 
 /// CPU time spent over a window: by the watched processes and this one (the bench's own

@@ -37,6 +37,11 @@ impl UidRange {
     pub fn contains(&self, uid: u32) -> bool {
         (self.start..=self.end).contains(&uid)
     }
+
+    /// Whether the two ranges have a uid in common.
+    pub fn overlaps(&self, other: &UidRange) -> bool {
+        self.start <= other.end && other.start <= self.end
+    }
 }
 
 impl std::str::FromStr for UidRange {

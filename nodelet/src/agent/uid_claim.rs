@@ -56,8 +56,7 @@ pub fn claim(dir: &Path, range: UidRange) -> anyhow::Result<UidClaim> {
                 drop(stale);
                 let _ = std::fs::remove_file(&path);
             }
-            Err((_, nix::errno::Errno::EWOULDBLOCK))
-                if held.end < range.start || range.end < held.start => {}
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) if !held.overlaps(&range) => {}
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
                 let owner = std::fs::read_to_string(&path).unwrap_or_default();
                 bail!(
