@@ -113,14 +113,19 @@ pub fn calibrate(scratch: &Path, device: &Device) -> Result<Calibration> {
 /// points (bytes of weights, seconds per token). A line through them that would start below
 /// zero means the smaller model ran faster per byte than the larger one — partly from a cache
 /// — and would understate the memory-bound rate the slope stands for: then the larger model's
-/// own rate is taken, with no overhead.
+/// own rate is taken, with no overhead. So it is when the larger model was measured no slower
+/// than the smaller (a disturbed measurement: the line would claim an unbounded rate).
 fn fit(small: (f64, f64), large: (f64, f64)) -> (f64, f64) {
-    let slope = (large.1 - small.1).max(1e-12) / (large.0 - small.0).max(1.0);
+    let own_rate = (large.0 / large.1.max(1e-12), 0.0);
+    if large.1 <= small.1 || large.0 <= small.0 {
+        return own_rate;
+    }
+    let slope = (large.1 - small.1) / (large.0 - small.0);
     let overhead = small.1 - small.0 * slope;
     if overhead >= 0.0 {
         (1.0 / slope, overhead)
     } else {
-        (large.0 / large.1.max(1e-12), 0.0)
+        own_rate
     }
 }
 
@@ -252,6 +257,16 @@ mod tests {
         let (bps, overhead) = fit((20e6, 10e-3), (60e6, 60e-3));
         assert!((bps - 1e9).abs() < 1e3, "{bps}");
         assert_eq!(overhead, 0.0);
+    }
+
+    #[test]
+    fn a_large_model_measured_no_slower_gives_its_own_rate() {
+        // The line would be flat: an unbounded rate. The large model's own rate stands.
+        for large_time in [10e-3, 9e-3] {
+            let (bps, overhead) = fit((20e6, 10e-3), (60e6, large_time));
+            assert!((bps - 60e6 / large_time).abs() < 1e3, "{bps}");
+            assert_eq!(overhead, 0.0);
+        }
     }
 
     #[test]
