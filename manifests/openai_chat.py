@@ -3,9 +3,9 @@
     python openai_chat.py BASE_URL MODEL ["question"]
 
 BASE_URL is the service's URL (`tbctl get isvc NAME` shows it, e.g.
-https://10.0.0.9:7401/services/default/chat/v1, which stays put when tb moves the service; or
-rank 0's own endpoint, http://10.0.0.1:32324/v1). The API key is a tb user token, from
-OPENAI_API_KEY; TB_CA_CERT names the cluster CA that the HTTPS URL's certificate is signed by.
+https://10.0.0.9:7401/services/default/chat/v1, which stays put when tb moves the service). The
+API key is a tb user token, from OPENAI_API_KEY; TB_CA_CERT names the cluster CA that the URL's
+certificate is signed by.
 Prints one JSON object with both answers and their token usage.
 """
 

@@ -29,8 +29,8 @@ use tb_api::proto::{
     IssueTokenRequest, IssueTokenResponse, JoinRequest, JoinResponse, ListRequest, ListResponse,
     ListUsersRequest, ListUsersResponse, LogLine, LogsRequest, MemberJoinTokenRequest,
     RemoveMemberRequest, RevokeTokenRequest, RevokeTokenResponse, SaveSnapshotRequest,
-    SnapshotChunk, UpdateStatusRequest, UpdateStatusResponse, WatchEvent, WatchRequest,
-    WhoAmIRequest, WhoAmIResponse,
+    ServiceKeyRequest, ServiceKeyResponse, SnapshotChunk, UpdateStatusRequest,
+    UpdateStatusResponse, WatchEvent, WatchRequest, WhoAmIRequest, WhoAmIResponse,
 };
 use tokio::time::Instant;
 use tonic::service::interceptor::InterceptedService;
@@ -480,6 +480,18 @@ impl Client {
         self.call("Heartbeat", |ch, t| {
             let req = timed(req.clone(), t);
             async move { nodes(ch).heartbeat(req).await }
+        })
+        .await
+    }
+
+    /// The API key of the service whose rank 0 is the caller's allocation (a nodelet's call).
+    pub async fn service_key(
+        &mut self,
+        req: ServiceKeyRequest,
+    ) -> Result<ServiceKeyResponse, RpcError> {
+        self.call("ServiceKey", |ch, t| {
+            let req = timed(req.clone(), t);
+            async move { nodes(ch).service_key(req).await }
         })
         .await
     }

@@ -8,6 +8,11 @@ use std::time::Duration;
 use tonic::transport::Endpoint;
 
 use crate::raft::PeerAuth;
+
+/// What a service key is derived for (no other use of the secret yields the same bytes).
+const SERVICE_KEY_CONTEXT: &str = "tb InferenceService API key\0";
+/// Service keys start with this, so a log or a leak says what it is.
+pub const SERVICE_KEY_PREFIX: &str = "tbsvc-";
 use crate::tls::{CertifiedKey, ControllerTls};
 
 #[derive(Default)]
@@ -67,6 +72,20 @@ impl Credentials {
             && crate::auth::constant_time_eq(presented.as_bytes(), self.cluster_secret.as_bytes())
     }
 
+    /// The API key of InferenceService `namespace/name` whose object has uid `uid`: what the
+    /// services forwarder sends to its rank 0 and what rank 0 checks. Derived from the cluster
+    /// secret, so every controller computes the same one and none is stored (members can read
+    /// every object); a service made again under the same name gets another. None without a
+    /// secret (an in-process cluster): rank 0 then takes no key.
+    pub fn service_key(&self, namespace: &str, name: &str, uid: &str) -> Option<String> {
+        if self.cluster_secret.is_empty() {
+            return None;
+        }
+        let message = [SERVICE_KEY_CONTEXT, namespace, "\0", name, "\0", uid].concat();
+        let mac = crate::auth::hmac_sha256(self.cluster_secret.as_bytes(), message.as_bytes());
+        Some(format!("{SERVICE_KEY_PREFIX}{}", hex::encode(mac)))
+    }
+
     /// The cluster's controller join token (`crate::member_token`) with `salt` (the store's
     /// `member_join_salt`); None without TLS, whose CA the token pins.
     pub fn member_token(
@@ -91,5 +110,40 @@ impl Credentials {
     /// What calls to other controllers present.
     pub fn peer_auth(&self) -> PeerAuth {
         PeerAuth::new(&self.cluster_secret)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_secret(secret: &str) -> Credentials {
+        Credentials::new(None, secret.into())
+    }
+
+    #[test]
+    fn service_keys_differ_by_service_and_secret_and_none_without_one() {
+        let c = with_secret("tbcluster-0123456789abcdef0123456789abcdef");
+        let key = c.service_key("default", "chat", "u1").expect("a key");
+        assert!(
+            key.starts_with(SERVICE_KEY_PREFIX) && key.len() == 6 + 64,
+            "{key}"
+        );
+        assert_eq!(c.service_key("default", "chat", "u1"), Some(key.clone()));
+        for other in [
+            c.service_key("default", "chat", "u2"),
+            c.service_key("team", "chat", "u1"),
+            c.service_key("default", "chat2", "u1"),
+            // Names cannot run into each other across the separator.
+            c.service_key("default", "cha", "tu1"),
+            with_secret("tbcluster-ffffffffffffffffffffffffffffffff")
+                .service_key("default", "chat", "u1"),
+        ] {
+            assert_ne!(other, Some(key.clone()));
+        }
+        assert_eq!(
+            Credentials::none().service_key("default", "chat", "u1"),
+            None
+        );
     }
 }

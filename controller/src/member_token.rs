@@ -138,32 +138,16 @@ pub fn ca_hash(cert_pem: &str) -> anyhow::Result<String> {
 /// HMAC-SHA256 (RFC 2104) of the join context and salt under the cluster secret, hex.
 fn derive_secret(cluster_secret: &str, salt: &str) -> String {
     let message = [SECRET_CONTEXT, salt.as_bytes()].concat();
-    hex::encode(hmac_sha256(cluster_secret.as_bytes(), &message))
-}
-
-fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
-    const BLOCK: usize = 64;
-    let mut block = [0u8; BLOCK];
-    if key.len() > BLOCK {
-        block[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        block[..key.len()].copy_from_slice(key);
-    }
-    let pad = |byte: u8| block.map(|b| b ^ byte);
-    let inner = Sha256::new()
-        .chain_update(pad(0x36))
-        .chain_update(message)
-        .finalize();
-    Sha256::new()
-        .chain_update(pad(0x5c))
-        .chain_update(inner)
-        .finalize()
-        .into()
+    hex::encode(crate::auth::hmac_sha256(
+        cluster_secret.as_bytes(),
+        &message,
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::hmac_sha256;
 
     const HASH: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
     const SECRET: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";

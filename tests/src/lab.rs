@@ -524,6 +524,35 @@ impl Nodelet {
     }
 }
 
+/// The API key rank 0 of InferenceService `service` (namespace default) takes on its own
+/// endpoint, as its nodelet wrote it for the rank (`allocs/default/ALLOC/service.key`, 0600 for
+/// the rank's account: the tests run as root or as the nodelets' user). Every placement of one
+/// service object takes the same key, so any rank 0 allocation's file will do.
+pub fn service_key_in(
+    data_dirs: &[PathBuf],
+    allocations: &[Value],
+    service: &str,
+) -> Option<String> {
+    allocations
+        .iter()
+        .filter(|a| {
+            a["metadata"]["labels"]["tb/job"] == service
+                && a["spec"]["job"]["kind"] == "InferenceService"
+                && a["spec"]["rank"] == 0
+        })
+        .filter_map(|a| a["metadata"]["name"].as_str())
+        .flat_map(|name| {
+            data_dirs.iter().map(move |d| {
+                d.join("allocs")
+                    .join("default")
+                    .join(name)
+                    .join("service.key")
+            })
+        })
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .map(|k| k.trim().to_string())
+}
+
 pub struct Lab {
     addr: String,
     /// The controller's services listener (InferenceServices' stable address).
@@ -864,6 +893,14 @@ impl Lab {
             )
         });
         allocs
+    }
+
+    /// The API key of InferenceService `service`'s rank 0 endpoint ([`service_key_in`]).
+    pub async fn service_key(&self, service: &str) -> String {
+        let allocations = self.allocations(service).await;
+        let dirs: Vec<PathBuf> = self.nodelets().iter().map(|n| n.data_dir.clone()).collect();
+        service_key_in(&dirs, &allocations, service)
+            .unwrap_or_else(|| panic!("no service.key of isvc/{service}'s rank 0 in {dirs:?}"))
     }
 
     /// Every Node.

@@ -899,6 +899,13 @@ impl EmulatedLab {
         self.tbctl_ok(&["apply", "-f", &path]).await
     }
 
+    /// The API key of InferenceService `service`'s rank 0 endpoint
+    /// ([`crate::lab::service_key_in`]), once its nodelet has written it.
+    pub async fn service_key(&self, service: &str) -> Option<String> {
+        let allocations = self.list("Allocation").await.ok()?;
+        crate::lab::service_key_in(&self.data_dirs, &allocations, service)
+    }
+
     /// `tbctl get KIND -o json`'s items, or what tbctl said when it failed.
     pub async fn list(&self, kind: &str) -> Result<Vec<Value>, String> {
         let out = self.tbctl(&["get", kind, "-o", "json"]).await;

@@ -2,10 +2,10 @@
 //! and prints the answer as it streams in. A convenience client: the endpoint speaks the OpenAI
 //! API, so any OpenAI client works the same.
 //!
-//! It prefers the service's stable address (`status.url`, served by the controllers over TLS,
+//! It asks at the service's stable address (`status.url`, served by the controllers over TLS,
 //! which follows the service when tb places it again), verified with the context's cluster CA and
-//! authenticated with the context's token; without a CA, or when the controllers serve no stable
-//! address, it falls back to rank 0's own endpoint (`status.endpoint`, plain HTTP, no token).
+//! authenticated with the context's token. Rank 0's own endpoint (`status.endpoint`) takes only
+//! the service's key, which the controllers hold, so it is not asked directly.
 
 use anyhow::{Context, Result, bail};
 use http_body_util::{BodyExt, Full};
@@ -33,26 +33,8 @@ pub async fn run(ctx: &mut Ctx, a: &ChatArgs) -> Result<()> {
         .with_context(|| format!("reading InferenceService {}", a.name))?;
     let obj: Value = serde_json::from_str(&obj.object_json).context("the service's JSON")?;
     let stable = obj["status"]["url"].as_str().unwrap_or_default();
-    let direct = obj["status"]["endpoint"].as_str().unwrap_or_default();
     let model = obj["spec"]["model"].as_str().unwrap_or_default();
-    let target = match (stable.starts_with("https://"), ctx.trust()) {
-        (true, Some(trust)) => Target::Stable {
-            url: stable.to_string(),
-            trust: trust.clone(),
-            token: ctx.token().map(str::to_string),
-        },
-        _ => Target::Direct(direct.to_string()),
-    };
-    if let Target::Direct(endpoint) = &target
-        && endpoint.is_empty()
-    {
-        let reason = obj["status"]["reason"].as_str().unwrap_or("Pending");
-        bail!(
-            "InferenceService {} has no endpoint yet ({reason}); `tbctl wait --for=condition=Ready isvc/{}` waits for one",
-            a.name,
-            a.name
-        );
-    }
+    let target = target(ctx, &a.name, stable)?;
     let mut messages = Vec::new();
     if let Some(s) = &a.system {
         messages.push(json!({"role": "system", "content": s}));
@@ -112,39 +94,68 @@ pub async fn run(ctx: &mut Ctx, a: &ChatArgs) -> Result<()> {
     bail!("the stream ended before [DONE]")
 }
 
-/// Where the request goes.
-enum Target {
-    /// The controllers' stable address for the service (https), with the CA to verify them and
-    /// the token to send.
-    Stable {
-        url: String,
-        trust: tb_client::Trust,
-        token: Option<String>,
-    },
-    /// Rank 0's own endpoint (http).
-    Direct(String),
+/// Where the request goes: the controllers' stable address for the service, with the CA to
+/// verify them (https) and the token to send.
+struct Target {
+    url: String,
+    trust: Option<tb_client::Trust>,
+    token: Option<String>,
 }
 
 impl Target {
     fn base(&self) -> &str {
-        match self {
-            Target::Stable { url, .. } => url,
-            Target::Direct(url) => url,
-        }
+        &self.url
     }
+}
+
+/// The service's stable URL as this context may use it. Rank 0's own endpoint is no
+/// alternative: it takes only the service's key, which the controllers hold.
+fn target(ctx: &Ctx, name: &str, stable: &str) -> Result<Target> {
+    let token = ctx.token().map(str::to_string);
+    if stable.starts_with("https://") {
+        let Some(trust) = ctx.trust() else {
+            bail!(
+                "InferenceService {name} is served at {stable}, whose certificate the cluster CA \
+                 signs: pass --ca-cert FILE (a controller's DATA_DIR/ca.pem), set TB_CA_CERT, \
+                 or `tbctl login --ca-cert FILE`"
+            );
+        };
+        return Ok(Target {
+            url: stable.to_string(),
+            trust: Some(trust.clone()),
+            token,
+        });
+    }
+    if stable.starts_with("http://") {
+        if token.is_some() && !ctx.insecure() {
+            bail!(
+                "InferenceService {name} is served at {stable}, plain HTTP (controllers started \
+                 with --insecure): pass --insecure to send your token in clear text"
+            );
+        }
+        return Ok(Target {
+            url: stable.to_string(),
+            trust: None,
+            token,
+        });
+    }
+    bail!(
+        "InferenceService {name} has no URL: the controllers serve InferenceServices only when \
+         started with --services-listen ADDR (`tbctl up` does)"
+    )
 }
 
 /// POSTs JSON to `url` (under `target`'s base); returns the status and the body stream.
 async fn post(target: &Target, url: &str, body: &str) -> Result<(u16, hyper::body::Incoming)> {
-    let (rest, tls) = match target {
-        Target::Stable { trust, .. } => (
+    let (rest, tls) = match &target.trust {
+        Some(trust) => (
             url.strip_prefix("https://")
                 .with_context(|| format!("{url}: expected an https:// address"))?,
             Some(trust),
         ),
-        Target::Direct(_) => (
+        None => (
             url.strip_prefix("http://")
-                .with_context(|| format!("{url}: only http:// endpoints are supported"))?,
+                .with_context(|| format!("{url}: expected an http:// address"))?,
             None,
         ),
     };
@@ -155,10 +166,7 @@ async fn post(target: &Target, url: &str, body: &str) -> Result<(u16, hyper::bod
     let mut req = hyper::Request::post(format!("/{path}"))
         .header("host", authority)
         .header("content-type", "application/json");
-    if let Target::Stable {
-        token: Some(token), ..
-    } = target
-    {
+    if let Some(token) = &target.token {
         req = req.header("authorization", format!("Bearer {token}"));
     }
     let req = req

@@ -111,6 +111,11 @@ impl Ctx {
         self.token.as_deref()
     }
 
+    /// Whether the token may go over plain TCP (`--insecure`).
+    pub fn insecure(&self) -> bool {
+        self.insecure
+    }
+
     /// The CA the controllers are verified with, if any.
     pub fn trust(&self) -> Option<&crate::tls::Trust> {
         self.trust.as_ref()

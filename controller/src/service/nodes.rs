@@ -12,7 +12,7 @@ use tb_api::proto::nodelet_client::NodeletClient;
 use tb_api::proto::nodes_server::Nodes;
 use tb_api::proto::{
     CreateTokenRequest, CreateTokenResponse, HeartbeatRequest, HeartbeatResponse, JoinRequest,
-    JoinResponse, LogLine, LogsRequest,
+    JoinResponse, LogLine, LogsRequest, ServiceKeyRequest, ServiceKeyResponse,
 };
 use tb_api::status::{JobStatus, NodeStatus};
 use tb_api::{Kind, Object, ObjectKey};
@@ -203,6 +203,18 @@ impl Nodes for NodesService {
 
     type LogsStream = LogStream;
 
+    async fn service_key(
+        &self,
+        req: Request<ServiceKeyRequest>,
+    ) -> Result<TonicResponse<ServiceKeyResponse>, Status> {
+        let caller = caller(&req);
+        let req = req.into_inner();
+        let key = service_key_for(&self.node, &caller, &req.namespace, &req.allocation)?;
+        Ok(TonicResponse::new(ServiceKeyResponse {
+            key: key.unwrap_or_default(),
+        }))
+    }
+
     async fn logs(
         &self,
         req: Request<LogsRequest>,
@@ -211,6 +223,62 @@ impl Nodes for NodesService {
         let rx = open_logs(&self.node, &caller, req.into_inner())?;
         Ok(TonicResponse::new(Box::pin(ReceiverStream::new(rx))))
     }
+}
+
+/// The API key of the InferenceService whose rank 0 is allocation `namespace/allocation`, for
+/// the node that runs it and no one else: only that node's nodelet writes it where its rank 0
+/// reads it. Read from this controller's replica, which may not have the allocation yet: the
+/// nodelet asks again on NOT_FOUND.
+fn service_key_for(
+    node: &RaftNode,
+    caller: &Caller,
+    namespace: &str,
+    allocation: &str,
+) -> Result<Option<String>, Status> {
+    let Caller::Node { name: caller_node } = caller else {
+        return Err(Status::permission_denied(format!(
+            "{caller} may not read service keys: only the node that runs a service's rank 0 may"
+        )));
+    };
+    tb_api::name::validate_namespace(namespace)
+        .map_err(|m| Status::invalid_argument(format!("namespace: {m}")))?;
+    tb_api::name::validate_name(allocation)
+        .map_err(|m| Status::invalid_argument(format!("allocation: {m}")))?;
+    let state = node.store().read();
+    let alloc_key = ObjectKey {
+        kind: Kind::Allocation.as_str().into(),
+        namespace: namespace.into(),
+        name: allocation.into(),
+    };
+    let alloc = state
+        .get(&alloc_key)
+        .ok_or_else(|| Status::not_found(format!("{alloc_key} not found")))?;
+    let spec: tb_api::specs::AllocationSpec = tb_api::specs::parse_spec(&alloc.spec)
+        .map_err(|e| Status::internal(format!("{alloc_key}: {e}")))?;
+    let is_rank_0_of_a_service = spec.rank == 0
+        && spec.executor == tb_api::specs::Executor::Builtin
+        && spec.job.kind == Kind::InferenceService.as_str();
+    if !is_rank_0_of_a_service || &spec.node != caller_node {
+        return Err(Status::permission_denied(format!(
+            "{alloc_key} is not rank 0 of a built-in InferenceService on node {caller_node:?}"
+        )));
+    }
+    let service_key = ObjectKey {
+        kind: Kind::InferenceService.as_str().into(),
+        namespace: namespace.into(),
+        name: spec.job.name.clone(),
+    };
+    let service = state
+        .get(&service_key)
+        .ok_or_else(|| Status::not_found(format!("{service_key} not found")))?;
+    if !spec.job.uid.is_empty() && spec.job.uid != service.metadata.uid {
+        return Err(Status::failed_precondition(format!(
+            "{alloc_key} belongs to an earlier {service_key} of the same name"
+        )));
+    }
+    Ok(node
+        .credentials()
+        .service_key(namespace, &spec.job.name, &service.metadata.uid))
 }
 
 /// The lines of a job's ranks, read from the nodelets that ran them, for `caller` (who must

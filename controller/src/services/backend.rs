@@ -25,8 +25,9 @@ pub enum Backend {
     Gone,
     /// It has no ready rank 0 (being placed, staging, loading, or unschedulable): why.
     NotReady(String),
-    /// Rank 0 answers at this address (plain HTTP on the Mac's network).
-    Ready(SocketAddr),
+    /// Rank 0 answers at this address (plain HTTP on the Mac's network), taking this API key
+    /// (none from an in-process cluster, whose controllers hold no secret).
+    Ready(SocketAddr, Option<String>),
 }
 
 /// The service's backend as the store names it.
@@ -35,10 +36,19 @@ pub fn lookup(node: &RaftNode, key: &ObjectKey) -> Backend {
     let Some(obj) = state.get(key) else {
         return Backend::Gone;
     };
-    of_status(&JobStatus::from_value(&obj.status))
+    match of_status(&JobStatus::from_value(&obj.status)) {
+        Backend::Ready(addr, _) => {
+            let api_key =
+                node.credentials()
+                    .service_key(&key.namespace, &key.name, &obj.metadata.uid);
+            Backend::Ready(addr, api_key)
+        }
+        other => other,
+    }
 }
 
-/// The backend a service's status names: its `endpoint` once the Ready condition is True.
+/// The backend a service's status names: its `endpoint` once the Ready condition is True (its
+/// key is [`lookup`]'s to add).
 pub fn of_status(status: &JobStatus) -> Backend {
     let ready = status
         .conditions
@@ -53,7 +63,7 @@ pub fn of_status(status: &JobStatus) -> Backend {
         return Backend::NotReady(why);
     }
     match endpoint_addr(&status.endpoint) {
-        Some(addr) => Backend::Ready(addr),
+        Some(addr) => Backend::Ready(addr, None),
         None => Backend::NotReady(format!(
             "its endpoint {:?} is not http://IP:PORT/v1",
             status.endpoint
@@ -86,7 +96,7 @@ mod tests {
         }));
         assert_eq!(
             of_status(&s),
-            Backend::Ready("127.0.0.1:32324".parse().unwrap())
+            Backend::Ready("127.0.0.1:32324".parse().unwrap(), None)
         );
     }
 

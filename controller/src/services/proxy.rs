@@ -2,7 +2,7 @@
 //!
 //! The request goes only to the address this controller's store names for that service
 //! ([`super::backend`]) — never to a host or URL taken from the request — and the caller's tb
-//! token is not passed on. While the service has no ready backend, or its backend refuses the
+//! token is not passed on: rank 0 is given the service's own API key instead. While the service has no ready backend, or its backend refuses the
 //! request (cannot be reached, or answers 503 because a stage is gone), the request waits —
 //! up to the listener's bound — for tb to place the service again, and is then sent to the new
 //! rank 0: a client's single request rides through a re-placement. The answer's body is passed
@@ -68,7 +68,7 @@ pub async fn forward(node: &RaftNode, key: &ObjectKey, wait: Duration, out: Outg
                 );
             }
             Backend::NotReady(why) => last = format!("it is not ready: {why}"),
-            Backend::Ready(addr) => match attempt(node, key, addr, &out).await {
+            Backend::Ready(addr, api_key) => match attempt(node, key, addr, api_key, &out).await {
                 Ok(response) => {
                     if !last.is_empty() {
                         tracing::info!(
@@ -122,6 +122,7 @@ async fn attempt(
     node: &RaftNode,
     key: &ObjectKey,
     addr: SocketAddr,
+    api_key: Option<String>,
     out: &Outgoing,
 ) -> Result<Response, Attempt> {
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
@@ -148,6 +149,12 @@ async fn attempt(
         if let Ok(host) = HeaderValue::from_str(&addr.to_string()) {
             headers.insert(header::HOST, host);
         }
+        // The service's own key (derived, never the caller's token): rank 0 takes no other.
+        if let Some(value) =
+            api_key.and_then(|k| HeaderValue::from_str(&format!("Bearer {k}")).ok())
+        {
+            headers.insert(header::AUTHORIZATION, value);
+        }
     }
     let request = request
         .body(Full::new(out.body.clone()))
@@ -157,7 +164,7 @@ async fn attempt(
     let moved = async {
         loop {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            if backend::lookup(node, key) != Backend::Ready(addr) {
+            if !matches!(backend::lookup(node, key), Backend::Ready(a, _) if a == addr) {
                 return;
             }
         }

@@ -59,6 +59,10 @@ struct Args {
     /// Where rank 0 serves HTTP, ip:port.
     #[arg(long)]
     http: Option<SocketAddr>,
+    /// A file holding the API key rank 0's `/v1` endpoints take (`Authorization: Bearer`);
+    /// without it they take any caller. `/health` takes none.
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
     /// Tokens of context per sequence (the model's own when absent).
     #[arg(long)]
     context: Option<usize>,
@@ -152,6 +156,7 @@ async fn serve() -> ExitCode {
         hosts: args.hosts,
         coordinator,
         http: args.http,
+        api_key_file: args.api_key_file,
         context: args.context,
         batch: args.batch,
         memory_limit: args.memory_limit,

@@ -64,6 +64,8 @@ pub struct ShardOptions {
     pub coordinator: SocketAddr,
     /// Rank 0 serves HTTP here.
     pub http: Option<SocketAddr>,
+    /// The API key its `/v1` endpoints take, in this file (none: any caller).
+    pub api_key_file: Option<PathBuf>,
     pub context: Option<usize>,
     pub batch: usize,
     /// Bytes this rank may use; the shard's weights must fit.
@@ -148,6 +150,13 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
             error: anyhow::anyhow!("rank {} of {} hosts", opts.rank, world),
         });
     }
+    // Before the model loads, so that a bad key file is said at once.
+    let api_key = opts
+        .api_key_file
+        .as_deref()
+        .map(openai::read_key_file)
+        .transpose()
+        .map_err(start_error("InvalidSpec"))?;
     let path = opts.model_path.clone();
     let (first, count, context) = (opts.first, opts.count, opts.context);
     let adapter = opts.adapter.clone();
@@ -274,6 +283,7 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
     let health = Arc::new(driver::Health::default());
     let (tx, rx) = std::sync::mpsc::channel();
     let api = Arc::new(openai::Api {
+        api_key,
         requests: std::sync::Mutex::new(tx),
         tokenizer: tokenizer.clone(),
         template,

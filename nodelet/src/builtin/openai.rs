@@ -4,6 +4,10 @@
 //! gone through every stage, with the decode tokens/s streams observed and the steps run; 503
 //! before that and after a stage failed).
 //!
+//! With an API key (`--api-key-file`: the service's own, which the nodelet gets from the
+//! controllers and their forwarder sends), every `/v1` request must carry it as
+//! `Authorization: Bearer`, else 401; `/health` takes none (the nodelet's readiness probe).
+//!
 //! Errors have OpenAI's shape — `{"error": {"message", "type", "param", "code"}}` — with 400 for
 //! bad requests (malformed JSON with its line and column, out-of-range parameters, a prompt too
 //! long for the context), 404 for an unknown model or path, and 503 while the pipeline is not
@@ -34,6 +38,8 @@ pub const DEFAULT_MAX_TOKENS: usize = 512;
 
 /// What the handlers share.
 pub struct Api {
+    /// The key `/v1` requests must carry (`Authorization: Bearer`); None: any caller.
+    pub api_key: Option<String>,
     pub requests: std::sync::Mutex<Sender<Request>>,
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
@@ -55,9 +61,57 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
+        .route_layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            require_key,
+        ))
         .route("/health", get(health))
         .fallback(unknown_path)
         .with_state(api)
+}
+
+/// The longest API key file read.
+const MAX_KEY_FILE: u64 = 1024;
+
+/// The API key in `path`: its first line, which must not be empty.
+pub fn read_key_file(path: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_KEY_FILE).read_to_string(&mut text))
+        .with_context(|| format!("reading the API key file {}", path.display()))?;
+    let key = text.lines().next().unwrap_or("").trim();
+    if key.is_empty() {
+        anyhow::bail!("the API key file {} is empty", path.display());
+    }
+    Ok(key.to_string())
+}
+
+/// Refuses a `/v1` request that does not carry the service's key (the controllers' forwarder
+/// sends it; a client that reaches rank 0's address directly has none).
+async fn require_key(
+    State(api): State<Arc<Api>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(key) = &api.api_key {
+        let presented = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !same_bytes(presented.as_bytes(), key.as_bytes()) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Whether `a` and `b` are equal, in time independent of where they differ.
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// An OpenAI-style error response.
@@ -78,6 +132,18 @@ impl ApiError {
             code,
             param,
             message: message.into(),
+        }
+    }
+
+    fn unauthorized() -> Self {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            kind: "invalid_request_error",
+            code: "invalid_api_key",
+            param: None,
+            message: "this endpoint takes the service's own API key, which only tb's controllers \
+                      hold: call the service at its URL (`tbctl get isvc`) with your tb token"
+                .into(),
         }
     }
 
@@ -760,4 +826,33 @@ async fn completions(State(api): State<Arc<Api>>, body: Bytes) -> Result<Respons
         answer["choices"][0]["token_ids"] = json!(f.token_ids);
     }
     Ok(json_response(StatusCode::OK, &answer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_file_gives_its_first_line_and_an_empty_one_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("service.key");
+        std::fs::write(&path, "  tbsvc-abc \nignored\n").expect("write");
+        assert_eq!(read_key_file(&path).expect("a key"), "tbsvc-abc");
+        std::fs::write(&path, "\n").expect("write");
+        let e = read_key_file(&path).expect_err("empty").to_string();
+        assert!(e.contains("is empty") && e.contains("service.key"), "{e}");
+        let e = format!(
+            "{:#}",
+            read_key_file(&dir.path().join("none")).expect_err("missing")
+        );
+        assert!(e.contains("reading the API key file"), "{e}");
+    }
+
+    #[test]
+    fn keys_compare_whole() {
+        assert!(same_bytes(b"tbsvc-ab", b"tbsvc-ab"));
+        for other in [&b"tbsvc-a"[..], b"tbsvc-ac", b"tbsvc-ab0", b""] {
+            assert!(!same_bytes(other, b"tbsvc-ab"));
+        }
+    }
 }

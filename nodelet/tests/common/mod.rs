@@ -110,12 +110,24 @@ pub fn http(
     path: &str,
     body: Option<&Value>,
 ) -> std::io::Result<(u16, String)> {
+    http_with_key(addr, None, method, path, body)
+}
+
+/// [`http`] with `Authorization: Bearer KEY` when `key` is given.
+pub fn http_with_key(
+    addr: &str,
+    key: Option<&str>,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(300)))?;
     let body = body.map(Value::to_string).unwrap_or_default();
+    let authorization = key.map_or_else(String::new, |k| format!("Authorization: Bearer {k}\r\n"));
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{authorization}Content-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )?;

@@ -50,13 +50,13 @@ fn engine_tokens(model: &Path, adapter: Option<&Path>) -> Vec<u32> {
 }
 
 /// One HTTP/1.0 POST of JSON; returns (status, body).
-fn post(addr: &str, path: &str, body: &Value) -> std::io::Result<(u16, String)> {
+fn post(addr: &str, key: &str, path: &str, body: &Value) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(300)))?;
     let body = body.to_string();
     write!(
         s,
-        "POST {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )?;
     let mut raw = String::new();
@@ -172,10 +172,12 @@ links:
         .to_string();
     let body = json!({"model": "smollm2", "prompt": PROMPT, "max_tokens": NEW_TOKENS,
                       "temperature": 0, "return_token_ids": true});
-    let (code, answer) =
-        tokio::task::spawn_blocking(move || post(&addr, "/v1/completions", &body).expect("POST"))
-            .await
-            .expect("request");
+    let key = lab.service_key("chat").await;
+    let (code, answer) = tokio::task::spawn_blocking(move || {
+        post(&addr, &key, "/v1/completions", &body).expect("POST")
+    })
+    .await
+    .expect("request");
     assert_eq!(code, 200, "{answer}");
     let v: Value = serde_json::from_str(&answer).expect("JSON");
     let got: Vec<u32> = v["choices"][0]["token_ids"]

@@ -12,11 +12,13 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use tb_api::proto::ServiceKeyRequest;
 use tb_engine::generate::Engine;
 use tb_engine::sample::SamplingParams;
 use tb_engine::shard::LoadOptions;
@@ -43,9 +45,21 @@ fn shard_bin() -> PathBuf {
     lab::nodelet_bin().with_file_name("tb-shard")
 }
 
-/// One HTTP/1.0 request; returns (status, body).
+/// One HTTP/1.0 request without an API key (to a tb-shard started by hand, or a probe of
+/// what rank 0 refuses); returns (status, body).
 fn http(
     addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> std::io::Result<(u16, String)> {
+    http_with_key(addr, None, method, path, body)
+}
+
+/// One HTTP/1.0 request with `Authorization: Bearer KEY` when given; returns (status, body).
+fn http_with_key(
+    addr: &str,
+    key: Option<&str>,
     method: &str,
     path: &str,
     body: Option<&Value>,
@@ -55,9 +69,10 @@ fn http(
     // test at once has taken minutes for a batch of answers.
     s.set_read_timeout(Some(Duration::from_secs(300)))?;
     let body = body.map(Value::to_string).unwrap_or_default();
+    let authorization = key.map_or_else(String::new, |k| format!("Authorization: Bearer {k}\r\n"));
     write!(
         s,
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{authorization}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )?;
     let mut raw = String::new();
@@ -566,10 +581,12 @@ links:
         "{get}"
     );
 
-    // The OpenAI Python SDK, plain and streamed.
+    // The OpenAI Python SDK, plain and streamed, at the stable URL with a tb token.
     let out = tokio::process::Command::new(&python)
         .arg(lab::manifest("openai_chat.py"))
-        .args([&endpoint, "smollm2"])
+        .args([url, "smollm2"])
+        .env("OPENAI_API_KEY", tb_tests::auth::admin_token())
+        .env("TB_CA_CERT", tb_tests::auth::ca_cert())
         .stdin(Stdio::null())
         .output()
         .await
@@ -638,13 +655,91 @@ links:
         .await;
     assert!(!chat.stdout.trim().is_empty(), "{chat}");
 
-    // Bad requests get OpenAI-style 4xx.
+    // Rank 0's own endpoint takes only the service's key, which the controllers hold: a
+    // caller who reaches its address directly is refused, with no key, a wrong one or a tb
+    // token; its health probe stays open.
     let addr = endpoint
         .trim_start_matches("http://")
         .trim_end_matches("/v1")
         .to_string();
-    let (status_code, body) = http(
+    let key = lab.service_key("chat").await;
+    let chat_body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2});
+    for wrong in [
+        None,
+        Some("tbsvc-0000"),
+        Some(tb_tests::auth::admin_token()),
+    ] {
+        for (method, path, body) in [
+            ("GET", "/v1/models", None),
+            ("GET", "/v1/models/smollm2", None),
+            ("POST", "/v1/chat/completions", Some(&chat_body)),
+        ] {
+            let (code, answer) = http_with_key(&addr, wrong, method, path, body).expect("HTTP");
+            assert_eq!(code, 401, "{method} {path} with {wrong:?}: {answer}");
+            assert!(answer.contains("invalid_api_key"), "{answer}");
+        }
+    }
+    let (code, answer) = http(&addr, "GET", "/health", None).expect("GET /health");
+    assert_eq!(code, 200, "{answer}");
+    let (code, answer) =
+        http_with_key(&addr, Some(&key), "GET", "/v1/models", None).expect("GET /v1/models");
+    assert_eq!(code, 200, "{answer}");
+    // The key file is the rank's alone.
+    let rank0 = allocs
+        .iter()
+        .find(|a| a["spec"]["rank"] == 0)
+        .expect("rank 0");
+    let node = lab.nodelet(lab.index_of(rank0["spec"]["node"].as_str().expect("node")));
+    let key_file = node
+        .alloc_dir("default", rank0["metadata"]["name"].as_str().expect("name"))
+        .join("service.key");
+    let mode = std::fs::metadata(&key_file)
+        .expect("service.key")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{}", key_file.display());
+    // Only rank 0's node is given the key: not a user (an admin either), not another node.
+    let ask = ServiceKeyRequest {
+        namespace: "default".into(),
+        allocation: rank0["metadata"]["name"].as_str().expect("name").into(),
+    };
+    let as_token = |token: &str| {
+        tb_tests::client::Client::with_token(vec![lab.addr().to_string()], Some(token))
+            .nodes(lab.addr())
+    };
+    let credential = |n: &lab::Nodelet| -> String {
+        let c: Value = serde_json::from_str(
+            &std::fs::read_to_string(n.data_dir.join("credential.json")).expect("credential"),
+        )
+        .expect("credential JSON");
+        c["credential"].as_str().expect("credential").to_string()
+    };
+    let other = lab
+        .nodelets()
+        .iter()
+        .find(|n| n.name != node.name)
+        .expect("another node");
+    for (who, token) in [
+        ("an admin", tb_tests::auth::admin_token().to_string()),
+        ("another node", credential(other)),
+    ] {
+        let e = as_token(&token)
+            .service_key(ask.clone())
+            .await
+            .expect_err(who);
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{who}: {e:?}");
+    }
+    let given = as_token(&credential(node))
+        .service_key(ask)
+        .await
+        .expect("rank 0's node")
+        .into_inner();
+    assert_eq!(given.key, key);
+
+    // Bad requests get OpenAI-style 4xx.
+    let (status_code, body) = http_with_key(
         &addr,
+        Some(&key),
         "POST",
         "/v1/chat/completions",
         Some(&json!({"model": "gpt-9", "messages": []})),
@@ -653,7 +748,7 @@ links:
     assert_eq!(status_code, 404, "{body}");
     assert!(body.contains("model_not_found"), "{body}");
     for path in ["/v1/models/gpt-9", "/v1/embeddings"] {
-        let (status_code, body) = http(&addr, "GET", path, None).expect("GET");
+        let (status_code, body) = http_with_key(&addr, Some(&key), "GET", path, None).expect("GET");
         assert_eq!(status_code, 404, "{path}: {body}");
         let error: Value = serde_json::from_str(&body).expect("a JSON error body");
         assert!(
@@ -662,8 +757,9 @@ links:
         );
     }
     let long = "word ".repeat(3000);
-    let (status_code, body) = http(
+    let (status_code, body) = http_with_key(
         &addr,
+        Some(&key),
         "POST",
         "/v1/completions",
         Some(&json!({"model": "smollm2", "prompt": long})),
@@ -688,8 +784,9 @@ links:
         libc::kill(pid as i32, libc::SIGKILL);
     }
     lab::wait_process_gone(pid, "rank 1", Duration::from_secs(10)).await;
-    let (status_code, body) = http(
+    let (status_code, body) = http_with_key(
         &addr,
+        Some(&key),
         "POST",
         "/v1/chat/completions",
         Some(&json!({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})),
@@ -718,12 +815,14 @@ links:
         !restarts.is_empty() && restarts.iter().all(|m| m.starts_with("rank 1 on ")),
         "{restarts:?}"
     );
+    // The service placed again takes the same key: it is the service's, not a placement's.
     let endpoint = again["endpoint"].as_str().expect("endpoint");
     let addr = endpoint
         .trim_start_matches("http://")
         .trim_end_matches("/v1");
-    let (status_code, body) = http(
+    let (status_code, body) = http_with_key(
         addr,
+        Some(&key),
         "POST",
         "/v1/chat/completions",
         Some(&json!({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})),
@@ -871,10 +970,12 @@ async fn tensor_service(ranks: usize, lab_yaml: &str) {
         .trim_start_matches("http://")
         .trim_end_matches("/v1")
         .to_string();
+    let key = lab.service_key("chat").await;
     for (prompt, want) in prompts.iter().zip(&reference) {
         let body = json!({"model": "smollm2", "prompt": prompt, "max_tokens": TOKENS,
                           "temperature": 0, "return_token_ids": true});
-        let (code, answer) = http(&addr, "POST", "/v1/completions", Some(&body)).expect("POST");
+        let (code, answer) =
+            http_with_key(&addr, Some(&key), "POST", "/v1/completions", Some(&body)).expect("POST");
         assert_eq!(code, 200, "{answer}");
         let v: Value = serde_json::from_str(&answer).expect("JSON");
         let got: Vec<u32> = v["choices"][0]["token_ids"]

@@ -363,14 +363,20 @@ fn model_source_path(home: &Path) -> PathBuf {
     }
 }
 
-/// One HTTP/1.0 request; returns (status, body).
-fn http(addr: &str, method: &str, path: &str, body: &Value) -> std::io::Result<(u16, String)> {
+/// One HTTP/1.0 request to rank 0 with the service's API key; returns (status, body).
+fn http(
+    addr: &str,
+    key: &str,
+    method: &str,
+    path: &str,
+    body: &Value,
+) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(120)))?;
     let body = body.to_string();
     write!(
         s,
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )?;
     let mut raw = String::new();
@@ -477,9 +483,11 @@ links:
     // Without a system message SmolLM2's template adds its default one: the prompt has 42
     // tokens, the 37 transformers' apply_chat_template gives for the bare question
     // (engine/tests/fixtures) and 5 for " Answer in one sentence.".
+    let key = lab.service_key("smollm2").await;
     let ask = |messages: Value| {
         let (code, body) = http(
             &addr,
+            &key,
             "POST",
             "/v1/chat/completions",
             &json!({"model": "smollm2", "max_tokens": 24, "temperature": 0, "messages": messages}),
@@ -507,14 +515,23 @@ links:
     step!("with a system message {}: {text:?}", minutes(started));
     assert!(text.contains("Paris"), "{answer:#}");
 
-    // The OpenAI SDK script of the example, plain and streamed.
+    // The OpenAI SDK script of the example, plain and streamed, as docs/first-hour.md runs it:
+    // at the service's stable URL, with a member's tb token as the key.
+    let url = status["url"].as_str().expect("url").to_string();
+    let me = lab
+        .tbctl_ok(&[
+            "admin", "user", "create", "me", "--role", "member", "-n", "default",
+        ])
+        .await;
     let out = tokio::process::Command::new(&python)
         .arg(lab::manifest("openai_chat.py"))
         .args([
-            &endpoint,
+            &url,
             "smollm2",
             "What is the capital of France? Answer in one sentence.",
         ])
+        .env("OPENAI_API_KEY", me.stdout.trim())
+        .env("TB_CA_CERT", tb_tests::auth::ca_cert())
         .stdin(Stdio::null())
         .output()
         .await

@@ -890,10 +890,12 @@ async fn wait_node_ready(lab: &EmulatedLab, name: &str, bound: Duration) {
 /// Loading, connecting and the readiness token on a loaded 2-core machine.
 const SERVICE_READY: Duration = Duration::from_secs(180);
 
-/// One HTTP/1.0 request from the hub namespace (inside `rt`); (status, body), or why none.
+/// One HTTP/1.0 request from the hub namespace (inside `rt`), with `Authorization: Bearer
+/// KEY` (rank 0's service key); (status, body), or why none.
 async fn http(
     rt: &NsRuntime,
     addr: String,
+    key: String,
     method: &'static str,
     path: &'static str,
     body: Option<Value>,
@@ -907,8 +909,8 @@ async fn http(
                 .map_err(|e| format!("connect {addr}: {e}"))?;
             let body = body.map(|b| b.to_string()).unwrap_or_default();
             let req = format!(
-                "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-                 Content-Length: {}\r\n\r\n{body}",
+                "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             );
             s.write_all(req.as_bytes())
@@ -960,12 +962,14 @@ async fn wait_serving(lab: &EmulatedLab, rt: &NsRuntime, name: &str, bound: Dura
                 .as_str()
                 .and_then(|e| e.strip_prefix("http://"))
                 .and_then(|e| e.strip_suffix("/v1"))
+            && let Some(key) = lab.service_key(name).await
         {
             let body = serde_json::json!({"model": "smollm2", "prompt": "The capital of France is",
                                           "max_tokens": 4, "temperature": 0});
             let answer = http(
                 rt,
                 addr.to_string(),
+                key,
                 "POST",
                 "/v1/completions",
                 Some(body),

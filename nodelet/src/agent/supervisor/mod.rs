@@ -40,6 +40,7 @@ pub(crate) use prepare::shard_binary;
 mod process;
 mod readiness;
 mod report;
+mod service_key;
 mod staging;
 mod training;
 

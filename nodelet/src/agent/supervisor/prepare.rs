@@ -81,6 +81,8 @@ pub(super) struct Sources<'a> {
     /// The nodelet's `--engine-threads`: a built-in rank's CPU threads, unless its spec's
     /// environment says otherwise.
     pub(super) engine_threads: Option<u32>,
+    /// Rank 0 of a service: the API key its OpenAI endpoint takes.
+    pub(super) api_key: Option<&'a str>,
 }
 
 /// The process to start: its directories, the MLX files and environment, the command, the
@@ -194,13 +196,18 @@ pub(super) fn prepare(
             train_command(&sibling_binary("tb-train"), spec, sources.staged, &paths)
                 .map_err(Prepare::Model)?
         } else {
-            shard_command(
+            let mut cmd = shard_command(
                 &shard_binary(),
                 spec,
                 sources.staged,
                 sources.staged_adapter,
             )
-            .map_err(Prepare::Model)?
+            .map_err(Prepare::Model)?;
+            if let Some(key) = sources.api_key {
+                let path = super::service_key::write(dir, key, account)?;
+                cmd.extend(["--api-key-file".into(), path.display().to_string()]);
+            }
+            cmd
         }
     } else {
         let path = env

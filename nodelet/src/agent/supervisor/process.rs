@@ -72,6 +72,14 @@ impl Supervisor {
                 Err(e) => return failed("StagingFailed", e),
             }
         }
+        // Rank 0 of a service serves the OpenAI API with the key only the controllers give.
+        let mut api_key = None;
+        if super::service_key::serves_openai(spec) {
+            match super::service_key::fetch(&self.controllers, namespace, name).await {
+                Ok(k) => api_key = k,
+                Err(e) => return failed("ServiceKeyUnavailable", e),
+            }
+        }
         let inc = incarnation(obj);
         let manifest_dir = obj
             .metadata
@@ -84,6 +92,7 @@ impl Supervisor {
             manifest_dir: manifest_dir.as_deref(),
             python: self.ranks.python.as_deref(),
             engine_threads: self.ranks.engine_threads,
+            api_key: api_key.as_deref(),
         };
         let prepared = prepare(&dir, namespace, spec, &lookup, account, &inc);
         let (mut exec_spec, alloc_dirs) = match prepared {
