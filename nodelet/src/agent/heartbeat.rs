@@ -55,6 +55,22 @@ impl Links {
     }
 }
 
+/// The status a node joins with: what it observes, but not Ready. Its first heartbeat, sent
+/// once its credential is saved, makes it Ready — so nothing is placed on a node that, killed
+/// right after joining, could not start again (its token spent, no credential kept).
+pub fn joining(observed: &NodeStatus) -> NodeStatus {
+    let mut status = observed.clone();
+    set_condition(
+        &mut status.conditions,
+        "Ready",
+        false,
+        "Joining",
+        "joined; Ready at its first heartbeat",
+        &now(),
+    );
+    status
+}
+
 /// The Node status as this nodelet sees it now, with the given ports and probe port.
 pub fn observe(
     info: &NodeInfo,
@@ -275,6 +291,11 @@ mod tests {
         assert_eq!(condition(&status, "Ready"), Some("True"));
         assert_eq!(condition(&status, "RDMAEnabled"), Some("True"));
         assert_eq!(condition(&status, "JobIsolation"), Some("False"));
+        // It joins with all of that but Ready, which its first heartbeat brings.
+        let joined = joining(&status);
+        assert_eq!(condition(&joined, "Ready"), Some("False"));
+        assert_eq!(condition(&joined, "RDMAEnabled"), Some("True"));
+        assert_eq!(joined.capacity, status.capacity);
 
         // Without the file: the measured capacity (whatever this machine has), no ports.
         let info = NodeInfo {

@@ -174,7 +174,8 @@ pub async fn run(mut cfg: Config) -> anyhow::Result<()> {
     let (ports, probe_port) = links.refresh().await;
     let first = heartbeat::observe(&info, None, ports, probe_port);
     let allocatable = first.capacity.allocatable_bytes;
-    let node = identity::node_object(&cfg.name, cfg.labels.clone(), &address, first.to_value());
+    let joining = heartbeat::joining(&first).to_value();
+    let node = identity::node_object(&cfg.name, cfg.labels.clone(), &address, joining);
     let credential = identity::establish(
         &controllers,
         &cfg.data_dir,
