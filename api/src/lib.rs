@@ -2,7 +2,8 @@
 //! quantities, label selectors, and the gRPC API generated from `proto/tb.proto`.
 //!
 //! Every other crate speaks through these types; nothing here does I/O beyond reading the files
-//! a user asks to load.
+//! a user asks to load — but for [`https`] (feature `https`): TLS with the cluster CA for the
+//! HTTP endpoints of the controllers and of rank 0 of a built-in service.
 
 pub mod bounds;
 pub mod chips;
@@ -12,6 +13,8 @@ pub mod duration;
 pub mod explain;
 pub mod gguf;
 pub mod hf;
+#[cfg(feature = "https")]
+pub mod https;
 pub mod kind;
 pub mod lab;
 pub mod load;

@@ -7,18 +7,25 @@ use std::time::Duration;
 
 use tonic::transport::Endpoint;
 
+use std::sync::{Arc, OnceLock};
+
+use tokio_rustls::rustls::ClientConfig;
+
 use crate::raft::PeerAuth;
+use crate::tls::{CertifiedKey, ControllerTls};
 
 /// What a service key is derived for (no other use of the secret yields the same bytes).
 const SERVICE_KEY_CONTEXT: &str = "tb InferenceService API key\0";
 /// Service keys start with this, so a log or a leak says what it is.
 pub const SERVICE_KEY_PREFIX: &str = "tbsvc-";
-use crate::tls::{CertifiedKey, ControllerTls};
 
 #[derive(Default)]
 pub struct Credentials {
     tls: Option<ControllerTls>,
     cluster_secret: String,
+    /// The client configuration for rank 0 endpoints, made once: its session cache spares
+    /// the forwarder a full handshake per request.
+    services_client: OnceLock<Result<Arc<ClientConfig>, String>>,
 }
 
 impl Credentials {
@@ -26,6 +33,7 @@ impl Credentials {
         Credentials {
             tls,
             cluster_secret,
+            services_client: OnceLock::new(),
         }
     }
 
@@ -84,6 +92,33 @@ impl Credentials {
         let message = [SERVICE_KEY_CONTEXT, namespace, "\0", name, "\0", uid].concat();
         let mac = crate::auth::hmac_sha256(self.cluster_secret.as_bytes(), message.as_bytes());
         Some(format!("{SERVICE_KEY_PREFIX}{}", hex::encode(mac)))
+    }
+
+    /// The certificate rank 0 of InferenceService `namespace/name` serves with, signed by the
+    /// cluster CA; None without TLS (`--insecure`), where rank 0 serves plain HTTP.
+    pub fn service_certificate(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> anyhow::Result<Option<CertifiedKey>> {
+        self.tls
+            .as_ref()
+            .map(|t| t.ca.issue_service(namespace, name))
+            .transpose()
+    }
+
+    /// The TLS client configuration for rank 0 endpoints: the cluster CA alone; None without
+    /// TLS.
+    pub fn services_client(&self) -> Result<Option<Arc<ClientConfig>>, String> {
+        let Some(tls) = &self.tls else {
+            return Ok(None);
+        };
+        self.services_client
+            .get_or_init(|| {
+                tb_api::https::client_config(tls.ca.cert_pem()).map_err(|e| e.to_string())
+            })
+            .clone()
+            .map(Some)
     }
 
     /// The cluster's controller join token (`crate::member_token`) with `salt` (the store's

@@ -158,9 +158,10 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     };
     let server_tls = tls.as_ref().map(crate::tls::ControllerTls::server_config);
     let services_tls = match (&opts.services, &tls) {
-        (Some(_), Some(t)) => Some(crate::services::listener::server_config(
+        (Some(_), Some(t)) => Some(tb_api::https::server_config(
             &t.cert.cert_pem,
             &t.cert.key_pem,
+            "the controller",
         )?),
         _ => None,
     };

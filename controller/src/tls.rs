@@ -216,6 +216,20 @@ impl Ca {
     }
 }
 
+impl Ca {
+    /// The certificate rank 0 of InferenceService `namespace/name` serves its endpoint with:
+    /// for [`tb_api::https::service_server_name`] alone (no address), so that it cannot pass
+    /// for a node, a controller or another service; good for serving only.
+    pub fn issue_service(&self, namespace: &str, name: &str) -> anyhow::Result<CertifiedKey> {
+        self.issue(
+            &format!("tb InferenceService {namespace}/{name}"),
+            &[tb_api::https::service_server_name(namespace, name)],
+            &[ExtendedKeyUsagePurpose::ServerAuth],
+            NODE_DAYS,
+        )
+    }
+}
+
 /// The host of `HOST:PORT` (brackets of an IPv6 host removed); the whole string without a port.
 pub fn host_of(addr: &str) -> &str {
     let host = match addr.rsplit_once(':') {

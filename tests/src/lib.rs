@@ -16,6 +16,8 @@
 //! - [`netns`] builds an emulated lab as root: network namespaces as Macs, shaped links as
 //!   cables, the real binaries inside;
 //! - [`partition`] cuts and heals the emulated lab's network (one way, both ways, a cable);
+//! - [`rank0`] asks rank 0 of a built-in service at its own endpoint (HTTPS with the
+//!   service's certificate, the service's key), as the controllers' forwarder does;
 //! - [`ranks`] samples which ranks of a job run, from the process table (fencing checks);
 //! - [`linearizability`] records register histories and checks them (e2e tests, `tb-chaos`);
 //! - [`tbctl`] runs the CLI and captures its exit code and output;
@@ -39,6 +41,7 @@ pub mod netns;
 pub mod objects;
 pub mod partition;
 pub mod ports;
+pub mod rank0;
 pub mod ranks;
 pub mod tbctl;
 pub mod wait;

@@ -209,9 +209,21 @@ impl Nodes for NodesService {
     ) -> Result<TonicResponse<ServiceKeyResponse>, Status> {
         let caller = caller(&req);
         let req = req.into_inner();
-        let key = service_key_for(&self.node, &caller, &req.namespace, &req.allocation)?;
+        let service = service_of_rank_0(&self.node, &caller, &req.namespace, &req.allocation)?;
+        let credentials = self.node.credentials();
+        let key = credentials.service_key(
+            &req.namespace,
+            &service.metadata.name,
+            &service.metadata.uid,
+        );
+        let cert = credentials
+            .service_certificate(&req.namespace, &service.metadata.name)
+            .map_err(|e| Status::internal(format!("issuing the service's certificate: {e:#}")))?;
+        let (cert_pem, key_pem) = cert.map(|c| (c.cert_pem, c.key_pem)).unwrap_or_default();
         Ok(TonicResponse::new(ServiceKeyResponse {
             key: key.unwrap_or_default(),
+            cert_pem,
+            key_pem,
         }))
     }
 
@@ -225,16 +237,16 @@ impl Nodes for NodesService {
     }
 }
 
-/// The API key of the InferenceService whose rank 0 is allocation `namespace/allocation`, for
-/// the node that runs it and no one else: only that node's nodelet writes it where its rank 0
-/// reads it. Read from this controller's replica, which may not have the allocation yet: the
-/// nodelet asks again on NOT_FOUND.
-fn service_key_for(
+/// The InferenceService whose rank 0 is allocation `namespace/allocation`, when the caller is
+/// the node that runs that rank 0 — the only one given the service's key and certificate,
+/// which its nodelet writes where rank 0 reads them. Read from this controller's replica, which
+/// may not have the allocation yet: the nodelet asks again on NOT_FOUND.
+fn service_of_rank_0(
     node: &RaftNode,
     caller: &Caller,
     namespace: &str,
     allocation: &str,
-) -> Result<Option<String>, Status> {
+) -> Result<Object, Status> {
     let Caller::Node { name: caller_node } = caller else {
         return Err(Status::permission_denied(format!(
             "{caller} may not read service keys: only the node that runs a service's rank 0 may"
@@ -276,9 +288,7 @@ fn service_key_for(
             "{alloc_key} belongs to an earlier {service_key} of the same name"
         )));
     }
-    Ok(node
-        .credentials()
-        .service_key(namespace, &spec.job.name, &service.metadata.uid))
+    Ok(Object::clone(service))
 }
 
 /// The lines of a job's ranks, read from the nodelets that ran them, for `caller` (who must

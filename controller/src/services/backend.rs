@@ -25,9 +25,19 @@ pub enum Backend {
     Gone,
     /// It has no ready rank 0 (being placed, staging, loading, or unschedulable): why.
     NotReady(String),
-    /// Rank 0 answers at this address (plain HTTP on the Mac's network), taking this API key
-    /// (none from an in-process cluster, whose controllers hold no secret).
-    Ready(SocketAddr, Option<String>),
+    /// Rank 0 answers here.
+    Ready(Rank0),
+}
+
+/// Where and how to reach a service's rank 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rank0 {
+    pub addr: SocketAddr,
+    /// Its endpoint is HTTPS, with a certificate for this name (signed by the cluster CA).
+    pub tls_name: Option<String>,
+    /// The API key it takes (none from an in-process cluster, whose controllers hold no
+    /// secret).
+    pub api_key: Option<String>,
 }
 
 /// The service's backend as the store names it.
@@ -37,18 +47,21 @@ pub fn lookup(node: &RaftNode, key: &ObjectKey) -> Backend {
         return Backend::Gone;
     };
     match of_status(&JobStatus::from_value(&obj.status)) {
-        Backend::Ready(addr, _) => {
-            let api_key =
-                node.credentials()
-                    .service_key(&key.namespace, &key.name, &obj.metadata.uid);
-            Backend::Ready(addr, api_key)
-        }
+        Backend::Ready(rank0) => Backend::Ready(Rank0 {
+            tls_name: rank0
+                .tls_name
+                .map(|_| tb_api::https::service_server_name(&key.namespace, &key.name)),
+            api_key: node
+                .credentials()
+                .service_key(&key.namespace, &key.name, &obj.metadata.uid),
+            ..rank0
+        }),
         other => other,
     }
 }
 
-/// The backend a service's status names: its `endpoint` once the Ready condition is True (its
-/// key is [`lookup`]'s to add).
+/// The backend a service's status names: its `endpoint` once the Ready condition is True (the
+/// name its certificate carries and its key are [`lookup`]'s to add).
 pub fn of_status(status: &JobStatus) -> Backend {
     let ready = status
         .conditions
@@ -63,20 +76,27 @@ pub fn of_status(status: &JobStatus) -> Backend {
         return Backend::NotReady(why);
     }
     match endpoint_addr(&status.endpoint) {
-        Some(addr) => Backend::Ready(addr, None),
+        Some((addr, https)) => Backend::Ready(Rank0 {
+            addr,
+            tls_name: https.then(String::new),
+            api_key: None,
+        }),
         None => Backend::NotReady(format!(
-            "its endpoint {:?} is not http://IP:PORT/v1",
+            "its endpoint {:?} is not http(s)://IP:PORT/v1",
             status.endpoint
         )),
     }
 }
 
-/// `http://IP:PORT/v1` → `IP:PORT`. Only a literal address is accepted: the proxy never
-/// resolves names, so no lookup steers where a request goes.
-pub fn endpoint_addr(endpoint: &str) -> Option<SocketAddr> {
-    let rest = endpoint.strip_prefix("http://")?;
+/// `https://IP:PORT/v1` → (`IP:PORT`, true); `http://…` → (…, false). Only a literal address
+/// is accepted: the proxy never resolves names, so no lookup steers where a request goes.
+pub fn endpoint_addr(endpoint: &str) -> Option<(SocketAddr, bool)> {
+    let (rest, https) = match endpoint.strip_prefix("https://") {
+        Some(rest) => (rest, true),
+        None => (endpoint.strip_prefix("http://")?, false),
+    };
     let authority = rest.split('/').next()?;
-    authority.parse().ok()
+    Some((authority.parse().ok()?, https))
 }
 
 #[cfg(test)]
@@ -94,10 +114,19 @@ mod tests {
             "endpoint": "http://127.0.0.1:32324/v1",
             "conditions": [{"type": "Ready", "status": "True"}]
         }));
-        assert_eq!(
-            of_status(&s),
-            Backend::Ready("127.0.0.1:32324".parse().unwrap(), None)
-        );
+        let ready = |tls_name| {
+            Backend::Ready(Rank0 {
+                addr: "127.0.0.1:32324".parse().unwrap(),
+                tls_name,
+                api_key: None,
+            })
+        };
+        assert_eq!(of_status(&s), ready(None));
+        let s = status(json!({
+            "endpoint": "https://127.0.0.1:32324/v1",
+            "conditions": [{"type": "Ready", "status": "True"}]
+        }));
+        assert_eq!(of_status(&s), ready(Some(String::new())));
     }
 
     #[test]
@@ -113,10 +142,15 @@ mod tests {
             "conditions": [{"type": "Ready", "status": "True"}]
         }));
         assert!(matches!(of_status(&s), Backend::NotReady(_)));
-        assert_eq!(endpoint_addr("https://10.0.0.1:1/v1"), None);
+        assert_eq!(endpoint_addr("ftp://10.0.0.1:1/v1"), None);
+        assert_eq!(endpoint_addr("https://rank0.example:1/v1"), None);
         assert_eq!(
             endpoint_addr("http://[::1]:8080/v1"),
-            Some("[::1]:8080".parse().unwrap())
+            Some(("[::1]:8080".parse().unwrap(), false))
+        );
+        assert_eq!(
+            endpoint_addr("https://10.0.0.1:1/v1"),
+            Some(("10.0.0.1:1".parse().unwrap(), true))
         );
     }
 }

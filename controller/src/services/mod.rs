@@ -7,11 +7,11 @@
 //! - [`access`]: who may use a service (a pure decision, beside `auth::authorize`);
 //! - [`backend`]: the ready rank 0 endpoint the store names, waited for a bounded time;
 //! - [`proxy`]: forwarding one request and streaming the answer back (SSE chunk by chunk);
-//! - [`listener`]: TLS on accepted connections for axum.
+//!
+//! TLS on accepted connections is `tb_api::https`'s, as on rank 0's own endpoint.
 
 pub mod access;
 pub mod backend;
-pub mod listener;
 pub mod proxy;
 
 use std::net::SocketAddr;
@@ -70,7 +70,7 @@ pub async fn serve(
     app: Router,
 ) -> std::io::Result<()> {
     match tls {
-        Some(config) => axum::serve(listener::TlsListener::new(listener, config), app).await,
+        Some(config) => axum::serve(tb_api::https::TlsListener::new(listener, config), app).await,
         None => axum::serve(listener, app).await,
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! The request goes only to the address this controller's store names for that service
 //! ([`super::backend`]) — never to a host or URL taken from the request — and the caller's tb
-//! token is not passed on: rank 0 is given the service's own API key instead. While the service has no ready backend, or its backend refuses the
+//! token is not passed on: rank 0 is given the service's own API key instead, over HTTPS when
+//! rank 0 serves it (with TLS on), and only once it showed the certificate the controllers
+//! issued for that service. While the service has no ready backend, or its backend refuses the
 //! request (cannot be reached, or answers 503 because a stage is gone), the request waits —
 //! up to the listener's bound — for tb to place the service again, and is then sent to the new
 //! rank 0: a client's single request rides through a re-placement. The answer's body is passed
@@ -15,11 +17,12 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
 use http_body_util::Full;
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tb_api::ObjectKey;
 use tokio::time::Instant;
 
-use super::backend::{self, Backend};
+use super::backend::{self, Backend, Rank0};
 use crate::raft::RaftNode;
 
 /// How often a waiting request looks at the store again.
@@ -68,13 +71,13 @@ pub async fn forward(node: &RaftNode, key: &ObjectKey, wait: Duration, out: Outg
                 );
             }
             Backend::NotReady(why) => last = format!("it is not ready: {why}"),
-            Backend::Ready(addr, api_key) => match attempt(node, key, addr, api_key, &out).await {
+            Backend::Ready(rank0) => match attempt(node, key, &rank0, &out).await {
                 Ok(response) => {
                     if !last.is_empty() {
                         tracing::info!(
                             service = %format!("{}/{}", key.namespace, key.name),
                             waited_ms = started.elapsed().as_millis() as u64,
-                            %addr,
+                            addr = %rank0.addr,
                             "forwarded after waiting for a ready backend"
                         );
                     }
@@ -121,24 +124,36 @@ fn forwardable(name: &HeaderName) -> bool {
 async fn attempt(
     node: &RaftNode,
     key: &ObjectKey,
-    addr: SocketAddr,
-    api_key: Option<String>,
+    rank0: &Rank0,
     out: &Outgoing,
 ) -> Result<Response, Attempt> {
+    let addr = rank0.addr;
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
         .await
         .map_err(|_| Attempt::Connect(addr, format!("no answer in {CONNECT_TIMEOUT:?}")))?
         .map_err(|e| Attempt::Connect(addr, e.to_string()))?;
     let _ = stream.set_nodelay(true);
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| Attempt::Http(addr, e.to_string()))?;
-    // The connection carries the answer's body after this function returns.
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(%addr, error = %e, "connection to rank 0 ended");
+    let mut sender = match &rank0.tls_name {
+        // Rank 0 must show the certificate the controllers issued for this service: a process
+        // that took its port after it ended gets neither the key nor the request.
+        Some(name) => {
+            let config = node
+                .credentials()
+                .services_client()
+                .map_err(|e| Attempt::Connect(addr, e))?
+                .ok_or_else(|| {
+                    Attempt::Connect(
+                        addr,
+                        "its endpoint is HTTPS but this controller has no CA".into(),
+                    )
+                })?;
+            let tls = tb_api::https::connect(stream, name, config)
+                .await
+                .map_err(|e| Attempt::Connect(addr, format!("TLS for {name}: {e}")))?;
+            open(TokioIo::new(tls), addr).await?
         }
-    });
+        None => open(TokioIo::new(stream), addr).await?,
+    };
     let mut request = http::Request::builder()
         .method(out.method.clone())
         .uri(out.path_and_query.as_str());
@@ -150,8 +165,10 @@ async fn attempt(
             headers.insert(header::HOST, host);
         }
         // The service's own key (derived, never the caller's token): rank 0 takes no other.
-        if let Some(value) =
-            api_key.and_then(|k| HeaderValue::from_str(&format!("Bearer {k}")).ok())
+        if let Some(value) = rank0
+            .api_key
+            .as_ref()
+            .and_then(|k| HeaderValue::from_str(&format!("Bearer {k}")).ok())
         {
             headers.insert(header::AUTHORIZATION, value);
         }
@@ -164,7 +181,7 @@ async fn attempt(
     let moved = async {
         loop {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            if !matches!(backend::lookup(node, key), Backend::Ready(a, _) if a == addr) {
+            if !matches!(backend::lookup(node, key), Backend::Ready(r) if r.addr == addr) {
                 return;
             }
         }
@@ -184,4 +201,21 @@ async fn attempt(
         }
     }
     Ok(Response::from_parts(parts, Body::new(incoming)))
+}
+
+/// An HTTP/1.1 connection over `io` to rank 0 at `addr`; the connection runs in a task of its
+/// own, as it carries the answer's body after the request's handler returns.
+async fn open<T>(io: TokioIo<T>, addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>, Attempt>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(|e| Attempt::Http(addr, e.to_string()))?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(%addr, error = %e, "connection to rank 0 ended");
+        }
+    });
+    Ok(sender)
 }

@@ -47,6 +47,11 @@ impl Controllers {
         self.bearer.set(Some(credential));
     }
 
+    /// The cluster CA, when the controllers are called over TLS.
+    pub fn trust(&self) -> Option<&super::tls::Trust> {
+        self.trust.as_ref()
+    }
+
     pub fn addresses(&self) -> &[String] {
         &self.addresses
     }

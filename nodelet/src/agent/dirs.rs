@@ -7,7 +7,8 @@
 //!   models/                 0755 / files 0644   staged model shards, read by tb-shard
 //!   allocs/ allocs/NS/      0711 nodelet
 //!     NAME/                 0711 nodelet   pid, exit.json 0600 nodelet
-//!       hostfile.json ibv_devices.json service.key   0600 job account (the rank reads them)
+//!       hostfile.json ibv_devices.json   0600 job account (the rank reads them)
+//!       service.key service.crt service-tls.key   0600 job account (rank 0 of a service)
 //!       logs/               0700 nodelet   `tbctl logs` reads them through the nodelet
 //!       work/               0700 job account   HOME, the default working directory
 //!         .tb/              0700 job account   TMPDIR (tmp/), tb-shard's termination message

@@ -63,6 +63,12 @@ struct Args {
     /// without it they take any caller. `/health` takes none.
     #[arg(long)]
     api_key_file: Option<PathBuf>,
+    /// Rank 0 serves HTTPS with this certificate (PEM; with --tls-key-file) instead of HTTP.
+    #[arg(long, requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert-file.
+    #[arg(long, requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
     /// Tokens of context per sequence (the model's own when absent).
     #[arg(long)]
     context: Option<usize>,
@@ -157,6 +163,8 @@ async fn serve() -> ExitCode {
         coordinator,
         http: args.http,
         api_key_file: args.api_key_file,
+        tls_cert_file: args.tls_cert_file,
+        tls_key_file: args.tls_key_file,
         context: args.context,
         batch: args.batch,
         memory_limit: args.memory_limit,

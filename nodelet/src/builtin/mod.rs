@@ -66,6 +66,9 @@ pub struct ShardOptions {
     pub http: Option<SocketAddr>,
     /// The API key its `/v1` endpoints take, in this file (none: any caller).
     pub api_key_file: Option<PathBuf>,
+    /// The certificate chain and key (PEM files) rank 0 serves HTTPS with (none: plain HTTP).
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
     pub context: Option<usize>,
     pub batch: usize,
     /// Bytes this rank may use; the shard's weights must fit.
@@ -82,6 +85,19 @@ pub struct ShardOptions {
     /// Prompt tokens one step prefills at most, across its sequences
     /// ([`driver::PREFILL_PER_STEP`] by default).
     pub prefill_per_step: usize,
+}
+
+/// The TLS configuration of rank 0's endpoint from its certificate and key files.
+fn tls_config(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> anyhow::Result<Arc<tokio_rustls::rustls::ServerConfig>> {
+    let read = |p: &std::path::Path| {
+        std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+    };
+    let (cert_pem, key_pem) = (read(cert)?, read(key)?);
+    let what = format!("{} and {}", cert.display(), key.display());
+    Ok(tb_api::https::server_config(&cert_pem, &key_pem, &what)?)
 }
 
 /// Why a rank could not start: a short CamelCase reason for the allocation status and the
@@ -150,13 +166,23 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
             error: anyhow::anyhow!("rank {} of {} hosts", opts.rank, world),
         });
     }
-    // Before the model loads, so that a bad key file is said at once.
+    // Before the model loads, so that a bad key or certificate file is said at once.
     let api_key = opts
         .api_key_file
         .as_deref()
         .map(openai::read_key_file)
         .transpose()
         .map_err(start_error("InvalidSpec"))?;
+    let tls = match (&opts.tls_cert_file, &opts.tls_key_file) {
+        (Some(cert), Some(key)) => Some(tls_config(cert, key).map_err(start_error("InvalidSpec"))?),
+        (None, None) => None,
+        _ => {
+            return Err(StartError {
+                reason: "InvalidSpec",
+                error: anyhow::anyhow!("--tls-cert-file and --tls-key-file go together"),
+            });
+        }
+    };
     let path = opts.model_path.clone();
     let (first, count, context) = (opts.first, opts.count, opts.context);
     let adapter = opts.adapter.clone();
@@ -298,7 +324,8 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
         .await
         .with_context(|| format!("binding the endpoint {http}"))
         .map_err(start_error("EndpointUnavailable"))?;
-    tracing::info!(endpoint = %format!("http://{http}/v1"), "serving the OpenAI-compatible API");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tracing::info!(endpoint = %format!("{scheme}://{http}/v1"), "serving the OpenAI-compatible API");
     let drv = driver::Driver {
         comm,
         followers: tp_comm.map(tensor::Followers::new),
@@ -312,7 +339,15 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
     };
     let driver_health = health.clone();
     let driver = tokio::task::spawn_blocking(move || drv.run(rx, driver_health));
-    let server = axum::serve(listener, openai::router(api));
+    let app = openai::router(api);
+    let server = async move {
+        match tls {
+            Some(config) => {
+                axum::serve(tb_api::https::TlsListener::new(listener, config), app).await
+            }
+            None => axum::serve(listener, app).await,
+        }
+    };
     tokio::select! {
         r = server => r.context("the HTTP server stopped").map_err(start_error("EndpointFailed")),
         r = driver => {

@@ -7,6 +7,8 @@
 //! With an API key (`--api-key-file`: the service's own, which the nodelet gets from the
 //! controllers and their forwarder sends), every `/v1` request must carry it as
 //! `Authorization: Bearer`, else 401; `/health` takes none (the nodelet's readiness probe).
+//! With a certificate (`--tls-cert-file`, the controllers' for the service's name) the
+//! endpoint is HTTPS (`super::run`), so the key never crosses the lab's network in clear.
 //!
 //! Errors have OpenAI's shape — `{"error": {"message", "type", "param", "code"}}` — with 400 for
 //! bad requests (malformed JSON with its line and column, out-of-range parameters, a prompt too

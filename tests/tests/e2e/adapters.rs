@@ -4,8 +4,6 @@
 //! single-process engine-with-adapter's tokens and not the base model's; the rank on node-2
 //! fetched the adapter from node-1's nodelet.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -17,6 +15,7 @@ use tb_engine::sample::SamplingParams;
 use tb_engine::shard::LoadOptions;
 use tb_tests::lab::{Lab, LabOptions};
 use tb_tests::objects::smollm2_service_yaml;
+use tb_tests::rank0::Rank0;
 use tb_tests::step;
 use tb_tests::workdir::TestDir;
 
@@ -47,23 +46,6 @@ fn engine_tokens(model: &Path, adapter: Option<&Path>) -> Vec<u32> {
         ..SamplingParams::default()
     };
     e.generate(&prompt, &params).expect("generate").tokens
-}
-
-/// One HTTP/1.0 POST of JSON; returns (status, body).
-fn post(addr: &str, key: &str, path: &str, body: &Value) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(300)))?;
-    let body = body.to_string();
-    write!(
-        s,
-        "POST {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw)?;
-    let status = raw.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = raw.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
-    Ok((status, body.to_string()))
 }
 
 async fn wait_ready(lab: &Lab) -> Value {
@@ -166,18 +148,14 @@ links:
         assert_eq!(fetched, a["spec"]["node"] == "node-2", "{a:#}");
     }
 
-    let addr = endpoint
-        .trim_start_matches("http://")
-        .trim_end_matches("/v1")
-        .to_string();
     let body = json!({"model": "smollm2", "prompt": PROMPT, "max_tokens": NEW_TOKENS,
                       "temperature": 0, "return_token_ids": true});
     let key = lab.service_key("chat").await;
-    let (code, answer) = tokio::task::spawn_blocking(move || {
-        post(&addr, &key, "/v1/completions", &body).expect("POST")
-    })
-    .await
-    .expect("request");
+    let (code, answer) = Rank0::new(&endpoint, "default", "chat")
+        .with_key(Some(&key))
+        .request("POST", "/v1/completions", Some(&body))
+        .await
+        .expect("POST");
     assert_eq!(code, 200, "{answer}");
     let v: Value = serde_json::from_str(&answer).expect("JSON");
     let got: Vec<u32> = v["choices"][0]["token_ids"]

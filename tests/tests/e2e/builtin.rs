@@ -25,6 +25,7 @@ use tb_engine::shard::LoadOptions;
 use tb_tests::lab::{self, Lab, LabOptions, Proc};
 use tb_tests::objects::smollm2_service_yaml;
 use tb_tests::ports::free_port;
+use tb_tests::rank0::Rank0;
 use tb_tests::step;
 use tb_tests::workdir::TestDir;
 
@@ -45,21 +46,10 @@ fn shard_bin() -> PathBuf {
     lab::nodelet_bin().with_file_name("tb-shard")
 }
 
-/// One HTTP/1.0 request without an API key (to a tb-shard started by hand, or a probe of
-/// what rank 0 refuses); returns (status, body).
+/// One HTTP/1.0 request to a tb-shard started by hand (plain HTTP, no key); returns (status,
+/// body).
 fn http(
     addr: &str,
-    method: &str,
-    path: &str,
-    body: Option<&Value>,
-) -> std::io::Result<(u16, String)> {
-    http_with_key(addr, None, method, path, body)
-}
-
-/// One HTTP/1.0 request with `Authorization: Bearer KEY` when given; returns (status, body).
-fn http_with_key(
-    addr: &str,
-    key: Option<&str>,
     method: &str,
     path: &str,
     body: Option<&Value>,
@@ -69,10 +59,9 @@ fn http_with_key(
     // test at once has taken minutes for a batch of answers.
     s.set_read_timeout(Some(Duration::from_secs(300)))?;
     let body = body.map(Value::to_string).unwrap_or_default();
-    let authorization = key.map_or_else(String::new, |k| format!("Authorization: Bearer {k}\r\n"));
     write!(
         s,
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{authorization}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )?;
     let mut raw = String::new();
@@ -515,7 +504,7 @@ links:
     step!("ready: {status}");
     let endpoint = status["endpoint"].as_str().expect("endpoint").to_string();
     assert!(
-        endpoint.starts_with("http://127.0.0.1:") && endpoint.ends_with("/v1"),
+        endpoint.starts_with("https://127.0.0.1:") && endpoint.ends_with("/v1"),
         "{endpoint}"
     );
     let nodes: Vec<&str> = status["nodes"]
@@ -657,12 +646,17 @@ links:
 
     // Rank 0's own endpoint takes only the service's key, which the controllers hold: a
     // caller who reaches its address directly is refused, with no key, a wrong one or a tb
-    // token; its health probe stays open.
-    let addr = endpoint
-        .trim_start_matches("http://")
-        .trim_end_matches("/v1")
-        .to_string();
+    // token; its health probe stays open. It serves HTTPS with a certificate for this service
+    // alone: a client that expects another service's refuses it.
+    let direct = Rank0::new(&endpoint, "default", "chat");
     let key = lab.service_key("chat").await;
+    let keyed = direct.with_key(Some(&key));
+    let e = Rank0::new(&endpoint, "default", "another")
+        .with_key(Some(&key))
+        .request("GET", "/v1/models", None)
+        .await
+        .expect_err("a certificate for another service");
+    step!("a client expecting another service: {e}");
     let chat_body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2});
     for wrong in [
         None,
@@ -674,15 +668,24 @@ links:
             ("GET", "/v1/models/smollm2", None),
             ("POST", "/v1/chat/completions", Some(&chat_body)),
         ] {
-            let (code, answer) = http_with_key(&addr, wrong, method, path, body).expect("HTTP");
+            let (code, answer) = direct
+                .with_key(wrong)
+                .request(method, path, body)
+                .await
+                .expect("HTTP");
             assert_eq!(code, 401, "{method} {path} with {wrong:?}: {answer}");
             assert!(answer.contains("invalid_api_key"), "{answer}");
         }
     }
-    let (code, answer) = http(&addr, "GET", "/health", None).expect("GET /health");
+    let (code, answer) = direct
+        .request("GET", "/health", None)
+        .await
+        .expect("GET /health");
     assert_eq!(code, 200, "{answer}");
-    let (code, answer) =
-        http_with_key(&addr, Some(&key), "GET", "/v1/models", None).expect("GET /v1/models");
+    let (code, answer) = keyed
+        .request("GET", "/v1/models", None)
+        .await
+        .expect("GET /v1/models");
     assert_eq!(code, 200, "{answer}");
     // The key file is the rank's alone.
     let rank0 = allocs
@@ -737,18 +740,18 @@ links:
     assert_eq!(given.key, key);
 
     // Bad requests get OpenAI-style 4xx.
-    let (status_code, body) = http_with_key(
-        &addr,
-        Some(&key),
-        "POST",
-        "/v1/chat/completions",
-        Some(&json!({"model": "gpt-9", "messages": []})),
-    )
-    .expect("POST");
+    let (status_code, body) = keyed
+        .request(
+            "POST",
+            "/v1/chat/completions",
+            Some(&json!({"model": "gpt-9", "messages": []})),
+        )
+        .await
+        .expect("POST");
     assert_eq!(status_code, 404, "{body}");
     assert!(body.contains("model_not_found"), "{body}");
     for path in ["/v1/models/gpt-9", "/v1/embeddings"] {
-        let (status_code, body) = http_with_key(&addr, Some(&key), "GET", path, None).expect("GET");
+        let (status_code, body) = keyed.request("GET", path, None).await.expect("GET");
         assert_eq!(status_code, 404, "{path}: {body}");
         let error: Value = serde_json::from_str(&body).expect("a JSON error body");
         assert!(
@@ -757,14 +760,14 @@ links:
         );
     }
     let long = "word ".repeat(3000);
-    let (status_code, body) = http_with_key(
-        &addr,
-        Some(&key),
-        "POST",
-        "/v1/completions",
-        Some(&json!({"model": "smollm2", "prompt": long})),
-    )
-    .expect("POST");
+    let (status_code, body) = keyed
+        .request(
+            "POST",
+            "/v1/completions",
+            Some(&json!({"model": "smollm2", "prompt": long})),
+        )
+        .await
+        .expect("POST");
     assert_eq!(status_code, 400, "{body}");
     assert!(body.contains("context_length_exceeded"), "{body}");
 
@@ -784,14 +787,14 @@ links:
         libc::kill(pid as i32, libc::SIGKILL);
     }
     lab::wait_process_gone(pid, "rank 1", Duration::from_secs(10)).await;
-    let (status_code, body) = http_with_key(
-        &addr,
-        Some(&key),
-        "POST",
-        "/v1/chat/completions",
-        Some(&json!({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})),
-    )
-    .unwrap_or((0, String::new()));
+    let (status_code, body) = keyed
+        .request(
+            "POST",
+            "/v1/chat/completions",
+            Some(&json!({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})),
+        )
+        .await
+        .unwrap_or((0, String::new()));
     // 503 from rank 0, or no answer at all when tb already stopped rank 0 with its gang.
     assert!(matches!(status_code, 503 | 0), "{status_code}: {body}");
     let epoch = status["epoch"].as_u64().expect("epoch");
@@ -817,17 +820,15 @@ links:
     );
     // The service placed again takes the same key: it is the service's, not a placement's.
     let endpoint = again["endpoint"].as_str().expect("endpoint");
-    let addr = endpoint
-        .trim_start_matches("http://")
-        .trim_end_matches("/v1");
-    let (status_code, body) = http_with_key(
-        addr,
-        Some(&key),
-        "POST",
-        "/v1/chat/completions",
-        Some(&json!({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})),
-    )
-    .expect("POST");
+    let (status_code, body) = Rank0::new(endpoint, "default", "chat")
+        .with_key(Some(&key))
+        .request(
+            "POST",
+            "/v1/chat/completions",
+            Some(&json!({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})),
+        )
+        .await
+        .expect("POST");
     assert_eq!(status_code, 200, "{body}");
 }
 
@@ -966,16 +967,15 @@ async fn tensor_service(ranks: usize, lab_yaml: &str) {
         assert!(a["spec"].get("layers").is_none(), "{a:#}");
     }
     let endpoint = status["endpoint"].as_str().expect("endpoint");
-    let addr = endpoint
-        .trim_start_matches("http://")
-        .trim_end_matches("/v1")
-        .to_string();
     let key = lab.service_key("chat").await;
+    let rank0 = Rank0::new(endpoint, "default", "chat").with_key(Some(&key));
     for (prompt, want) in prompts.iter().zip(&reference) {
         let body = json!({"model": "smollm2", "prompt": prompt, "max_tokens": TOKENS,
                           "temperature": 0, "return_token_ids": true});
-        let (code, answer) =
-            http_with_key(&addr, Some(&key), "POST", "/v1/completions", Some(&body)).expect("POST");
+        let (code, answer) = rank0
+            .request("POST", "/v1/completions", Some(&body))
+            .await
+            .expect("POST");
         assert_eq!(code, 200, "{answer}");
         let v: Value = serde_json::from_str(&answer).expect("JSON");
         let got: Vec<u32> = v["choices"][0]["token_ids"]

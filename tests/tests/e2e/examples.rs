@@ -21,8 +21,6 @@
 //! Each test prints (on failure, or with `--nocapture`) the seconds from the lab's start to the
 //! promised state.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -30,6 +28,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use tb_tests::lab::{self, Lab, LabOptions};
+use tb_tests::rank0::Rank0;
 use tb_tests::step;
 
 /// Loading the model and connecting the stages on a loaded 2-core machine.
@@ -363,33 +362,6 @@ fn model_source_path(home: &Path) -> PathBuf {
     }
 }
 
-/// One HTTP/1.0 request to rank 0 with the service's API key; returns (status, body).
-fn http(
-    addr: &str,
-    key: &str,
-    method: &str,
-    path: &str,
-    body: &Value,
-) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(120)))?;
-    let body = body.to_string();
-    write!(
-        s,
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw)?;
-    let status = raw.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|x| x.1)
-        .unwrap_or("")
-        .to_string();
-    Ok((status, body))
-}
-
 async fn wait_isvc_ready(lab: &Lab, name: &str) -> Value {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
@@ -462,10 +434,6 @@ links:
     let nodes = status["nodes"].as_array().expect("nodes");
     assert_eq!(nodes.len(), 2, "split over two nodes: {status:#}");
     let endpoint = status["endpoint"].as_str().expect("endpoint").to_string();
-    let addr = endpoint
-        .trim_start_matches("http://")
-        .trim_end_matches("/v1")
-        .to_string();
 
     // Balanced stages, as the service's comment promises, every layer placed once.
     let layers: Vec<u64> = status["modelPlacement"]["stages"]
@@ -484,20 +452,21 @@ links:
     // tokens, the 37 transformers' apply_chat_template gives for the bare question
     // (engine/tests/fixtures) and 5 for " Answer in one sentence.".
     let key = lab.service_key("smollm2").await;
-    let ask = |messages: Value| {
-        let (code, body) = http(
-            &addr,
-            &key,
-            "POST",
-            "/v1/chat/completions",
-            &json!({"model": "smollm2", "max_tokens": 24, "temperature": 0, "messages": messages}),
-        )
-        .expect("POST /v1/chat/completions");
+    let rank0 = Rank0::new(&endpoint, "default", "smollm2").with_key(Some(&key));
+    let ask = async |messages: Value| {
+        let (code, body) = rank0
+            .request(
+                "POST",
+                "/v1/chat/completions",
+                Some(&json!({"model": "smollm2", "max_tokens": 24, "temperature": 0, "messages": messages})),
+            )
+            .await
+            .expect("POST /v1/chat/completions");
         assert_eq!(code, 200, "{body}");
         serde_json::from_str::<Value>(&body).expect("JSON answer")
     };
     let question = json!({"role": "user", "content": "What is the capital of France? Answer in one sentence."});
-    let answer = ask(json!([question]));
+    let answer = ask(json!([question])).await;
     assert_eq!(answer["usage"]["prompt_tokens"], 42, "{answer:#}");
     let text = answer["choices"][0]["message"]["content"]
         .as_str()
@@ -508,7 +477,8 @@ links:
     let answer = ask(json!([
         {"role": "system", "content": "You are a helpful assistant."},
         question
-    ]));
+    ]))
+    .await;
     let text = answer["choices"][0]["message"]["content"]
         .as_str()
         .unwrap_or("");

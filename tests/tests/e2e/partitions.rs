@@ -35,6 +35,7 @@ use tb_api::proto::ApplyRequest;
 use tb_tests::linearizability::{self, History, register_client_paced};
 use tb_tests::netns::{EmulatedLab, MacSpec, NsRuntime, Shape};
 use tb_tests::objects::{self, model, parse, smollm2_service_yaml, unique_namespace};
+use tb_tests::rank0::Rank0;
 use tb_tests::ranks::RankSampler;
 use tb_tests::{Client, partition, step};
 
@@ -890,52 +891,6 @@ async fn wait_node_ready(lab: &EmulatedLab, name: &str, bound: Duration) {
 /// Loading, connecting and the readiness token on a loaded 2-core machine.
 const SERVICE_READY: Duration = Duration::from_secs(180);
 
-/// One HTTP/1.0 request from the hub namespace (inside `rt`), with `Authorization: Bearer
-/// KEY` (rank 0's service key); (status, body), or why none.
-async fn http(
-    rt: &NsRuntime,
-    addr: String,
-    key: String,
-    method: &'static str,
-    path: &'static str,
-    body: Option<Value>,
-    bound: Duration,
-) -> Result<(u16, String), String> {
-    rt.run(async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let exchange = async {
-            let mut s = tokio::net::TcpStream::connect(&addr)
-                .await
-                .map_err(|e| format!("connect {addr}: {e}"))?;
-            let body = body.map(|b| b.to_string()).unwrap_or_default();
-            let req = format!(
-                "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\n\
-                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
-            s.write_all(req.as_bytes())
-                .await
-                .map_err(|e| format!("write: {e}"))?;
-            let mut raw = Vec::new();
-            s.read_to_end(&mut raw)
-                .await
-                .map_err(|e| format!("read: {e}"))?;
-            let raw = String::from_utf8_lossy(&raw).into_owned();
-            let status = raw.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-            let body = raw
-                .split_once("\r\n\r\n")
-                .map(|x| x.1)
-                .unwrap_or("")
-                .to_string();
-            Ok((status, body))
-        };
-        tokio::time::timeout(bound, exchange)
-            .await
-            .unwrap_or_else(|_| Err(format!("no answer within {bound:?}")))
-    })
-    .await
-}
-
 /// The service's status, from tbctl.
 async fn isvc_status(lab: &EmulatedLab, name: &str) -> Value {
     let out = lab.tbctl(&["get", "isvc", name, "-o", "json"]).await;
@@ -958,25 +913,24 @@ async fn wait_serving(lab: &EmulatedLab, rt: &NsRuntime, name: &str, bound: Dura
     loop {
         let status = isvc_status(lab, name).await;
         if is_ready(&status)
-            && let Some(addr) = status["endpoint"]
-                .as_str()
-                .and_then(|e| e.strip_prefix("http://"))
-                .and_then(|e| e.strip_suffix("/v1"))
+            && let Some(endpoint) = status["endpoint"].as_str()
             && let Some(key) = lab.service_key(name).await
         {
+            let rank0 = Rank0::new(endpoint, "default", name).with_key(Some(&key));
+            let addr = rank0.addr().to_string();
             let body = serde_json::json!({"model": "smollm2", "prompt": "The capital of France is",
                                           "max_tokens": 4, "temperature": 0});
-            let answer = http(
-                rt,
-                addr.to_string(),
-                key,
-                "POST",
-                "/v1/completions",
-                Some(body),
-                Duration::from_secs(30),
-            )
-            .await;
-            if let Ok((200, _)) = answer {
+            // From the hub's namespace, where the lab's addresses are.
+            let answer = rt
+                .run(async move {
+                    tokio::time::timeout(
+                        Duration::from_secs(30),
+                        rank0.request("POST", "/v1/completions", Some(&body)),
+                    )
+                    .await
+                })
+                .await;
+            if let Ok(Ok((200, _))) = answer {
                 return status;
             }
             step!("Ready, but the endpoint {addr} said {answer:?}");

@@ -81,8 +81,8 @@ pub(super) struct Sources<'a> {
     /// The nodelet's `--engine-threads`: a built-in rank's CPU threads, unless its spec's
     /// environment says otherwise.
     pub(super) engine_threads: Option<u32>,
-    /// Rank 0 of a service: the API key its OpenAI endpoint takes.
-    pub(super) api_key: Option<&'a str>,
+    /// Rank 0 of a service: what its OpenAI endpoint serves with.
+    pub(super) service: Option<&'a super::service_key::ServiceCredentials>,
 }
 
 /// The process to start: its directories, the MLX files and environment, the command, the
@@ -203,9 +203,8 @@ pub(super) fn prepare(
                 sources.staged_adapter,
             )
             .map_err(Prepare::Model)?;
-            if let Some(key) = sources.api_key {
-                let path = super::service_key::write(dir, key, account)?;
-                cmd.extend(["--api-key-file".into(), path.display().to_string()]);
+            if let Some(credentials) = sources.service {
+                cmd.extend(super::service_key::write(dir, credentials, account)?);
             }
             cmd
         }

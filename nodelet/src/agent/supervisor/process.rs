@@ -72,12 +72,26 @@ impl Supervisor {
                 Err(e) => return failed("StagingFailed", e),
             }
         }
-        // Rank 0 of a service serves the OpenAI API with the key only the controllers give.
-        let mut api_key = None;
+        // Rank 0 of a service serves the OpenAI API with the key (and certificate) only the
+        // controllers give.
+        let mut service_credentials = None;
         if super::service_key::serves_openai(spec) {
             match super::service_key::fetch(&self.controllers, namespace, name).await {
-                Ok(k) => api_key = k,
+                Ok(c) => service_credentials = Some(c),
                 Err(e) => return failed("ServiceKeyUnavailable", e),
+            }
+        }
+        // Rank 0 serves HTTPS when it has a certificate and this nodelet the CA to check it by.
+        let mut probe_tls = None;
+        if let Some(c) = service_credentials.as_mut().filter(|c| c.tls.is_some()) {
+            match self
+                .controllers
+                .trust()
+                .map(|t| tb_api::https::client_config(&t.pem))
+            {
+                Some(Ok(config)) => probe_tls = Some(config),
+                Some(Err(e)) => return failed("InvalidSpec", format!("the cluster CA: {e}")),
+                None => c.tls = None,
             }
         }
         let inc = incarnation(obj);
@@ -92,7 +106,7 @@ impl Supervisor {
             manifest_dir: manifest_dir.as_deref(),
             python: self.ranks.python.as_deref(),
             engine_threads: self.ranks.engine_threads,
-            api_key: api_key.as_deref(),
+            service: service_credentials.as_ref(),
         };
         let prepared = prepare(&dir, namespace, spec, &lookup, account, &inc);
         let (mut exec_spec, alloc_dirs) = match prepared {
@@ -143,14 +157,14 @@ impl Supervisor {
         self.report(namespace, name, &running_status).await;
         tracing::info!(alloc = %format!("{namespace}/{name}"), pid, "started");
         // Rank 0 of a built-in service: report its endpoint, and whether it answers.
-        let readiness = endpoint_of(spec).map(|(endpoint, health)| {
+        let readiness = endpoint_of(spec, namespace, probe_tls).map(|(endpoint, probe)| {
             tokio::spawn(watch_readiness(
                 self.controllers.clone(),
                 namespace.to_string(),
                 name.to_string(),
                 running_status.clone(),
                 endpoint,
-                health,
+                probe,
             ))
         });
 

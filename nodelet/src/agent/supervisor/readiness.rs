@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tb_api::https::service_server_name;
 use tb_api::specs::{AllocationSpec, AllocationStatus, Executor};
+use tokio_rustls::rustls::ClientConfig;
 
 use super::report::report;
 use crate::agent::controllers::Controllers;
@@ -15,15 +17,32 @@ pub(super) const READINESS_EVERY: Duration = Duration::from_secs(1);
 /// clients, so its readiness is noticed within a tenth of a second (a loopback GET).
 const NOT_READY_EVERY: Duration = Duration::from_millis(100);
 
-/// Rank 0 of a built-in service: (endpoint URL, health address).
-pub(super) fn endpoint_of(spec: &AllocationSpec) -> Option<(String, String)> {
+/// How the nodelet asks rank 0 `GET /health`: at its address, over TLS checking the service's
+/// certificate when rank 0 serves HTTPS.
+pub(super) struct Probe {
+    addr: String,
+    tls: Option<(String, Arc<ClientConfig>)>,
+}
+
+/// Rank 0 of a built-in service: (endpoint URL, its health probe). `tls`: the client
+/// configuration when rank 0 serves HTTPS with the service's certificate.
+pub(super) fn endpoint_of(
+    spec: &AllocationSpec,
+    namespace: &str,
+    tls: Option<Arc<ClientConfig>>,
+) -> Option<(String, Probe)> {
     let b = spec.builtin.as_ref()?;
     if spec.executor != Executor::Builtin || spec.rank != 0 {
         return None;
     }
     let host = b.hosts.first()?;
     let port = b.endpoint_port?;
-    Some((format!("http://{host}:{port}/v1"), format!("{host}:{port}")))
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let probe = Probe {
+        addr: format!("{host}:{port}"),
+        tls: tls.map(|c| (service_server_name(namespace, &spec.job.name), c)),
+    };
+    Some((format!("{scheme}://{host}:{port}/v1"), probe))
 }
 
 /// How much the observed decode speed must move before it is reported again, and how often at
@@ -40,13 +59,13 @@ pub(super) async fn watch_readiness(
     name: String,
     running: AllocationStatus,
     endpoint: String,
-    health: String,
+    probe: Probe,
 ) {
     let mut last: Option<bool> = None;
     let mut reported: Option<Seen> = None;
     let mut rate_reported_at = tokio::time::Instant::now();
     loop {
-        let (ready, seen) = match check(&health).await {
+        let (ready, seen) = match check(&probe).await {
             Some(h) => (true, h),
             None => (false, None),
         };
@@ -93,25 +112,47 @@ struct Seen {
 }
 
 /// One `GET /health`: `Some` when it answered 200, with what it observed.
-async fn check(addr: &str) -> Option<Option<Seen>> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+async fn check(probe: &Probe) -> Option<Option<Seen>> {
     let ask = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-        s.write_all(format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-            .await
-            .ok()?;
-        // The answer is small; more than this is not rank 0's.
-        let mut reply = Vec::new();
-        s.take(16 * 1024).read_to_end(&mut reply).await.ok()?;
-        if !(reply.starts_with(b"HTTP/1.0 200") || reply.starts_with(b"HTTP/1.1 200")) {
-            return None;
+        let tcp = tokio::net::TcpStream::connect(&probe.addr).await.ok()?;
+        match &probe.tls {
+            Some((name, config)) => {
+                let tls = tb_api::https::connect(tcp, name, config.clone())
+                    .await
+                    .ok()?;
+                health(tls, &probe.addr).await
+            }
+            None => health(tcp, &probe.addr).await,
         }
-        Some(observed(&reply))
     };
     tokio::time::timeout(Duration::from_secs(2), ask)
         .await
         .ok()
         .flatten()
+}
+
+async fn health<S>(mut s: S, addr: &str) -> Option<Option<Seen>>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    s.write_all(format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    // The answer is small; more than this is not rank 0's. A peer that closes TLS without
+    // saying so ends the read with an error after the answer: what came is kept.
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while reply.len() < 16 * 1024 {
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => reply.extend_from_slice(&chunk[..n]),
+        }
+    }
+    if !(reply.starts_with(b"HTTP/1.0 200") || reply.starts_with(b"HTTP/1.1 200")) {
+        return None;
+    }
+    Some(observed(&reply))
 }
 
 /// `decodeTokensPerSecond` of a `/health` reply's JSON body, if it has a sane one, with its

@@ -1,9 +1,12 @@
-//! The API key rank 0 of a built-in InferenceService checks on its OpenAI endpoint. The
-//! controllers derive it from their cluster secret and give it only to the node that runs that
-//! rank 0 (their services forwarder sends the same key); the nodelet writes it where the rank
-//! reads it (`--api-key-file`), 0600 for the rank's account, so no key is on a command line.
+//! What rank 0 of a built-in InferenceService serves its OpenAI endpoint with: the service's
+//! API key, and with TLS on, a certificate for the service's name signed by the cluster CA.
+//! The controllers derive the key from their cluster secret, issue the certificate, and give
+//! both only to the node that runs that rank 0 (their services forwarder sends the same key and
+//! checks that certificate); the nodelet writes them where the rank reads them
+//! (`--api-key-file`, `--tls-cert-file`, `--tls-key-file`), 0600 for the rank's account, so no
+//! secret is on a command line.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use tb_api::Kind;
@@ -15,10 +18,21 @@ use crate::agent::accounts::Account;
 use crate::agent::controllers::Controllers;
 use crate::agent::dirs;
 
-/// The key's file in the allocation's directory (0711: the rank passes through, lists nothing).
+/// The files in the allocation's directory (0711: the rank passes through, lists nothing).
 const KEY_FILE: &str = "service.key";
+const CERT_FILE: &str = "service.crt";
+const TLS_KEY_FILE: &str = "service-tls.key";
 /// How long a controller whose replica has not seen the allocation yet is asked again.
 const NOT_SEEN_BOUND: Duration = Duration::from_secs(15);
+
+/// The service's credentials, as the controllers gave them.
+#[derive(Debug, Clone, Default)]
+pub(in crate::agent) struct ServiceCredentials {
+    /// None: the controllers hold no secret (an in-process cluster) or predate keys.
+    pub key: Option<String>,
+    /// Certificate and key (PEM); None without TLS.
+    pub tls: Option<(String, String)>,
+}
 
 /// Whether `spec` is rank 0 of a built-in InferenceService, which serves the OpenAI API.
 pub(super) fn serves_openai(spec: &AllocationSpec) -> bool {
@@ -27,13 +41,12 @@ pub(super) fn serves_openai(spec: &AllocationSpec) -> bool {
         && spec.job.kind == Kind::InferenceService.as_str()
 }
 
-/// The key of the service whose rank 0 is allocation `namespace/name`. `Ok(None)`: the
-/// controllers hold no secret (an in-process cluster) or predate keys, so rank 0 takes none.
+/// The credentials of the service whose rank 0 is allocation `namespace/name`.
 pub(super) async fn fetch(
     controllers: &Controllers,
     namespace: &str,
     name: &str,
-) -> Result<Option<String>, String> {
+) -> Result<ServiceCredentials, String> {
     let request = ServiceKeyRequest {
         namespace: namespace.into(),
         allocation: name.into(),
@@ -41,14 +54,18 @@ pub(super) async fn fetch(
     let deadline = tokio::time::Instant::now() + NOT_SEEN_BOUND;
     loop {
         match controllers.client().service_key(request.clone()).await {
-            Ok(r) if r.key.is_empty() => return Ok(None),
-            Ok(r) => return Ok(Some(r.key)),
+            Ok(r) => {
+                let tls = (!r.cert_pem.is_empty() && !r.key_pem.is_empty())
+                    .then_some((r.cert_pem, r.key_pem));
+                let key = (!r.key.is_empty()).then_some(r.key);
+                return Ok(ServiceCredentials { key, tls });
+            }
             Err(e) if e.code == Code::Unimplemented => {
                 tracing::warn!(
                     alloc = %format!("{namespace}/{name}"),
                     "the controllers give no service keys (an older version): rank 0 takes none"
                 );
-                return Ok(None);
+                return Ok(ServiceCredentials::default());
             }
             // The controller that answered may not have applied the allocation yet.
             Err(e) if e.code == Code::NotFound && tokio::time::Instant::now() < deadline => {
@@ -65,10 +82,27 @@ pub(super) async fn fetch(
     }
 }
 
-/// Writes `key` into the allocation's directory `dir` for `account`; returns its path.
-pub(super) fn write(dir: &Path, key: &str, account: Option<&Account>) -> anyhow::Result<PathBuf> {
-    let path = dir.join(KEY_FILE);
-    dirs::write_private(&path, format!("{key}\n").as_bytes())?;
-    dirs::give_file(&path, account)?;
-    Ok(path)
+/// Writes the credentials into the allocation's directory `dir` for `account`; returns the
+/// arguments that point tb-shard at them.
+pub(super) fn write(
+    dir: &Path,
+    credentials: &ServiceCredentials,
+    account: Option<&Account>,
+) -> anyhow::Result<Vec<String>> {
+    let mut args = Vec::new();
+    let mut put = |file: &str, text: &str, flag: &str| -> anyhow::Result<()> {
+        let path = dir.join(file);
+        dirs::write_private(&path, text.as_bytes())?;
+        dirs::give_file(&path, account)?;
+        args.extend([flag.to_string(), path.display().to_string()]);
+        Ok(())
+    };
+    if let Some(key) = &credentials.key {
+        put(KEY_FILE, &format!("{key}\n"), "--api-key-file")?;
+    }
+    if let Some((cert, key)) = &credentials.tls {
+        put(CERT_FILE, cert, "--tls-cert-file")?;
+        put(TLS_KEY_FILE, key, "--tls-key-file")?;
+    }
+    Ok(args)
 }
