@@ -147,9 +147,17 @@ async fn attempt(
                         "its endpoint is HTTPS but this controller has no CA".into(),
                     )
                 })?;
-            let tls = tb_api::https::connect(stream, name, config)
-                .await
-                .map_err(|e| Attempt::Connect(addr, format!("TLS for {name}: {e}")))?;
+            // As bounded as the connect: a Mac lost mid-handshake must not hold the request
+            // past the time tb takes to place the service again.
+            let tls = tokio::time::timeout(
+                CONNECT_TIMEOUT,
+                tb_api::https::connect(stream, name, config),
+            )
+            .await
+            .map_err(|_| {
+                Attempt::Connect(addr, format!("no TLS handshake in {CONNECT_TIMEOUT:?}"))
+            })?
+            .map_err(|e| Attempt::Connect(addr, format!("TLS for {name}: {e}")))?;
             open(TokioIo::new(tls), addr).await?
         }
         None => open(TokioIo::new(stream), addr).await?,
