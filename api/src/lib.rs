@@ -23,6 +23,7 @@ pub mod name;
 pub mod object;
 pub mod quantity;
 pub mod reason;
+pub mod secret;
 pub mod selector;
 mod serde_util;
 pub mod snapshot_file;

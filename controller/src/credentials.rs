@@ -77,7 +77,10 @@ impl Credentials {
     /// is).
     pub fn is_cluster_secret(&self, presented: &str) -> bool {
         !self.cluster_secret.is_empty()
-            && crate::auth::constant_time_eq(presented.as_bytes(), self.cluster_secret.as_bytes())
+            && tb_api::secret::constant_time_eq(
+                presented.as_bytes(),
+                self.cluster_secret.as_bytes(),
+            )
     }
 
     /// The API key of InferenceService `namespace/name` whose object has uid `uid`: what the

@@ -118,7 +118,7 @@ impl MemberToken {
     pub fn matches(&self, presented: &MemberToken) -> bool {
         let a = format!("{}.{}", self.ca_hash, self.secret);
         let b = format!("{}.{}", presented.ca_hash, presented.secret);
-        crate::auth::constant_time_eq(a.as_bytes(), b.as_bytes())
+        tb_api::secret::constant_time_eq(a.as_bytes(), b.as_bytes())
     }
 }
 

@@ -94,13 +94,7 @@ impl Rank0 {
                 }
                 None => exchange(tcp, &head, &body).await?,
             };
-            let status = raw.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-            let body = raw
-                .split_once("\r\n\r\n")
-                .map(|x| x.1)
-                .unwrap_or("")
-                .to_string();
-            Ok((status, body))
+            Ok(split_response(&raw))
         };
         tokio::time::timeout(REQUEST_BOUND, exchange)
             .await
@@ -111,6 +105,13 @@ impl Rank0 {
                 ))
             })
     }
+}
+
+/// An HTTP/1.x answer's status code (0 when there is none) and body.
+pub fn split_response(raw: &str) -> (u16, String) {
+    let status = raw.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = raw.split_once("\r\n\r\n").map_or("", |x| x.1).to_string();
+    (status, body)
 }
 
 /// Writes the request and reads the answer to its end. A server that closes TLS without

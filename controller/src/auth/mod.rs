@@ -154,11 +154,6 @@ pub fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
-/// Equal in time independent of where the strings differ.
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// The caller an `authorization` header names, looked up in `state` at time `now` (RFC 3339,
 /// UTC), with `credentials` telling the cluster secret. No header: anonymous. `Err(())`: a header that names nobody (unknown, expired or
 /// revoked token, malformed) — callers answer with [`UNAUTHENTICATED`] and no detail.

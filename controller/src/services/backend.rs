@@ -33,8 +33,8 @@ pub enum Backend {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rank0 {
     pub addr: SocketAddr,
-    /// Its endpoint is HTTPS, with a certificate for this name (signed by the cluster CA).
-    pub tls_name: Option<String>,
+    /// Its endpoint is HTTPS, with the certificate the cluster CA signed for the service.
+    pub https: bool,
     /// The API key it takes (none from an in-process cluster, whose controllers hold no
     /// secret).
     pub api_key: Option<String>,
@@ -48,9 +48,6 @@ pub fn lookup(node: &RaftNode, key: &ObjectKey) -> Backend {
     };
     match of_status(&JobStatus::from_value(&obj.status)) {
         Backend::Ready(rank0) => Backend::Ready(Rank0 {
-            tls_name: rank0
-                .tls_name
-                .map(|_| tb_api::https::service_server_name(&key.namespace, &key.name)),
             api_key: node
                 .credentials()
                 .service_key(&key.namespace, &key.name, &obj.metadata.uid),
@@ -60,8 +57,8 @@ pub fn lookup(node: &RaftNode, key: &ObjectKey) -> Backend {
     }
 }
 
-/// The backend a service's status names: its `endpoint` once the Ready condition is True (the
-/// name its certificate carries and its key are [`lookup`]'s to add).
+/// The backend a service's status names: its `endpoint` once the Ready condition is True (its
+/// key is [`lookup`]'s to add).
 pub fn of_status(status: &JobStatus) -> Backend {
     let ready = status
         .conditions
@@ -78,7 +75,7 @@ pub fn of_status(status: &JobStatus) -> Backend {
     match endpoint_addr(&status.endpoint) {
         Some((addr, https)) => Backend::Ready(Rank0 {
             addr,
-            tls_name: https.then(String::new),
+            https,
             api_key: None,
         }),
         None => Backend::NotReady(format!(
@@ -114,19 +111,19 @@ mod tests {
             "endpoint": "http://127.0.0.1:32324/v1",
             "conditions": [{"type": "Ready", "status": "True"}]
         }));
-        let ready = |tls_name| {
+        let ready = |https| {
             Backend::Ready(Rank0 {
                 addr: "127.0.0.1:32324".parse().unwrap(),
-                tls_name,
+                https,
                 api_key: None,
             })
         };
-        assert_eq!(of_status(&s), ready(None));
+        assert_eq!(of_status(&s), ready(false));
         let s = status(json!({
             "endpoint": "https://127.0.0.1:32324/v1",
             "conditions": [{"type": "Ready", "status": "True"}]
         }));
-        assert_eq!(of_status(&s), ready(Some(String::new())));
+        assert_eq!(of_status(&s), ready(true));
     }
 
     #[test]

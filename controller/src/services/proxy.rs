@@ -133,34 +133,32 @@ async fn attempt(
         .map_err(|_| Attempt::Connect(addr, format!("no answer in {CONNECT_TIMEOUT:?}")))?
         .map_err(|e| Attempt::Connect(addr, e.to_string()))?;
     let _ = stream.set_nodelay(true);
-    let mut sender = match &rank0.tls_name {
+    let mut sender = if rank0.https {
         // Rank 0 must show the certificate the controllers issued for this service: a process
         // that took its port after it ended gets neither the key nor the request.
-        Some(name) => {
-            let config = node
-                .credentials()
-                .services_client()
-                .map_err(|e| Attempt::Connect(addr, e))?
-                .ok_or_else(|| {
-                    Attempt::Connect(
-                        addr,
-                        "its endpoint is HTTPS but this controller has no CA".into(),
-                    )
-                })?;
-            // As bounded as the connect: a Mac lost mid-handshake must not hold the request
-            // past the time tb takes to place the service again.
-            let tls = tokio::time::timeout(
-                CONNECT_TIMEOUT,
-                tb_api::https::connect(stream, name, config),
-            )
-            .await
-            .map_err(|_| {
-                Attempt::Connect(addr, format!("no TLS handshake in {CONNECT_TIMEOUT:?}"))
-            })?
-            .map_err(|e| Attempt::Connect(addr, format!("TLS for {name}: {e}")))?;
-            open(TokioIo::new(tls), addr).await?
-        }
-        None => open(TokioIo::new(stream), addr).await?,
+        let name = tb_api::https::service_server_name(&key.namespace, &key.name);
+        let config = node
+            .credentials()
+            .services_client()
+            .map_err(|e| Attempt::Connect(addr, e))?
+            .ok_or_else(|| {
+                Attempt::Connect(
+                    addr,
+                    "its endpoint is HTTPS but this controller has no CA".into(),
+                )
+            })?;
+        // As bounded as the connect: a Mac lost mid-handshake must not hold the request past
+        // the time tb takes to place the service again.
+        let tls = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            tb_api::https::connect(stream, &name, config),
+        )
+        .await
+        .map_err(|_| Attempt::Connect(addr, format!("no TLS handshake in {CONNECT_TIMEOUT:?}")))?
+        .map_err(|e| Attempt::Connect(addr, format!("TLS for {name}: {e}")))?;
+        open(TokioIo::new(tls), addr).await?
+    } else {
+        open(TokioIo::new(stream), addr).await?
     };
     let mut request = http::Request::builder()
         .method(out.method.clone())

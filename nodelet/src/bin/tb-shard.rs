@@ -163,8 +163,8 @@ async fn serve() -> ExitCode {
         coordinator,
         http: args.http,
         api_key_file: args.api_key_file,
-        tls_cert_file: args.tls_cert_file,
-        tls_key_file: args.tls_key_file,
+        // clap takes both or neither.
+        tls_files: args.tls_cert_file.zip(args.tls_key_file),
         context: args.context,
         batch: args.batch,
         memory_limit: args.memory_limit,

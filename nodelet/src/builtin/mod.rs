@@ -67,8 +67,7 @@ pub struct ShardOptions {
     /// The API key its `/v1` endpoints take, in this file (none: any caller).
     pub api_key_file: Option<PathBuf>,
     /// The certificate chain and key (PEM files) rank 0 serves HTTPS with (none: plain HTTP).
-    pub tls_cert_file: Option<PathBuf>,
-    pub tls_key_file: Option<PathBuf>,
+    pub tls_files: Option<(PathBuf, PathBuf)>,
     pub context: Option<usize>,
     pub batch: usize,
     /// Bytes this rank may use; the shard's weights must fit.
@@ -173,16 +172,12 @@ pub async fn run(opts: ShardOptions) -> Result<(), StartError> {
         .map(openai::read_key_file)
         .transpose()
         .map_err(start_error("InvalidSpec"))?;
-    let tls = match (&opts.tls_cert_file, &opts.tls_key_file) {
-        (Some(cert), Some(key)) => Some(tls_config(cert, key).map_err(start_error("InvalidSpec"))?),
-        (None, None) => None,
-        _ => {
-            return Err(StartError {
-                reason: "InvalidSpec",
-                error: anyhow::anyhow!("--tls-cert-file and --tls-key-file go together"),
-            });
-        }
-    };
+    let tls = opts
+        .tls_files
+        .as_ref()
+        .map(|(cert, key)| tls_config(cert, key))
+        .transpose()
+        .map_err(start_error("InvalidSpec"))?;
     let path = opts.model_path.clone();
     let (first, count, context) = (opts.first, opts.count, opts.context);
     let adapter = opts.adapter.clone();

@@ -104,16 +104,11 @@ async fn require_key(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        if !same_bytes(presented.as_bytes(), key.as_bytes()) {
+        if !tb_api::secret::constant_time_eq(presented.as_bytes(), key.as_bytes()) {
             return ApiError::unauthorized().into_response();
         }
     }
     next.run(request).await
-}
-
-/// Whether `a` and `b` are equal, in time independent of where they differ.
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// An OpenAI-style error response.
@@ -848,13 +843,5 @@ mod tests {
             read_key_file(&dir.path().join("none")).expect_err("missing")
         );
         assert!(e.contains("reading the API key file"), "{e}");
-    }
-
-    #[test]
-    fn keys_compare_whole() {
-        assert!(same_bytes(b"tbsvc-ab", b"tbsvc-ab"));
-        for other in [&b"tbsvc-a"[..], b"tbsvc-ac", b"tbsvc-ab0", b""] {
-            assert!(!same_bytes(other, b"tbsvc-ab"));
-        }
     }
 }

@@ -66,13 +66,7 @@ fn http(
     )?;
     let mut raw = String::new();
     s.read_to_string(&mut raw)?;
-    let status = raw.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|x| x.1)
-        .unwrap_or("")
-        .to_string();
-    Ok((status, body))
+    Ok(tb_tests::rank0::split_response(&raw))
 }
 
 async fn wait_healthy(addr: &str, procs: &mut [Proc]) {
